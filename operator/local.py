@@ -1,0 +1,78 @@
+"""The local backend: run an RLJob on this machine, in-process, with progress and a run folder.
+
+The same step loop runs in the controller pod on a cluster; here the rollout engine, the reward
+verifier and the trainer share one process and one copy of the weights, which keeps a laptop run
+fast and its results bit-reproducible for a given seed and torch build.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rhymerl.api import RLJob
+from rhymerl.workers.controller.loop import run_steps
+from rhymerl.workers.controller.plots import plot_metrics
+from rhymerl.workers.controller.prompts import load_prompts
+from rhymerl.workers.controller.run_dir import RunDir
+
+
+def default_out(job: RLJob) -> Path:
+    return Path("runs") / f"{job.metadata.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def step_line(row: dict[str, Any]) -> str:
+    def get(key: str, fmt: str) -> str:
+        v = row.get(key)
+        return "-" if v is None else format(v, fmt)
+
+    return (f"step {row['step']:>3} ep {row['epoch']} | reward {get('reward_mean', '.3f')} "
+            f"zero-std {get('zero_std_frac', '.2f')} | len {get('response_length_mean', '.0f')}/"
+            f"{row['response_length_max']} | rollout {get('time_rollout_s', '.1f')}s "
+            f"{get('rollout_tokens_per_s', '.0f')} tok/s | reward {get('time_reward_s', '.2f')}s | "
+            f"train {get('time_train_s', '.1f')}s | kl {get('kl', '.4f')} ent {get('entropy', '.3f')} "
+            f"gnorm {get('grad_norm', '.3f')}")
+
+
+def epoch_rewards(rows: list[dict[str, Any]]) -> dict[int, float]:
+    """Sample-weighted mean reward per epoch."""
+    sums: dict[int, list[float]] = {}
+    for r in rows:
+        acc = sums.setdefault(r["epoch"], [0.0, 0.0])
+        acc[0] += r["reward_mean"] * r["samples"]
+        acc[1] += r["samples"]
+    return {e: s / n for e, (s, n) in sorted(sums.items()) if n}
+
+
+def run_local(job: RLJob | None, out: Path | None, console: Console | None = None) -> dict[int, float]:
+    """Run `job` into `out`; with job None, resume the run already in `out`. Returns reward per epoch."""
+    console = console or Console()
+    resume = job is None
+    if job is None:
+        if out is None:
+            raise ValueError("resuming needs the run folder")
+        run = RunDir(out)
+        job = run.load_job()
+    else:
+        run = RunDir(out or default_out(job))
+        run.create(job)
+    total = job.spec.algorithm.epochs * len(load_prompts(job.spec.data))
+    console.print(f"[bold]rhymerl[/] run {job.metadata.name} -> {run.path}")
+    progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                        MofNCompleteColumn(), TextColumn("prompts"), TimeElapsedColumn(), console=console)
+    with progress:
+        task = progress.add_task("rollout+train", total=total)
+        for row in run_steps(job, run, resume):
+            progress.update(task, completed=min(total, sum(m["prompts"] for m in run.metrics())))
+            console.print(step_line(row), highlight=False)
+    rows = run.metrics()
+    plot = plot_metrics(rows, run.path / "plots" / "metrics.png")
+    per_epoch = epoch_rewards(rows)
+    for epoch, reward in per_epoch.items():
+        console.print(f"epoch {epoch}: mean reward {reward:.4f}")
+    console.print(f"run folder {run.path} (plots: {plot.name}, seed {job.spec.rollout.seed})")
+    return per_epoch

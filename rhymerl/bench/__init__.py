@@ -1,0 +1,1 @@
+"""Benchmark implementations behind `rhymerl bench` (tables, plots, JSON results)."""

@@ -1,0 +1,35 @@
+"""Package layout (and, below, the native extensions), which pyproject.toml alone cannot express.
+
+operator/ and workers/ sit at the top of the repository but import as rhymerl.operator and
+rhymerl.workers, so neither can ever shadow the standard library's `operator`.
+"""
+
+from pybind11.setup_helpers import Pybind11Extension
+from setuptools import find_packages, setup
+
+ROOTS = {"rhymerl": "rhymerl", "rhymerl.operator": "operator", "rhymerl.workers": "workers"}
+
+
+def _packages() -> list[str]:
+    found = []
+    for name, folder in ROOTS.items():
+        found.append(name)
+        found += [f"{name}.{sub}" for sub in find_packages(folder)]
+    return sorted(set(found))
+
+
+HISTORY_NATIVE = "workers/history/native"
+
+setup(
+    packages=_packages(),
+    package_dir=ROOTS,
+    ext_modules=[
+        Pybind11Extension(
+            "rhymerl.workers.history._suffix_index",
+            [f"{HISTORY_NATIVE}/suffix_index.cpp", f"{HISTORY_NATIVE}/bindings.cpp"],
+            depends=[f"{HISTORY_NATIVE}/suffix_index.hpp"],
+            cxx_std=17,
+            extra_compile_args=["-O3"],
+        )
+    ],
+)

@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rhymerl.api import RLJob, SpecError, dump_job, load_job, parse_job
+
+GOOD = """
+apiVersion: rhymerl.io/v1alpha1
+kind: RLJob
+metadata: {name: demo}
+spec:
+  algorithm: {group_size: 4}
+"""
+
+
+def problems_of(text: str) -> dict[str, str]:
+    with pytest.raises(SpecError) as info:
+        parse_job(text, "job.yaml")
+    return {p.path: p.reason for p in info.value.problems}
+
+
+def test_every_example_yaml_is_a_valid_rljob(repo: Path) -> None:
+    examples = sorted((repo / "examples").glob("*.yaml"))
+    assert examples
+    for path in examples:
+        assert load_job(path).kind == "RLJob"
+
+
+def test_a_misspelt_key_is_named_with_the_closest_known_key() -> None:
+    found = problems_of(GOOD.replace("group_size", "group_sise"))
+    assert found == {"spec.algorithm.group_sise": "unknown field; did you mean 'group_size'?"}
+
+
+def test_a_negative_group_size_is_rejected_by_field() -> None:
+    found = problems_of(GOOD.replace("group_size: 4", "group_size: -2"))
+    assert list(found) == ["spec.algorithm.group_size"]
+    assert "greater than 0" in found["spec.algorithm.group_size"]
+
+
+def test_max_replicas_below_min_replicas_names_max_replicas() -> None:
+    text = GOOD + "  rollout: {min_replicas: 4, max_replicas: 2, replicas: 4}\n"
+    assert problems_of(text) == {"spec.rollout.max_replicas": "must be >= min_replicas"}
+
+
+def test_all_problems_are_reported_together_with_lines() -> None:
+    text = GOOD.replace("group_size: 4", "group_size: 0, clip_ratio_lo: 0.1")
+    with pytest.raises(SpecError) as info:
+        parse_job(text, "job.yaml")
+    assert {p.path for p in info.value.problems} == {"spec.algorithm.group_size", "spec.algorithm.clip_ratio_lo"}
+    assert all(p.line == 6 for p in info.value.problems)
+
+
+def test_yaml_syntax_errors_carry_the_line() -> None:
+    with pytest.raises(SpecError) as info:
+        parse_job("spec:\n  algorithm: [1,\n", "job.yaml")
+    assert info.value.problems[0].line == 3
+
+
+def test_dapo_defaults_differ_from_grpo_defaults() -> None:
+    grpo = parse_job(GOOD).spec.algorithm
+    dapo = parse_job(GOOD.replace("group_size: 4", "group_size: 4, name: dapo")).spec.algorithm
+    assert (grpo.clip_ratio_high, grpo.loss_agg_mode) == (0.2, "seq-mean-token-mean")
+    assert (dapo.clip_ratio_high, dapo.loss_agg_mode) == (0.28, "token-mean")
+    assert dapo.dynamic_sampling is not None and dapo.dynamic_sampling.enabled
+    assert grpo.dynamic_sampling is not None and not grpo.dynamic_sampling.enabled
+
+
+def test_overrides_are_validated_like_the_file() -> None:
+    job = parse_job(GOOD, overrides=["algorithm.epochs=7", "rollout.speculation.method=ngram"])
+    assert job.spec.algorithm.epochs == 7 and job.spec.rollout.speculation.method == "ngram"
+    with pytest.raises(SpecError) as info:
+        parse_job(GOOD, overrides=["algorithm.epochz=7"])
+    assert info.value.problems[0].path == "spec.algorithm.epochz"
+
+
+def test_redis_store_requires_a_url() -> None:
+    assert problems_of(GOOD + "  history: {store: redis}\n") == {
+        "spec.history.redis_url": "required when store is redis"}
+
+
+def test_the_resolved_dump_parses_back_to_the_same_job(repo: Path) -> None:
+    for path in sorted((repo / "examples").glob("*.yaml")):
+        job = load_job(path)
+        assert parse_job(dump_job(job)) == job
+
+
+@settings(max_examples=40, deadline=None)
+@given(group=st.integers(2, 64), prompts=st.integers(1, 512), temp=st.floats(0, 2), top_p=st.floats(0.01, 1),
+       name=st.sampled_from(["grpo", "dapo"]), lo=st.integers(1, 8), extra=st.integers(0, 8))
+def test_spec_round_trips_through_yaml(group: int, prompts: int, temp: float, top_p: float, name: str,
+                                       lo: int, extra: int) -> None:
+    job = RLJob.model_validate({"spec": {
+        "algorithm": {"name": name, "group_size": group, "prompts_per_step": prompts},
+        "rollout": {"temperature": temp, "top_p": top_p, "min_replicas": lo, "replicas": lo,
+                    "max_replicas": lo + extra}}})
+    assert parse_job(dump_job(job)) == job

@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from rhymerl.workers.model.transformer import TinyLlama
+from rhymerl.workers.rollout.engine import GenRequest, SamplingParams, TorchEngine
+from rhymerl.workers.rollout.sampling import sample_key, sample_tokens
+
+EOS = 2
+
+
+def naive_generate(model: TinyLlama, prompt: list[int], sample_id: int, p: SamplingParams) -> list[int]:
+    """Reference: recompute the whole sequence for every token, no cache, no batching."""
+    out: list[int] = []
+    with torch.no_grad():
+        for pos in range(p.max_response_length):
+            logits = model(torch.tensor([prompt + out]))[0, -1]
+            tok = int(sample_tokens(logits[None], p.seed, torch.tensor([sample_id]), torch.tensor([pos]),
+                                    p.temperature, p.top_p))
+            out.append(tok)
+            if tok == EOS:
+                break
+    return out
+
+
+def _requests(n: int, seed: int) -> list[GenRequest]:
+    rng = random.Random(seed)
+    return [GenRequest([1] + [rng.randrange(3, 40) for _ in range(rng.randrange(1, 15))], sample_key("p", i))
+            for i in range(n)]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("batch", [1, 3, 16])
+def test_batched_cached_generation_equals_token_by_token_recomputation(
+        tiny_model: TinyLlama, temperature: float, batch: int) -> None:
+    reqs = _requests(7, seed=batch)
+    params = SamplingParams(temperature=temperature, top_p=0.9 if temperature else 1.0, seed=3,
+                            max_response_length=24)
+    results = TorchEngine(tiny_model, EOS, max_batch_size=batch).generate(reqs, params)
+    for req, res in zip(reqs, results, strict=True):
+        assert res.response_ids == naive_generate(tiny_model, req.prompt_ids, req.sample_id, params)
+        assert res.finish_reason == ("stop" if res.response_ids[-1] == EOS else "length")
+        assert res.forward_passes == len(res.response_ids)
+
+
+def test_a_sample_does_not_depend_on_its_batch_neighbours(tiny_model: TinyLlama) -> None:
+    reqs = _requests(9, seed=5)
+    params = SamplingParams(temperature=1.0, seed=11, max_response_length=30)
+    alone = TorchEngine(tiny_model, EOS, max_batch_size=1).generate(reqs[4:5], params)[0]
+    together = TorchEngine(tiny_model, EOS, max_batch_size=4).generate(reqs, params)[4]
+    assert alone.response_ids == together.response_ids
+
+
+def test_different_seeds_give_different_samples(tiny_model: TinyLlama) -> None:
+    reqs = _requests(4, seed=0)
+    a = TorchEngine(tiny_model, EOS).generate(reqs, SamplingParams(seed=1, max_response_length=30))
+    b = TorchEngine(tiny_model, EOS).generate(reqs, SamplingParams(seed=2, max_response_length=30))
+    assert [r.response_ids for r in a] != [r.response_ids for r in b]
+
+
+def test_prompts_too_long_for_the_model_are_rejected(tiny_model: TinyLlama) -> None:
+    with pytest.raises(ValueError, match="positions"):
+        TorchEngine(tiny_model, EOS).generate([GenRequest([1] * 200, 0)], SamplingParams(max_response_length=100))
+
+
+def test_position_keyed_sampling_follows_the_softmax_distribution() -> None:
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
+    n = 30_000
+    ids = torch.arange(n)
+    tokens = sample_tokens(logits.expand(n, -1), 123, ids, torch.full((n,), 7), temperature=1.0)
+    observed = torch.bincount(tokens, minlength=6).double()
+    expected = torch.softmax(logits.double(), -1) * n
+    assert chisquare(observed.numpy(), expected.numpy()).pvalue > 1e-3
+
+
+def test_top_p_never_samples_outside_the_nucleus() -> None:
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    n = 5_000
+    tokens = sample_tokens(logits.expand(n, -1), 0, torch.arange(n), torch.zeros(n, dtype=torch.long), 1.0, 0.75)
+    assert set(tokens.tolist()) == {0, 1}
+
+
+def test_the_same_key_always_draws_the_same_token() -> None:
+    logits = torch.randn(3, 50)
+    ids, pos = torch.tensor([5, 6, 7]), torch.tensor([0, 9, 100])
+    assert torch.equal(sample_tokens(logits, 4, ids, pos, 1.0), sample_tokens(logits, 4, ids, pos, 1.0))

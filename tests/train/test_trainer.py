@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from rhymerl.api.spec import AlgorithmSpec
+from rhymerl.workers.model.transformer import TinyLlama
+from rhymerl.workers.train.trainer import Trainer, TrainSample, micro_batches
+
+
+def _samples() -> list[TrainSample]:
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for i in range(6):
+        prompt = torch.randint(3, 40, (3 + i,), generator=g).tolist()
+        resp = torch.randint(3, 40, (5 + 2 * i,), generator=g).tolist()
+        out.append(TrainSample(prompt, resp, advantage=1.0 if i % 2 == 0 else -1.0))
+    return out
+
+
+def _response_logprob(model: TinyLlama, s: TrainSample) -> float:
+    with torch.no_grad():
+        logits = model(torch.tensor([s.prompt_ids + s.response_ids]))[0]
+        logp = torch.log_softmax(logits, -1)
+        p = len(s.prompt_ids)
+        return float(sum(logp[p - 1 + t, tok] for t, tok in enumerate(s.response_ids)))
+
+
+def test_a_step_raises_positive_advantage_responses_and_lowers_negative_ones(tiny_model: TinyLlama) -> None:
+    samples = _samples()
+    before = [_response_logprob(tiny_model, s) for s in samples]
+    trainer = Trainer(tiny_model, AlgorithmSpec(group_size=2, prompts_per_step=3, lr=1e-2), temperature=1.0)
+    stats = trainer.step(samples)
+    after = [_response_logprob(tiny_model, s) for s in samples]
+    for s, b, a in zip(samples, before, after, strict=True):
+        assert (a > b) == (s.advantage > 0)
+    assert stats["grad_norm"] > 0 and stats["entropy"] > 0
+
+
+def test_the_gradient_does_not_depend_on_the_micro_batch_size(tiny_model: TinyLlama) -> None:
+    samples = _samples()
+    grads = []
+    for budget in (10_000, 20):
+        model = copy.deepcopy(tiny_model)
+        algo = AlgorithmSpec(group_size=2, prompts_per_step=3, lr=1e-3, max_grad_norm=1e9)
+        trainer = Trainer(model, algo, temperature=1.0, micro_batch_tokens=budget)
+        trainer.optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        trainer.step(samples)
+        grads.append(torch.cat([(p - q).flatten() for p, q in zip(model.parameters(), tiny_model.parameters(),
+                                                                   strict=True)]))
+    assert len(micro_batches(samples, list(range(6)), 20)) == 6
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
+def test_kl_to_the_reference_is_reported_after_the_first_update(tiny_model: TinyLlama) -> None:
+    algo = AlgorithmSpec(group_size=2, prompts_per_step=3, lr=1e-2, kl_coef=0.1, ppo_epochs=2, mini_batch_size=3)
+    trainer = Trainer(tiny_model, algo, temperature=1.0)
+    stats = trainer.step(_samples())
+    assert stats["kl"] > 0
+    assert 0 <= stats["pg_clipfrac"] <= 1

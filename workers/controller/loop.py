@@ -1,0 +1,147 @@
+"""The RL step loop, read top to bottom as the algorithm: rollout, reward, advantages, update.
+
+`run_steps` yields one metrics row per finished step; the caller (the local backend, later the
+controller pod) decides how to show them. The policy the engine samples from is the module the
+trainer updates, so every step's rollout uses the weights of the step before (off-policyness 0).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rhymerl.api import RLJob
+from rhymerl.workers import dumps
+from rhymerl.workers.controller.prompts import Prompt, epoch_order, load_prompts
+from rhymerl.workers.controller.run_dir import LoopState, RunDir
+from rhymerl.workers.model.registry import load_policy
+from rhymerl.workers.reward.verifiers import reward_function
+from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, TorchEngine
+from rhymerl.workers.rollout.sampling import sample_key
+from rhymerl.workers.train import objectives as obj
+from rhymerl.workers.train.trainer import Trainer, TrainSample
+
+
+@dataclass
+class Group:
+    """One prompt's G responses in a step."""
+
+    prompt: Prompt
+    prompt_ids: list[int]
+    results: list[GenResult]
+    rewards: list[float]
+
+
+def run_steps(job: RLJob, run: RunDir, resume: bool = False) -> Iterator[dict[str, Any]]:
+    spec, algo = job.spec, job.spec.algorithm
+    torch.manual_seed(spec.rollout.seed)
+    model, tok = load_policy(spec.model)
+    prompts = load_prompts(spec.data)
+    encoded = {p.prompt_id: [tok.bos_id, *tok.encode(p.text)] for p in prompts}
+    reward_fn = reward_function(spec.reward)
+    engine = TorchEngine(model, tok.eos_id, spec.rollout.max_batch_size)
+    trainer = Trainer(model, algo, spec.rollout.temperature)
+    state = run.restore(model, trainer.optimizer) if resume else LoopState()
+    params = SamplingParams(spec.rollout.temperature, spec.rollout.top_p, spec.rollout.seed, algo.max_response_length)
+    assert algo.dynamic_sampling is not None
+
+    def rollout(batch: list[Prompt], epoch: int, clock: dict[str, float]) -> list[Group]:
+        reqs = [GenRequest(encoded[p.prompt_id], sample_key(p.prompt_id, epoch, k))
+                for p in batch for k in range(algo.group_size)]
+        t0 = time.perf_counter()
+        results = engine.generate(reqs, params)
+        t1 = time.perf_counter()
+        groups = []
+        for i, p in enumerate(batch):
+            res = results[i * algo.group_size: (i + 1) * algo.group_size]
+            rewards = [reward_fn(p.text, tok.decode(r.response_ids), p.answer) for r in res]
+            groups.append(Group(p, encoded[p.prompt_id], res, rewards))
+        clock["rollout"] += t1 - t0
+        clock["reward"] += time.perf_counter() - t1
+        return groups
+
+    while state.epoch <= algo.epochs:
+        order = epoch_order(len(prompts), spec.data.seed, state.epoch, spec.data.shuffle)
+        clock = {"rollout": 0.0, "reward": 0.0, "train": 0.0}
+        groups: list[Group] = []
+        kept: list[Group] = []
+        rounds = 0
+        # DAPO dynamic sampling: keep drawing this epoch's prompts until the batch has groups with signal.
+        while state.cursor < len(order) and len(kept) < algo.prompts_per_step and (
+                rounds == 0 or (algo.dynamic_sampling.enabled and rounds < algo.dynamic_sampling.max_gen_batches)):
+            take = order[state.cursor: state.cursor + algo.prompts_per_step - len(kept)]
+            state.cursor += len(take)
+            fresh = rollout([prompts[i] for i in take], state.epoch, clock)
+            groups += fresh
+            kept += [g for g in fresh if not algo.dynamic_sampling.enabled or len(set(g.rewards)) > 1]
+            rounds += 1
+
+        rewards = torch.tensor([r for g in kept for r in shaped_rewards(g, job)], dtype=torch.float64)
+        samples: list[TrainSample] = []
+        if kept:
+            adv = obj.group_advantages(rewards, algo.group_size, algo.norm_adv_by_std)
+            samples = [TrainSample(g.prompt_ids, r.response_ids, float(adv[i * algo.group_size + k]))
+                       for i, g in enumerate(kept) for k, r in enumerate(g.results)]
+        t0 = time.perf_counter()
+        train_stats = trainer.step(samples) if samples else {}
+        clock["train"] = time.perf_counter() - t0
+
+        state.step += 1
+        dumps.write_step(run.path, state.step, records(groups, state))
+        state.policy_version += 1 if samples else 0
+        row = step_metrics(groups, state, clock, train_stats, rounds)
+        if state.cursor >= len(order):
+            state.epoch, state.cursor = state.epoch + 1, 0
+        run.append_metrics(row)
+        if state.step % spec.checkpoint.every_steps == 0 or state.epoch > algo.epochs:
+            run.save_checkpoint(state, model, trainer.optimizer, spec.checkpoint.keep_last)
+        yield row
+
+
+def shaped_rewards(group: Group, job: RLJob) -> list[float]:
+    """Verifier rewards, plus DAPO's soft overlong penalty when enabled."""
+    ol = job.spec.algorithm.overlong
+    if not ol.enabled:
+        return group.rewards
+    lengths = torch.tensor([len(r.response_ids) for r in group.results])
+    pen = obj.overlong_penalty(lengths, job.spec.algorithm.max_response_length, ol.buffer_len, ol.penalty_factor)
+    return [r + float(p) for r, p in zip(group.rewards, pen, strict=True)]
+
+
+def records(groups: list[Group], state: LoopState) -> Iterator[dumps.RolloutRecord]:
+    for g in groups:
+        for k, (res, reward) in enumerate(zip(g.results, g.rewards, strict=True)):
+            yield dumps.RolloutRecord(
+                step=state.step, epoch=state.epoch, prompt_id=g.prompt.prompt_id, sample_index=k,
+                prompt_len=len(g.prompt_ids), prompt_ids=g.prompt_ids, response_ids=res.response_ids,
+                reward=reward, finish_reason="stop" if res.finish_reason == "stop" else "length",
+                policy_version=state.policy_version,
+                spec=dumps.SpecStats(forward_passes=res.forward_passes))
+
+
+def step_metrics(groups: list[Group], state: LoopState, clock: dict[str, float],
+                 train_stats: dict[str, float], rounds: int) -> dict[str, Any]:
+    lengths = [len(r.response_ids) for g in groups for r in g.results]
+    rewards = [x for g in groups for x in g.rewards]
+    tokens = sum(lengths)
+    return {
+        "step": state.step,
+        "epoch": state.epoch,
+        "policy_version": state.policy_version,
+        "prompts": len(groups),
+        "samples": len(lengths),
+        "gen_rounds": rounds,
+        **{f"time_{k}_s": round(v, 3) for k, v in clock.items()},
+        "rollout_tokens": tokens,
+        "rollout_tokens_per_s": round(tokens / max(clock["rollout"], 1e-9), 1),
+        "response_length_mean": round(sum(lengths) / max(len(lengths), 1), 1),
+        "response_length_max": max(lengths, default=0),
+        "reward_mean": round(sum(rewards) / max(len(rewards), 1), 4),
+        "zero_std_frac": round(sum(len(set(g.rewards)) <= 1 for g in groups) / max(len(groups), 1), 4),
+        **{k: (round(v, 5) if math.isfinite(v) else v) for k, v in train_stats.items()},
+    }

@@ -1,0 +1,1 @@
+"""The embedded default model: a tiny Llama-style decoder and its character tokenizer."""

@@ -1,0 +1,248 @@
+"""A small Llama-style decoder (RMSNorm, RoPE, SwiGLU, tied embeddings) with two forward paths.
+
+`forward` scores whole right-padded sequences (training, log-probs). `forward_cached` appends a
+ragged block of tokens per KV-cache slot and returns their logits: prefill, one-token decode and
+multi-token draft verification are the same call, and rolling back a rejected draft is only a
+matter of the caller's slot lengths (entries past a slot's length are never attended to).
+
+Parameter names follow Hugging Face's LlamaForCausalLM so a checkpoint maps onto it one to one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 128
+    hidden_size: int = 128
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    intermediate_size: int = 352
+    max_position_embeddings: int = 1024
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def to_json(self) -> str:
+        return json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                           "tie_word_embeddings": True, **asdict(self)}, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelConfig:
+        data = json.loads(text)
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+class KVCache:
+    """Per-slot key/value storage: [layers, slots, heads, max_len, head_dim] for keys and values."""
+
+    def __init__(self, cfg: ModelConfig, slots: int, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
+        shape = (cfg.num_hidden_layers, slots, cfg.num_attention_heads, max_len, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+        self.slots = slots
+
+    def move(self, src: Tensor, dst: Tensor) -> None:
+        """Copy slots src[i] -> dst[i] (all layers), e.g. to pack running sequences to the front."""
+        self.k[:, dst] = self.k[:, src]
+        self.v[:, dst] = self.v[:, src]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        var = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype) * self.weight
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        d, self.h, self.hd = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
+        self.q_proj = nn.Linear(d, d, bias=False)
+        self.k_proj = nn.Linear(d, d, bias=False)
+        self.v_proj = nn.Linear(d, d, bias=False)
+        self.o_proj = nn.Linear(d, d, bias=False)
+
+    def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        b, q, _ = x.shape
+        split = (b, q, self.h, self.hd)
+        qs = _rotate(self.q_proj(x).view(split).transpose(1, 2), cos, sin)
+        ks = _rotate(self.k_proj(x).view(split).transpose(1, 2), cos, sin)
+        vs = self.v_proj(x).view(split).transpose(1, 2)
+        return qs, ks, vs
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor,
+                store: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
+        """Causal self-attention over x alone; `store` = (k_cache rows, v_cache rows) and their length."""
+        qs, ks, vs = self._qkv(x, cos, sin)
+        if store is not None:
+            k_rows, v_rows, slots = store
+            k_rows[slots, :, : ks.shape[2]] = ks
+            v_rows[slots, :, : vs.shape[2]] = vs
+        out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(x.shape))
+
+    def forward_cached(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                       write: tuple[Tensor, Tensor, Tensor], span: int, mask: Tensor) -> Tensor:
+        qs, ks, vs = self._qkv(x, cos, sin)
+        slot_idx, head_idx, pos_idx = write
+        k_cache[slot_idx, head_idx, pos_idx] = ks.transpose(1, 2)
+        v_cache[slot_idx, head_idx, pos_idx] = vs.transpose(1, 2)
+        # Plain matmul attention: for a few query rows per slot it is several times faster on CPU than
+        # SDPA's fused kernel with a mask (measured 4 ms vs 14 ms at 64 slots x 600 keys).
+        scores = (qs @ k_cache[:, :, :span].transpose(-1, -2)) * (self.hd**-0.5)
+        out = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ v_cache[:, :, :span]
+        return self.o_proj(out.transpose(1, 2).reshape(x.shape))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+
+class TinyLlama(nn.Module):
+    rope_cos: Tensor
+    rope_sin: Tensor
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_hidden_layers))
+        self.blocks: list[Block] = list(self.layers)  # type: ignore[arg-type]  # typed view of the same modules
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
+        angles = torch.outer(torch.arange(cfg.max_position_embeddings, dtype=torch.float64), inv)
+        self.register_buffer("rope_cos", angles.cos().float(), persistent=False)
+        self.register_buffer("rope_sin", angles.sin().float(), persistent=False)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear | nn.Embedding):
+            nn.init.normal_(m.weight, std=0.02)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos/sin for positions [L] or [B, L], shaped to broadcast over [B, heads, L, head_dim/2]."""
+        if positions.dim() == 1:
+            positions = positions[None]
+        cos = self.rope_cos[positions].to(dtype).unsqueeze(1)
+        sin = self.rope_sin[positions].to(dtype).unsqueeze(1)
+        return cos, sin
+
+    def _logits(self, x: Tensor) -> Tensor:
+        return F.linear(self.norm(x), self.embed_tokens.weight)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """Logits for right-padded sequences [B, L] -> [B, L, V]."""
+        x = self.embed_tokens(tokens)
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        cos, sin = self._rope(positions, x.dtype)
+        for layer in self.blocks:
+            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self._logits(x)
+
+    def prefill(self, tokens: Tensor, slots: Tensor, cache: KVCache) -> Tensor:
+        """Score right-padded prompts [n, L] from position 0 and store their keys/values in `slots`."""
+        x = self.embed_tokens(tokens)
+        cos, sin = self._rope(torch.arange(tokens.shape[1], device=tokens.device), x.dtype)
+        for i, layer in enumerate(self.blocks):
+            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, (cache.k[i], cache.v[i], slots))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self._logits(x)
+
+    def forward_cached(self, tokens: Tensor, start: Tensor, cache: KVCache) -> Tensor:
+        """Append `tokens` [S, Q] to cache slots 0..S-1 at positions start[s]..start[s]+Q-1; logits [S, Q, V].
+
+        Rows of slots with nothing to add may hold any tokens: their writes land past the slot's
+        length and their logits are ignored. Keys at positions > start[s] + i are masked out.
+        """
+        slots, q = tokens.shape
+        device = tokens.device
+        offsets = torch.arange(q, device=device)
+        positions = (start[:, None] + offsets[None, :]).clamp_(max=cache.max_len - 1)
+        span = int(positions.max().item()) + 1
+        mask = torch.arange(span, device=device)[None, None, :] <= positions[:, :, None]
+        write = (torch.arange(slots, device=device)[:, None, None],
+                 torch.arange(self.cfg.num_attention_heads, device=device)[None, None, :],
+                 positions[:, :, None])
+        x = self.embed_tokens(tokens)
+        cos, sin = self._rope(positions, x.dtype)
+        for i, layer in enumerate(self.blocks):
+            x = x + layer.self_attn.forward_cached(layer.input_layernorm(x), cos, sin, cache.k[i, :slots],
+                                                   cache.v[i, :slots], write, span, mask[:, None])
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self._logits(x)
+
+
+def save_model(model: TinyLlama, folder: Path, half: bool = False) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    dtype = torch.bfloat16 if half else torch.float32
+    state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+    state["lm_head.weight"] = state["embed_tokens.weight"]
+    tensors = {("model." + k if k != "lm_head.weight" else k): v for k, v in state.items()}
+    tensors["lm_head.weight"] = tensors["lm_head.weight"].clone()
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(model.cfg.to_json())
+
+
+def load_model(folder: Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> TinyLlama:
+    cfg_path, weights = folder / "config.json", folder / "model.safetensors"
+    for p in (cfg_path, weights):
+        if not p.is_file():
+            raise FileNotFoundError(f"{folder}: missing {p.name}")
+    cfg = ModelConfig.from_json(cfg_path.read_text())
+    model = TinyLlama(cfg)
+    tensors = load_file(str(weights))
+    state = {k.removeprefix("model."): v for k, v in tensors.items() if k != "lm_head.weight"}
+    model.load_state_dict({k: v.float() for k, v in state.items()})
+    return model.to(device=device, dtype=dtype)
+
+
+def param_count_str(n: int) -> str:
+    return f"{n / 1e6:.2f}M" if n >= 1e5 else f"{n / 1e3:.0f}K"
+
+

@@ -1,0 +1,1 @@
+"""Rollout: engines that generate responses, and the sampling rule that makes speculation lossless."""

@@ -1,0 +1,1 @@
+"""Verifiable tasks the embedded default trains on."""

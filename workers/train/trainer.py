@@ -1,0 +1,155 @@
+"""The policy update: GRPO/DAPO clipped policy gradient on a batch of scored responses.
+
+Responses are packed into length-sorted micro-batches under a token budget (memory and padding),
+and every mini-batch's loss normaliser is fixed before it is split (see objectives.aggregate), so
+the gradient does not depend on the micro-batch size.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rhymerl.api.spec import AlgorithmSpec
+from rhymerl.workers.model.transformer import TinyLlama
+from rhymerl.workers.train import objectives as obj
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    advantage: float
+
+
+@dataclass
+class _Packed:
+    tokens: Tensor      # [b, L] prompt + response, right-padded
+    gather: Tensor      # [b, T] index of the logit that predicts each response token
+    targets: Tensor     # [b, T] response tokens
+    mask: Tensor        # [b, T]
+    advantages: Tensor  # [b]
+    rows: list[int]     # indices into the caller's sample list
+
+
+def pack(samples: list[TrainSample], rows: list[int], pad_id: int = 0) -> _Packed:
+    width = max(len(samples[i].prompt_ids) + len(samples[i].response_ids) for i in rows)
+    resp = max(len(samples[i].response_ids) for i in rows)
+    tokens = torch.full((len(rows), width), pad_id, dtype=torch.int64)
+    gather = torch.zeros((len(rows), resp), dtype=torch.int64)
+    targets = torch.zeros((len(rows), resp), dtype=torch.int64)
+    mask = torch.zeros((len(rows), resp), dtype=torch.float32)
+    for r, i in enumerate(rows):
+        s = samples[i]
+        p, n = len(s.prompt_ids), len(s.response_ids)
+        tokens[r, : p + n] = torch.tensor(s.prompt_ids + s.response_ids)
+        gather[r, :n] = torch.arange(p - 1, p - 1 + n)
+        targets[r, :n] = torch.tensor(s.response_ids)
+        mask[r, :n] = 1.0
+    adv = torch.tensor([samples[i].advantage for i in rows], dtype=torch.float32)
+    return _Packed(tokens, gather, targets, mask, adv, rows)
+
+
+def micro_batches(samples: list[TrainSample], rows: list[int], token_budget: int) -> list[list[int]]:
+    """Split rows into length-sorted groups whose padded size stays under `token_budget`."""
+    order = sorted(rows, key=lambda i: len(samples[i].prompt_ids) + len(samples[i].response_ids))
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        length = len(samples[i].prompt_ids) + len(samples[i].response_ids)
+        if cur and (len(cur) + 1) * length > token_budget:
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    return out
+
+
+class Trainer:
+    def __init__(self, model: TinyLlama, algo: AlgorithmSpec, temperature: float,
+                 micro_batch_tokens: int = 16384) -> None:
+        self.model = model
+        self.algo = algo
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.micro_batch_tokens = micro_batch_tokens
+        self.ref = copy.deepcopy(model).eval().requires_grad_(False) if algo.kl_coef > 0 else None
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=algo.lr, weight_decay=algo.weight_decay,
+                                           betas=(0.9, 0.999))
+
+    def _score(self, model: TinyLlama, batch: _Packed) -> tuple[Tensor, Tensor]:
+        logits = model(batch.tokens) / self.temperature
+        picked = logits.gather(1, batch.gather.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+        return obj.token_logprobs_and_entropy(picked, batch.targets)
+
+    @torch.no_grad()
+    def _logprobs(self, model: TinyLlama, samples: list[TrainSample], rows: list[int]) -> dict[int, Tensor]:
+        out: dict[int, Tensor] = {}
+        for mb in micro_batches(samples, rows, self.micro_batch_tokens):
+            batch = pack(samples, mb)
+            logp, _ = self._score(model, batch)
+            for r, i in enumerate(mb):
+                out[i] = logp[r, : len(samples[i].response_ids)]
+        return out
+
+    def step(self, samples: list[TrainSample]) -> dict[str, float]:
+        """One training step (ppo_epochs x mini-batches of optimiser updates) on a rollout batch."""
+        algo = self.algo
+        assert algo.clip_ratio_high is not None and algo.loss_agg_mode is not None
+        self.model.train()
+        everyone = list(range(len(samples)))
+        mb_size = algo.mini_batch_size or len(samples)
+        single_update = algo.ppo_epochs == 1 and mb_size >= len(samples)
+        # With one update per batch the old policy is the current one: ratio == 1 exactly, no extra pass.
+        old = None if single_update else self._logprobs(self.model, samples, everyone)
+        ref = self._logprobs(self.ref, samples, everyone) if self.ref is not None else None
+        sums = {"loss": 0.0, "pg_clipfrac": 0.0, "kl": 0.0, "entropy": 0.0, "grad_norm": 0.0}
+        tokens_seen, updates = 0.0, 0
+        gen = torch.Generator().manual_seed(len(samples))
+        for _ in range(algo.ppo_epochs):
+            perm = torch.randperm(len(samples), generator=gen).tolist() if not single_update else everyone
+            for lo in range(0, len(samples), mb_size):
+                rows = perm[lo: lo + mb_size]
+                total_mask = torch.tensor([len(samples[i].response_ids) for i in rows], dtype=torch.float32)
+                den = obj.Denominators(algo.loss_agg_mode, float(total_mask.sum()), float(len(rows)),
+                                       algo.max_response_length)
+                self.optimizer.zero_grad(set_to_none=True)
+                for mb in micro_batches(samples, rows, self.micro_batch_tokens):
+                    batch = pack(samples, mb)
+                    logp, entropy = self._score(self.model, batch)
+                    old_logp = logp.detach() if old is None else _stack(old, mb, batch.mask)
+                    pg, clipped = obj.clipped_policy_loss(logp, old_logp, batch.advantages,
+                                                          algo.clip_ratio_low, algo.clip_ratio_high)
+                    per_token = pg - algo.entropy_coef * entropy
+                    if ref is not None:
+                        kl = obj.kl_k3(logp, _stack(ref, mb, batch.mask))
+                        per_token = per_token + algo.kl_coef * kl
+                        sums["kl"] += float((kl.detach() * batch.mask).sum())
+                    loss = obj.aggregate(per_token, batch.mask, den)
+                    loss.backward()
+                    sums["loss"] += float(loss.detach())
+                    sums["pg_clipfrac"] += float((clipped * batch.mask).sum())
+                    sums["entropy"] += float((entropy.detach() * batch.mask).sum())
+                    tokens_seen += float(batch.mask.sum())
+                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.max_grad_norm)
+                self.optimizer.step()
+                sums["grad_norm"] += float(norm)
+                updates += 1
+        self.model.eval()
+        return {
+            "loss": sums["loss"] / updates,
+            "grad_norm": sums["grad_norm"] / updates,
+            "pg_clipfrac": sums["pg_clipfrac"] / max(tokens_seen, 1.0),
+            "entropy": sums["entropy"] / max(tokens_seen, 1.0),
+            "kl": sums["kl"] / max(tokens_seen, 1.0),
+        }
+
+
+def _stack(values: dict[int, Tensor], rows: list[int], mask: Tensor) -> Tensor:
+    out = torch.zeros_like(mask)
+    for r, i in enumerate(rows):
+        out[r, : values[i].numel()] = values[i]
+    return out
