@@ -1,0 +1,249 @@
+"""`rhymerl bench schedule`: every rollout scheduling policy replayed on one trace, side by side.
+
+Each policy is the production scheduler object (rhymerl.workers.scheduling) driven by the
+trace-driven simulator (rhymerl.workers.sim). Output: a table (policy x time per step, bubbles,
+samples/s, speedup over the equal split, % migrated, gap to the lower bound), one Gantt PNG per
+policy, and a JSON with everything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rhymerl.api.spec import MigrationSpec, SchedulingSpec
+from rhymerl.workers.scheduling import POLICIES, Speculation, make_scheduler
+from rhymerl.workers.sim import SimConfig, SimResult, simulate
+from rhymerl.workers.sim.gantt import plot_gantt
+from rhymerl.workers.sim.profile_file import resolve_profile
+from rhymerl.workers.traces import Trace, load_trace
+from rhymerl.workers.traces.synthetic import parse_overrides
+
+
+@dataclass(frozen=True)
+class Variant:
+    key: str
+    """File-name slug."""
+    spec: SchedulingSpec
+
+
+def variants(groups: int, first_epoch: str = "prompt-length", max_staleness: int = 1) -> list[Variant]:
+    """The rows of the table: the baselines, then HistoPipe's ablation ladder."""
+    kw = {"ranking_groups": groups, "first_epoch": first_epoch, "max_staleness": max_staleness}
+    return [
+        Variant("equal", SchedulingSpec(policy="equal", **kw)),
+        Variant("lpt", SchedulingSpec(policy="lpt", **kw)),
+        Variant("skew-aware", SchedulingSpec(policy="skew-aware", **kw)),
+        Variant("realloc", SchedulingSpec(policy="realloc", **kw)),
+        Variant("async", SchedulingSpec(policy="async", **kw)),
+        Variant("histopipe-1tier", SchedulingSpec(policy="histopipe", two_tier=False, **kw)),
+        Variant(
+            "histopipe-nomig",
+            SchedulingSpec(policy="histopipe", migration=MigrationSpec(enabled=False), **kw),
+        ),
+        Variant("histopipe", SchedulingSpec(policy="histopipe", **kw)),
+    ]
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    trace: str = "synthetic:math"
+    workers: int = 16
+    groups: int = 8
+    steps: int | None = None
+    warmup: int | None = None
+    profile: str | None = None
+    tokens_per_pass: float = 1.0
+    pass_cost: float = 1.0
+    train_time_s: float = 0.0
+    max_off_policy: int = 1
+    max_staleness: int = 1
+    first_epoch: str = "prompt-length"
+    seed: int = 0
+    policies: tuple[str, ...] = ()
+    synthetic: tuple[str, ...] = ()
+    """KEY=VALUE overrides of the synthetic trace's generator (e.g. prompts_per_step=128)."""
+
+
+@dataclass
+class BenchReport:
+    config: BenchConfig
+    trace: Trace
+    warmup: int
+    results: list[tuple[Variant, SimResult]]
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def base(self) -> SimResult:
+        return next(r for v, r in self.results if v.key == "equal")
+
+
+def _warmup(trace: Trace, requested: int | None) -> int:
+    if requested is not None:
+        return requested
+    return trace.epoch_length()
+
+
+def run_bench(cfg: BenchConfig, console: Console | None = None) -> BenchReport:
+    t0 = time.perf_counter()
+    trace = load_trace(cfg.trace, **parse_overrides(list(cfg.synthetic)))
+    warmup = _warmup(trace, cfg.warmup)
+    if warmup >= trace.num_steps:
+        raise ValueError(f"--warmup: {warmup} leaves none of the trace's {trace.num_steps} steps to simulate")
+    profile = resolve_profile(cfg.profile)
+    spec = Speculation(tokens_per_pass=cfg.tokens_per_pass, pass_cost=cfg.pass_cost)
+    sim_cfg = SimConfig(workers=cfg.workers, profile=profile, speculation=spec, train_time_s=cfg.train_time_s)
+    chosen = variants(cfg.groups, cfg.first_epoch, cfg.max_staleness)
+    if cfg.policies:
+        unknown = [p for p in cfg.policies if p not in POLICIES and p not in {v.key for v in chosen}]
+        if unknown:
+            raise ValueError(f"--policy: unknown {', '.join(unknown)}; choose from {', '.join(v.key for v in chosen)}")
+        chosen = [v for v in chosen if v.key == "equal" or v.key in cfg.policies or v.spec.policy in cfg.policies]
+    notes = [f"trace {trace.name}: {len(trace)} responses over {trace.num_steps} steps; {trace.id_note()}"]
+    notes += [f"trace {trace.name}: {n}" for n in trace.notes]
+    if warmup:
+        notes.append(
+            f"the first {warmup} step(s) seed history and are not simulated (one epoch: steps before a prompt recurs)"
+        )
+    results: list[tuple[Variant, SimResult]] = []
+    progress = Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(), console=console, transient=True, disable=console is None,
+    )
+    with progress:
+        task = progress.add_task("simulating", total=len(chosen))
+        for v in chosen:
+            progress.update(task, description=f"simulating {v.key}")
+            sched = make_scheduler(
+                v.spec, cfg.workers, profile=profile, speculation=spec, max_off_policy=cfg.max_off_policy, seed=cfg.seed
+            )
+            results.append((v, simulate(trace, sched, sim_cfg, warmup_steps=warmup, steps=cfg.steps)))
+            progress.advance(task)
+    report = BenchReport(config=cfg, trace=trace, warmup=warmup, results=results, notes=notes)
+    for v, r in results:
+        fallback = sorted({src for src in r.rankings.values() if src in ("prompt-length", "random")})
+        if v.spec.policy in ("histopipe", "skew-aware") and fallback:
+            share = sum(1 for src in r.rankings.values() if src in fallback) / max(1, len(r.rankings))
+            notes.append(
+                f"{r.policy}: no history for {100 * share:.0f}% of steps; ranked by {' / '.join(fallback)} there"
+                + (" (skew-aware splits equally then)" if v.spec.policy == "skew-aware" else "")
+            )
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _ranking(r: SimResult) -> str:
+    return "+".join(sorted(set(r.rankings.values()))) or "-"
+
+
+def rows(report: BenchReport) -> list[dict[str, object]]:
+    base = report.base.samples_per_s
+    out = []
+    for v, r in report.results:
+        out.append({
+            "policy": r.policy,
+            "key": v.key,
+            "time_per_step_s": r.time_per_step,
+            "bubble_pct": 100 * r.bubble_ratio,
+            "samples_per_s": r.samples_per_s,
+            "speedup": r.samples_per_s / base if base else 0.0,
+            "migrated_pct": 100 * r.migrated_fraction,
+            "gap_to_bound_pct": 100 * r.bound_gap,
+            "mean_batch": r.mean_batch,
+            "ranking": _ranking(r),
+        })
+    return out
+
+
+HEADERS = (
+    "policy", "rollout s/step", "bubble %", "samples/s", "vs equal", "migrated %", "over bound %", "mean batch",
+    "ranked by",
+)
+
+
+def _cells(row: dict[str, object]) -> list[str]:
+    def f(key: str, fmt: str) -> str:
+        return format(row[key], fmt)
+
+    return [
+        str(row["policy"]), f("time_per_step_s", ".1f"), f("bubble_pct", ".1f"), f("samples_per_s", ".2f"),
+        f"{row['speedup']:.2f}x", f("migrated_pct", ".2f"), f("gap_to_bound_pct", ".1f"), f("mean_batch", ".1f"),
+        str(row["ranking"]),
+    ]
+
+
+def table(report: BenchReport) -> Table:
+    lb = report.base.lower_bound
+    steps = len(report.base.steps)
+    t = Table(
+        title=f"rollout scheduling on {report.trace.name}: {report.config.workers} workers, "
+        f"{report.config.groups} ranking groups, {steps} steps",
+        caption=f"lower bound over the run: max(total work / N = {lb.work_per_worker:.0f} s, longest sample = "
+        f"{lb.longest_sample:.0f} s) = {lb.seconds / steps:.1f} s/step; work priced at batch {lb.batch}",
+    )
+    for i, h in enumerate(HEADERS):
+        t.add_column(h, justify="left" if i in (0, len(HEADERS) - 1) else "right")
+    for row in rows(report):
+        t.add_row(*_cells(row))
+    return t
+
+
+def markdown(report: BenchReport) -> str:
+    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "|".join("---" for _ in HEADERS) + "|"]
+    lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows(report)]
+    return "\n".join(lines) + "\n"
+
+
+def to_json(report: BenchReport, command: str) -> dict[str, object]:
+    tr = report.trace
+    return {
+        "command": command,
+        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
+        "seconds": report.seconds,
+        "config": asdict(report.config),
+        "trace": {
+            "name": tr.name, "responses": len(tr), "steps": tr.num_steps, "ids": tr.ids,
+            "warmup_steps": report.warmup, "epoch_length": tr.epoch_length(),
+        },
+        "notes": report.notes,
+        "table": rows(report),
+        "results": [{"key": v.key, "spec": v.spec.model_dump(mode="json"), **r.summary()} for v, r in report.results],
+    }
+
+
+def write_outputs(report: BenchReport, out: Path, command: str) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for v, r in report.results:
+        paths.append(plot_gantt(r, out / f"gantt_{v.key}.png"))
+    md = out / "table.md"
+    md.write_text(markdown(report), encoding="utf-8")
+    js = out / "results.json"
+    tmp = js.with_name(js.name + ".tmp")
+    tmp.write_text(json.dumps(to_json(report, command), indent=2) + "\n", encoding="utf-8")
+    tmp.replace(js)
+    return [*paths, md, js]
+
+
+def main(cfg: BenchConfig, out: Path | None, console: Console) -> None:
+    """Run, print the table and notes, write outputs when `out` is given."""
+    report = run_bench(cfg, console)
+    console.print(table(report))
+    for note in report.notes:
+        console.print(f"[dim]note:[/dim] {note}")
+    if out is not None:
+        command = "rhymerl " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        written = write_outputs(report, out, command)
+        console.print(f"wrote {len(written)} files to {out}/ (results.json, table.md, gantt_*.png)")
+    console.print(f"[dim]{report.seconds:.1f} s[/dim]")

@@ -1,0 +1,98 @@
+"""`rhymerl trace ...`: workload traces for the scheduling simulator (export, synthesize, inspect).
+
+Mounted by the main CLI as `rhymerl trace`. Exit codes follow rhymerl.cli.main: 2 for bad input
+(a trace, dump or profile that cannot be read), with the file and line in the message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+trace_app = typer.Typer(help="Workload traces (step,prompt_id,input_len,output_len) for `rhymerl bench schedule`.",
+                        no_args_is_help=True)
+INVALID = 2
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    Console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False)
+    return typer.Exit(INVALID)
+
+
+@trace_app.command("export")
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="run folder with rollouts/step_*.jsonl")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="trace CSV to write")],
+) -> None:
+    """Write a run's rollout dumps as a workload trace CSV, one row per response."""
+    from rhymerl.workers.dumps import DumpError
+    from rhymerl.workers.traces.export import export_run
+
+    try:
+        n = export_run(run_dir, out)
+    except (DumpError, ValueError) as exc:
+        raise _fail(exc) from None
+    typer.echo(f"wrote {n} rows to {out}")
+
+
+@trace_app.command("synth")
+def synth(
+    name: Annotated[str, typer.Argument(help="synthetic trace: math or code")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="trace CSV to write")],
+    steps: Annotated[int | None, typer.Option("--steps", min=1, help="steps to generate (default: the "
+                                              "preset's)")] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    no_ids: Annotated[bool, typer.Option("--no-ids", help="leave out the prompt_id column (as some systems "
+                                         "do)")] = False,
+) -> None:
+    """Generate a synthetic trace calibrated to published workload figures (docs/scheduling.md)."""
+    from rhymerl.workers.traces import TraceError, synthetic, write_trace
+
+    overrides: dict[str, object] = {"seed": seed}
+    if steps is not None:
+        overrides["steps"] = steps
+    try:
+        tr = synthetic(name, **overrides)
+    except TraceError as exc:
+        raise _fail(exc) from None
+    rows = zip(tr.step.tolist(), tr.prompt_id, tr.input_len.tolist(), tr.output_len.tolist(), strict=True)
+    n = write_trace(out, ((s, None if no_ids else p, i, o) for s, p, i, o in rows))
+    typer.echo(f"wrote {n} rows to {out}")
+
+
+@trace_app.command("stats")
+def stats(
+    source: Annotated[str, typer.Argument(help="trace CSV or synthetic:NAME")],
+    groups: Annotated[list[int] | None, typer.Option("--groups", help="ranking groups for rank stability "
+                                                     "(default: 8 and 16)")] = None,
+) -> None:
+    """Length distribution per step and cross-epoch rank stability (RhymeRL §6.1)."""
+    import numpy as np
+
+    from rhymerl.workers.traces import TraceError, load_trace, rank_stability
+
+    try:
+        tr = load_trace(source)
+    except TraceError as exc:
+        raise _fail(exc) from None
+    console = Console()
+    t = Table(title=f"{tr.name}: {len(tr)} responses, {tr.num_steps} steps, {tr.ids} prompt ids")
+    for col in ("step", "responses", "prompts", "median out", "p90 out", "max out", "mean in"):
+        t.add_column(col, justify="right")
+    for rows in tr.step_rows():
+        out_len = tr.output_len[rows]
+        step = int(tr.step[rows[0]])
+        prompts = len({tr.prompt_id[i] for i in rows.tolist()})
+        t.add_row(str(tr.source_steps[step - 1]), str(rows.size), str(prompts), f"{np.median(out_len):.0f}",
+                  f"{np.percentile(out_len, 90):.0f}", str(int(out_len.max())), f"{tr.input_len[rows].mean():.0f}")
+    console.print(t)
+    console.print(tr.id_note())
+    if tr.ids == "stable":
+        for k in groups or [8, 16]:
+            rep = rank_stability(tr, k)
+            console.print(f"rank stability, {k} groups: {100 * rep.accurate:.1f}% of responses stay in their group "
+                          f"or move down ({rep.pairs} epoch pairs, {rep.responses} responses)")

@@ -1,0 +1,72 @@
+"""The profiled cost model: roofline defaults, measured tables, and decode-time estimates."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import numpy as np
+import pytest
+
+from rhymerl.workers.scheduling import (
+    RooflineProfile,
+    Speculation,
+    TableProfile,
+    group_decode_time,
+    knee_batch,
+)
+from rhymerl.workers.scheduling.costmodel import worker_decode_time
+
+
+def test_the_roofline_reads_all_weights_once_per_iteration() -> None:
+    p = RooflineProfile()
+    weights_s = 7.6e9 * 2 / (3.35e12 * 0.8)
+    assert p.iteration_time(1, 0) == pytest.approx(weights_s + 0.001)
+    kv_s = 64 * 4096 * 57_344 / (3.35e12 * 0.8)
+    assert p.iteration_time(64, 4096) == pytest.approx(weights_s + kv_s + 0.001)
+    assert p.iteration_times(np.array([1.0, 64.0]), np.array([0.0, 4096.0])) == pytest.approx(
+        [p.iteration_time(1, 0), p.iteration_time(64, 4096)]
+    )
+
+
+def test_a_measured_table_is_exact_on_its_grid_and_bilinear_between() -> None:
+    t = TableProfile(batch_sizes=(1, 3), context_lens=(0, 100), seconds=((1.0, 2.0), (3.0, 4.0)),
+                     prefill_seconds_per_token=0.5, max_batch=8)
+    assert t.iteration_time(1, 0) == 1.0 and t.iteration_time(3, 100) == 4.0
+    assert t.iteration_time(2, 50) == pytest.approx(2.5)
+    assert t.iteration_times(np.array([2.0]), np.array([50.0])) == pytest.approx([2.5])
+    assert t.iteration_time(5, 100) == pytest.approx(6.0)  # linear beyond the grid: +1 s per sequence
+    assert t.prefill_time(4) == 2.0
+
+
+def test_a_shrinking_batch_is_priced_segment_by_segment() -> None:
+    t = TableProfile(batch_sizes=(1, 2), context_lens=(0, 1000), seconds=((1.0, 1.0), (3.0, 3.0)),
+                     prefill_seconds_per_token=0.0, max_batch=8)
+    # lengths 2 and 5: 2 iterations with 2 running (3 s each), then 3 with 1 (1 s each)
+    assert worker_decode_time(np.array([5.0, 2.0]), 0.0, t) == pytest.approx(2 * 3 + 3 * 1)
+
+
+def test_speculation_divides_iterations_by_tokens_per_pass_and_charges_the_pass_cost() -> None:
+    p = TableProfile.constant(1.0)
+    plain = worker_decode_time(np.array([100.0]), 0.0, p)
+    fast = worker_decode_time(np.array([100.0]), 0.0, p, Speculation(tokens_per_pass=2.5, pass_cost=1.2))
+    assert plain == pytest.approx(100.0)
+    assert fast == pytest.approx(100 / 2.5 * 1.2)
+    assert Speculation(tokens_per_pass=2.5).passes(100) == 40
+    with pytest.raises(ValueError):
+        Speculation(tokens_per_pass=0.5)
+
+
+def test_a_group_finishes_with_its_slowest_worker_and_more_workers_never_hurt() -> None:
+    lengths = np.array([100.0, 90.0, 50.0, 40.0, 10.0, 5.0])
+    p = RooflineProfile()
+    times = [group_decode_time(lengths, 100.0, n, p) for n in range(1, 8)]
+    assert all(a >= b - 1e-12 for a, b in pairwise(times))
+    assert times[-1] == pytest.approx(worker_decode_time(np.array([100.0]), 100.0, p))  # one sample per worker
+
+
+def test_the_reallocation_threshold_is_the_knee_of_the_throughput_curve() -> None:
+    p = RooflineProfile()
+    k = knee_batch(p, 8192)
+    best = p.max_batch / p.iteration_time(p.max_batch, 8192)
+    assert k / p.iteration_time(k, 8192) >= 0.5 * best > (k - 1) / p.iteration_time(k - 1, 8192)
+    assert 8 < k < 64

@@ -1,0 +1,121 @@
+"""The discrete-event simulator on hand-built cases: makespans and bubble ratios checked by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from rhymerl.workers.scheduling import (
+    EqualSplit,
+    HistoPipe,
+    MigrationConfig,
+    RooflineProfile,
+    Speculation,
+    TableProfile,
+)
+from rhymerl.workers.sim import SimConfig, simulate
+from rhymerl.workers.traces import Trace
+
+
+def _cfg(workers: int, **kw: object) -> SimConfig:
+    return SimConfig(workers=workers, profile=TableProfile.constant(1.0), **kw)
+
+
+def test_an_idle_worker_waiting_for_the_slowest_is_a_bubble() -> None:
+    r = simulate(Trace.from_steps([[("a", 4), ("b", 2)]]), EqualSplit(2, profile=TableProfile.constant()), _cfg(2))
+    assert r.makespan == pytest.approx(4.0)
+    assert r.busy == pytest.approx(6.0)
+    assert r.bubble_ratio == pytest.approx(0.25)  # 2 idle worker-seconds of 8
+    assert r.samples_per_s == pytest.approx(0.5)
+
+
+def test_sequences_on_one_worker_decode_together_in_one_batch() -> None:
+    r = simulate(Trace.from_steps([[("a", 3), ("b", 5)]]), EqualSplit(1), _cfg(1))
+    assert r.makespan == pytest.approx(5.0)
+    assert r.bubble_ratio == pytest.approx(0.0)
+    assert r.mean_batch == pytest.approx((3 * 2 + 2 * 1) / 5)
+
+
+def test_a_synchronous_step_waits_for_every_worker_before_the_next() -> None:
+    tr = Trace.from_steps([[("a", 4), ("b", 2)], [("c", 2), ("d", 4)]])
+    r = simulate(tr, EqualSplit(2), _cfg(2))
+    assert r.makespan == pytest.approx(8.0)
+    assert r.bubble_ratio == pytest.approx(1 - 12 / 16)
+    assert [(s.start, s.end) for s in r.steps] == [(0.0, 4.0), (4.0, 8.0)]
+
+
+def _alternating_trace() -> Trace:
+    warm = [("s1", 2), ("l1", 4), ("s2", 2), ("l2", 4)]
+    return Trace.from_steps([warm, [("s1", 2), ("l1", 4)], [("s2", 2), ("l2", 4)]])
+
+
+def test_alternating_groups_fill_each_others_bubbles_across_two_steps() -> None:
+    tr = _alternating_trace()
+    sync = simulate(tr, EqualSplit(2), _cfg(2), warmup_steps=1)
+    pipe = simulate(tr, HistoPipe(2, groups=2, two_tier=False), _cfg(2), warmup_steps=1)
+    assert sync.makespan == pytest.approx(8.0)
+    assert pipe.makespan == pytest.approx(6.0)  # each worker: one short and one long sample
+    assert pipe.bubble_ratio == pytest.approx(0.0)
+    assert pipe.rankings == {2: "history", 3: "history"}
+
+
+def test_the_off_policy_bound_holds_the_pipeline_back() -> None:
+    tr = _alternating_trace()
+    on_policy = simulate(tr, HistoPipe(2, groups=2, two_tier=False, staleness=0), _cfg(2), warmup_steps=1)
+    assert on_policy.makespan == pytest.approx(8.0)  # step 3 must wait for step 2 to train
+    slow_train = simulate(tr, HistoPipe(2, groups=2, two_tier=False, staleness=0), _cfg(2, train_time_s=1.0),
+                          warmup_steps=1)
+    assert slow_train.makespan == pytest.approx(9.0)
+
+
+def test_speculation_generates_several_tokens_per_pass() -> None:
+    r = simulate(Trace.from_steps([[("a", 10)]]), EqualSplit(1), _cfg(1, speculation=Speculation(tokens_per_pass=2.0)))
+    assert r.makespan == pytest.approx(5.0)
+
+
+def test_admitting_a_batch_costs_its_prefill() -> None:
+    cfg = SimConfig(workers=1, profile=TableProfile.constant(1.0, prefill_seconds_per_token=0.5))
+    r = simulate(Trace.from_steps([[("a", 3), ("b", 3)]], input_len=2), EqualSplit(1), cfg)
+    assert r.makespan == pytest.approx(2 * 2 * 0.5 + 3)
+
+
+def test_an_outlier_migrates_off_a_short_groups_worker_with_its_tokens() -> None:
+    warm = [("s", 10)] * 4 + [("l", 100)] * 4
+    step = [("s", 10)] * 3 + [("s", 60)] + [("l", 100)] * 4
+    tr = Trace.from_steps([warm, step, [("s", 10)] * 4 + [("l", 100)] * 4])
+    mig = MigrationConfig(tail_fraction=0.25, min_lambda=1.1)
+    cfg = SimConfig(workers=2, profile=TableProfile.constant(1.0, prefill_seconds_per_token=0.01))
+    moved = simulate(tr, HistoPipe(2, groups=2, two_tier=False, migration=mig), cfg, warmup_steps=1)
+    kept = simulate(tr, HistoPipe(2, groups=2, two_tier=False, migration=MigrationConfig(enabled=False)), cfg,
+                    warmup_steps=1)
+    assert moved.intra_step == 1 and moved.migrated_samples == 1
+    [(t, _, src, dst)] = moved.migrations
+    assert t == pytest.approx(0.4 + 12) and src != dst  # after a 0.4 s prefill, at 12 tokens (> 1.1 x 10)
+    assert moved.recompute_tokens == 10 + 12  # prompt + generated tokens prefilled again at the destination
+    assert len(moved.finished) == len(kept.finished) == 16
+    assert moved.makespan < kept.makespan
+
+
+def test_the_default_roofline_simulates_a_thousand_sample_step() -> None:
+    rows = [(f"p{i}", 200 + (i * 37) % 3000) for i in range(1024)]
+    r = simulate(Trace.from_steps([rows]), EqualSplit(16, profile=RooflineProfile()), SimConfig(workers=16))
+    assert len(r.finished) == 1024
+    assert 0.0 <= r.bubble_ratio < 1.0
+    assert r.makespan >= r.lower_bound.longest_sample
+
+
+def test_a_step_may_start_only_within_the_off_policy_bound() -> None:
+    pipe = HistoPipe(2, staleness=1)
+    assert pipe.may_start(3, trained_through=1, completed_through=1)
+    assert not pipe.may_start(4, trained_through=1, completed_through=3)  # would use weights 2 versions old
+    sync = EqualSplit(2, staleness=1)
+    assert not sync.may_start(3, trained_through=1, completed_through=1)  # barrier: step 2 still rolling out
+    assert sync.may_start(3, trained_through=1, completed_through=2)
+
+
+def test_each_step_reports_its_own_makespan_bubbles_and_throughput() -> None:
+    tr = Trace.from_steps([[("a", 4), ("b", 2)], [("c", 2), ("d", 4)]])
+    r = simulate(tr, EqualSplit(2), _cfg(2))
+    first, second = r.steps
+    assert (first.makespan, first.samples, first.samples_per_s) == (4.0, 2, 0.5)
+    assert first.bubble_ratio == pytest.approx(0.25) and second.bubble_ratio == pytest.approx(0.25)
+    assert first.migrations == 0

@@ -1,0 +1,56 @@
+"""Rollout scheduling: HistoPipe (RhymeRL §6) and the baselines it is measured against.
+
+Pure decision logic, no I/O and no clock: the simulator (rhymerl.workers.sim) and the real
+controller drive the same scheduler objects with events. See docs/scheduling.md.
+"""
+
+from .base import Scheduler, SchedulerStats, SchedulingError
+from .baselines import AsyncRollout, EqualSplit, LongestFirst, Reallocate, SkewAware
+from .costmodel import (
+    NO_SPECULATION,
+    IterationProfile,
+    RooflineProfile,
+    Speculation,
+    TableProfile,
+    group_decode_time,
+    knee_batch,
+    token_cost,
+    worker_decode_time,
+)
+from .factory import POLICIES, make_scheduler
+from .histopipe import HistoPipe, MigrationConfig
+from .history import LengthHistory
+from .types import Action, Move, Pipeline, Rebalance, Sample, SampleId, StepPlan, Watch
+
+__all__ = [
+    "NO_SPECULATION",
+    "POLICIES",
+    "Action",
+    "AsyncRollout",
+    "EqualSplit",
+    "HistoPipe",
+    "IterationProfile",
+    "LengthHistory",
+    "LongestFirst",
+    "MigrationConfig",
+    "Move",
+    "Pipeline",
+    "Reallocate",
+    "Rebalance",
+    "RooflineProfile",
+    "Sample",
+    "SampleId",
+    "Scheduler",
+    "SchedulerStats",
+    "SchedulingError",
+    "SkewAware",
+    "Speculation",
+    "StepPlan",
+    "TableProfile",
+    "Watch",
+    "group_decode_time",
+    "knee_batch",
+    "make_scheduler",
+    "token_cost",
+    "worker_decode_time",
+]

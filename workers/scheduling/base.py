@@ -1,0 +1,266 @@
+"""The scheduler state machine shared by every policy.
+
+A scheduler is driven by events from an executor (the simulator, or the real controller):
+`plan_step` when a step's samples are known, `on_sample_finished` when a response completes,
+`on_progress` when a sample reaches a token count the scheduler asked to watch, and `on_moved`
+when the executor carried out a `Rebalance`. Each returns plain actions (`Watch`, `Move`,
+`Rebalance`) and never does I/O or reads a clock, so the same object runs in the simulator and
+in production.
+
+The base class keeps the books every policy needs and checks them: each sample is planned,
+moved and finished at most once per step, inter-step migrations keep their generated tokens
+and reappear in exactly one later plan, and per-prompt lengths flow into `history` when a
+prompt's whole group has finished.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TypedDict
+
+from .costmodel import NO_SPECULATION, IterationProfile, RooflineProfile, Speculation
+from .history import LengthHistory
+from .types import Action, Move, Pipeline, Sample, SampleId, StepPlan
+
+
+class SchedulerOptions(TypedDict, total=False):
+    """Keyword options every policy accepts (see `Scheduler.__init__`)."""
+
+    profile: IterationProfile | None
+    speculation: Speculation
+    staleness: int
+    seed: int
+    final_step: int | None
+
+
+class SchedulingError(RuntimeError):
+    """An executor reported an impossible event (a sample finished twice, an unknown sample, ...)."""
+
+
+@dataclass(slots=True)
+class SampleState:
+    sample: Sample
+    step: int | None
+    worker: int | None
+    visit: tuple[str, int]
+    group: int = -1
+    migrated: bool = False
+    done: bool = False
+
+
+@dataclass
+class SchedulerStats:
+    planned: int = 0
+    finished: int = 0
+    intra_step: int = 0
+    inter_step: int = 0
+    rebalanced: int = 0
+    migrated_samples: set[SampleId] = field(default_factory=set)
+    rankings: dict[int, str] = field(default_factory=dict)
+
+
+class Scheduler:
+    """Base policy: subclasses implement `_plan` and may react in `_after_finish` / `_progress`."""
+
+    name: str = "base"
+    pipeline: Pipeline = "barrier"
+    needs_history: bool = False
+    interrupt_on_update: bool = False
+    """Shared pipeline only: running samples recompute their KV cache when new weights arrive."""
+
+    def __init__(
+        self,
+        workers: int,
+        *,
+        profile: IterationProfile | None = None,
+        speculation: Speculation = NO_SPECULATION,
+        staleness: int = 1,
+        seed: int = 0,
+        final_step: int | None = None,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("workers: at least 1")
+        if staleness < 0:
+            raise ValueError("staleness: at least 0")
+        self.workers = workers
+        self.profile: IterationProfile = RooflineProfile() if profile is None else profile
+        self.speculation = speculation
+        self.staleness = staleness
+        self.seed = seed
+        self.final_step = final_step
+        self.history = LengthHistory()
+        self.stats = SchedulerStats()
+        self.last_planned = 0
+        self._samples: dict[SampleId, SampleState] = {}
+        self._deferred: list[SampleId] = []
+        self._outstanding: dict[tuple[int, int], int] = defaultdict(int)
+        self._step_left: dict[int, int] = defaultdict(int)
+        self._visit_left: dict[tuple[str, int], int] = defaultdict(int)
+        self._visit_lengths: dict[tuple[str, int], list[int]] = defaultdict(list)
+
+    @property
+    def label(self) -> str:
+        return self.name
+
+    # ------------------------------------------------------------------ events
+    def prime(self, prompt_id: str, lengths: Sequence[int]) -> None:
+        """Feed history from outside (e.g. last epoch's dumps when resuming a run)."""
+        self.history.observe(prompt_id, lengths)
+
+    def plan_step(self, step: int, samples: Sequence[Sample]) -> StepPlan:
+        """Plan a step: the new samples plus any deferred here by inter-step migration."""
+        if step <= self.last_planned:
+            raise SchedulingError(f"step {step}: already planned up to step {self.last_planned}")
+        carried = [self._samples[sid].sample for sid in self._deferred]
+        self._deferred = []
+        for s in samples:
+            if s.sid in self._samples:
+                raise SchedulingError(f"sample {s.sid}: planned twice")
+            visit = (s.prompt_id, step)
+            self._samples[s.sid] = SampleState(sample=s, step=step, worker=None, visit=visit)
+            self._visit_left[visit] += 1
+        for s in carried:
+            self._samples[s.sid].step = step
+        plan = self._plan(step, list(samples), carried)
+        plan.carried = [s.sid for s in carried]
+        self._check_plan(plan, samples, carried)
+        for w, queue in enumerate(plan.queues):
+            for sid in queue:
+                self._samples[sid].worker = w
+                self._outstanding[(w, step)] += 1
+        self._step_left[step] += len(samples) + len(carried)
+        self.stats.planned += len(samples)
+        self.stats.rankings[step] = plan.ranking
+        self.last_planned = step
+        self._forget_before(step - 2)
+        return plan
+
+    def on_sample_finished(self, sid: SampleId, worker: int, output_len: int, now: float) -> list[Action]:
+        st = self._state(sid)
+        if st.done:
+            raise SchedulingError(f"sample {sid}: finished twice")
+        if st.step is None:
+            raise SchedulingError(f"sample {sid}: finished while deferred to a later step")
+        if st.worker is not None and st.worker != worker:
+            raise SchedulingError(f"sample {sid}: finished on worker {worker}, scheduled on {st.worker}")
+        st.done = True
+        st.worker = worker
+        if self.pipeline != "shared":
+            self._outstanding[(worker, st.step)] -= 1
+        self._step_left[st.step] -= 1
+        self.stats.finished += 1
+        self._visit_left[st.visit] -= 1
+        self._visit_lengths[st.visit].append(output_len)
+        if self._visit_left[st.visit] == 0:
+            self.history.observe(st.visit[0], self._visit_lengths.pop(st.visit))
+            del self._visit_left[st.visit]
+        return self._after_finish(st, now)
+
+    def on_progress(self, sid: SampleId, worker: int, generated: int, now: float) -> list[Action]:
+        st = self._state(sid)
+        if st.done or st.step is None:
+            return []
+        st.sample.generated = generated
+        return self._progress(st, worker, generated, now)
+
+    def on_admitted(self, sid: SampleId, worker: int) -> None:
+        """Shared pipeline: the executor tells which worker pulled a sample."""
+        self._state(sid).worker = worker
+
+    def on_moved(self, moves: Sequence[Move]) -> None:
+        """The executor carried out a `Rebalance` by moving these samples."""
+        for m in moves:
+            self._book_move(m)
+            self.stats.rebalanced += 1
+
+    # ------------------------------------------------------------------ queries
+    def outstanding(self, worker: int, step: int) -> int:
+        """This step's samples on a worker that have not finished (waiting or running)."""
+        return self._outstanding.get((worker, step), 0)
+
+    def step_left(self, step: int) -> int:
+        return self._step_left.get(step, 0)
+
+    def deferred(self) -> list[SampleId]:
+        return list(self._deferred)
+
+    def may_start(self, step: int, trained_through: int, completed_through: int) -> bool:
+        """Whether rollout of `step` may begin on a worker whose own previous sub-batch is done.
+
+        trained_through: the last step whose training finished (its weights are loadable);
+        completed_through: the last step all of whose samples finished (earlier ones too). Every
+        pipeline keeps off-policyness within `staleness` (step s uses weights no older than
+        s - 1 - staleness); the barrier pipeline also waits for the previous step's rollout.
+        Shared pipelines apply this per sample: a step's samples are released when it holds.
+        """
+        if trained_through < step - 1 - self.staleness:
+            return False
+        return not (self.pipeline == "barrier" and completed_through < step - 1)
+
+    def inter_step_possible(self) -> bool:
+        return self.final_step is None or self.last_planned < self.final_step
+
+    # ------------------------------------------------------------------ policy hooks
+    def _plan(self, step: int, samples: list[Sample], carried: list[Sample]) -> StepPlan:
+        raise NotImplementedError
+
+    def _after_finish(self, st: SampleState, now: float) -> list[Action]:
+        return []
+
+    def _progress(self, st: SampleState, worker: int, generated: int, now: float) -> list[Action]:
+        return []
+
+    # ------------------------------------------------------------------ helpers
+    def _forget_before(self, step: int) -> None:
+        """Drop finished samples of old steps so a long run's books stay small (a late event for one
+        of them is then reported as never planned, still an error)."""
+        old = [sid for sid, st in self._samples.items() if st.done and st.step is not None and st.step < step]
+        for sid in old:
+            del self._samples[sid]
+
+    def _state(self, sid: SampleId) -> SampleState:
+        try:
+            return self._samples[sid]
+        except KeyError:
+            raise SchedulingError(f"sample {sid}: never planned") from None
+
+    def _book_move(self, m: Move) -> None:
+        """Update the books for a move the executor performs."""
+        st = self._state(m.sid)
+        if st.done or st.step is None:
+            raise SchedulingError(f"sample {m.sid}: cannot move a finished or deferred sample")
+        if st.worker is not None and st.worker != m.src:
+            raise SchedulingError(f"sample {m.sid}: moved from worker {m.src}, scheduled on {st.worker}")
+        st.sample.generated = m.generated
+        st.migrated = True
+        self.stats.migrated_samples.add(m.sid)
+        if self.pipeline != "shared":
+            self._outstanding[(m.src, st.step)] -= 1
+        if m.dst is None:
+            self._step_left[st.step] -= 1
+            st.step = None
+            st.worker = None
+            self._deferred.append(m.sid)
+        else:
+            st.worker = m.dst
+            if self.pipeline != "shared":
+                self._outstanding[(m.dst, st.step)] += 1
+
+    def _emit(self, m: Move) -> Move:
+        """Book a move this scheduler decided; the executor must carry it out (no `on_moved`)."""
+        self._book_move(m)
+        if m.dst is None:
+            self.stats.inter_step += 1
+        else:
+            self.stats.intra_step += 1
+        return m
+
+    def _check_plan(self, plan: StepPlan, samples: Sequence[Sample], carried: Sequence[Sample]) -> None:
+        if len(plan.queues) != self.workers and not (self.pipeline == "shared" and not plan.queues):
+            raise SchedulingError(f"{self.name}: plan has {len(plan.queues)} queues for {self.workers} workers")
+        planned = plan.all_samples()
+        expected = {s.sid for s in samples} | {s.sid for s in carried}
+        if len(planned) != len(expected) or set(planned) != expected:
+            raise SchedulingError(f"{self.name}: step {plan.step} plan does not place every sample exactly once")

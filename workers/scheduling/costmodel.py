@@ -1,0 +1,253 @@
+"""Rollout cost model: seconds per decode iteration as a function of batch size and context.
+
+Tier-2 allocation, the skew-aware baseline, the reallocation threshold and the simulator all
+price work with the same `IterationProfile`, so a profile measured on the real engine changes
+every decision and every simulated number consistently.
+
+The default `RooflineProfile` is a memory-bandwidth roofline, not a measurement: decoding reads
+all weights once per iteration plus each sequence's KV cache, and is limited by HBM bandwidth
+unless the batch is large enough to be compute bound. Its default numbers describe an H100 SXM
+serving a Qwen2.5-7B-shaped model in bf16 (sources in docs/scheduling.md).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+FloatArray = NDArray[np.float64]
+
+
+class IterationProfile(Protocol):
+    """What every decision and the simulator know about the engine's speed."""
+
+    @property
+    def max_batch(self) -> int:
+        """Sequences decoded together at most (continuous batching admits more as others finish)."""
+        ...
+
+    def iteration_time(self, batch: int, context: float) -> float:
+        """Seconds for one decode iteration of `batch` sequences whose mean context is `context` tokens."""
+        ...
+
+    def iteration_times(self, batch: FloatArray, context: FloatArray) -> FloatArray:
+        """Vectorised `iteration_time`."""
+        ...
+
+    def prefill_time(self, tokens: int) -> float:
+        """Seconds to prefill (or recompute the KV cache of) `tokens` tokens."""
+        ...
+
+
+@dataclass(frozen=True)
+class RooflineProfile:
+    """max(memory time, compute time) + a fixed per-iteration overhead.
+
+    memory bytes = weights + batch * context * kv_bytes_per_token; compute = 2 * params * batch FLOPs.
+    Defaults: H100 SXM (3.35 TB/s HBM3, 989 TFLOP/s dense bf16) and a Qwen2.5-7B-shaped model
+    (7.6e9 parameters in bf16; 28 layers x 4 KV heads x 128 dims x K,V x 2 bytes = 57,344 bytes of
+    KV per token). The efficiencies and the overhead are assumptions, not measurements.
+    """
+
+    params: float = 7.6e9
+    bytes_per_param: float = 2.0
+    kv_bytes_per_token: float = 57_344.0
+    hbm_bandwidth: float = 3.35e12
+    bandwidth_efficiency: float = 0.8
+    peak_flops: float = 989e12
+    compute_efficiency: float = 0.5
+    overhead_s: float = 0.001
+    max_batch: int = 256
+
+    @property
+    def _bw(self) -> float:
+        return self.hbm_bandwidth * self.bandwidth_efficiency
+
+    @property
+    def _flops(self) -> float:
+        return self.peak_flops * self.compute_efficiency
+
+    def iteration_time(self, batch: int, context: float) -> float:
+        mem = (self.params * self.bytes_per_param + batch * context * self.kv_bytes_per_token) / self._bw
+        compute = 2.0 * self.params * batch / self._flops
+        return max(mem, compute) + self.overhead_s
+
+    def iteration_times(self, batch: FloatArray, context: FloatArray) -> FloatArray:
+        mem = (self.params * self.bytes_per_param + batch * context * self.kv_bytes_per_token) / self._bw
+        compute = 2.0 * self.params * batch / self._flops
+        return np.maximum(mem, compute) + self.overhead_s
+
+    def prefill_time(self, tokens: int) -> float:
+        return 2.0 * self.params * tokens / self._flops if tokens > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class TableProfile:
+    """A measured grid of seconds per iteration, interpolated bilinearly.
+
+    Outside the grid the edge cells are extrapolated linearly (KV reads grow linearly with
+    context and batch), and results are floored at the smallest measured time.
+    """
+
+    batch_sizes: tuple[int, ...]
+    context_lens: tuple[int, ...]
+    seconds: tuple[tuple[float, ...], ...]  # seconds[i][j] for batch_sizes[i], context_lens[j]
+    prefill_seconds_per_token: float
+    max_batch: int
+
+    def __post_init__(self) -> None:
+        if len(self.batch_sizes) < 2 or len(self.context_lens) < 2:
+            raise ValueError("a table profile needs at least 2 batch sizes and 2 context lengths")
+        if list(self.batch_sizes) != sorted(set(self.batch_sizes)):
+            raise ValueError("batch_sizes must be strictly increasing")
+        if list(self.context_lens) != sorted(set(self.context_lens)):
+            raise ValueError("context_lens must be strictly increasing")
+        object.__setattr__(self, "_grid", np.asarray(self.seconds, dtype=np.float64))
+        object.__setattr__(self, "_floor", float(np.min(self._grid)))
+
+    _grid: FloatArray = field(init=False, repr=False, compare=False)
+    _floor: float = field(init=False, repr=False, compare=False)
+
+    @classmethod
+    def constant(cls, seconds: float = 1.0, max_batch: int = 1024, prefill_seconds_per_token: float = 0.0) -> TableProfile:
+        """Every iteration takes `seconds` whatever the batch and context: hand-checkable simulations."""
+        return cls(
+            batch_sizes=(1, 1_000_000),
+            context_lens=(0, 100_000_000),
+            seconds=((seconds, seconds), (seconds, seconds)),
+            prefill_seconds_per_token=prefill_seconds_per_token,
+            max_batch=max_batch,
+        )
+
+    @staticmethod
+    def _cell(axis: Sequence[int], x: float) -> tuple[int, float]:
+        i = bisect.bisect_right(axis, x) - 1
+        i = min(max(i, 0), len(axis) - 2)
+        frac = (x - axis[i]) / (axis[i + 1] - axis[i])
+        return i, frac
+
+    def iteration_time(self, batch: int, context: float) -> float:
+        i, fb = self._cell(self.batch_sizes, batch)
+        j, fc = self._cell(self.context_lens, context)
+        g = self._grid
+        top = g[i, j] + (g[i, j + 1] - g[i, j]) * fc
+        bottom = g[i + 1, j] + (g[i + 1, j + 1] - g[i + 1, j]) * fc
+        return max(float(top + (bottom - top) * fb), self._floor)
+
+    def iteration_times(self, batch: FloatArray, context: FloatArray) -> FloatArray:
+        bs = np.asarray(self.batch_sizes, dtype=np.float64)
+        cs = np.asarray(self.context_lens, dtype=np.float64)
+        i = np.clip(np.searchsorted(bs, batch, side="right") - 1, 0, len(bs) - 2)
+        j = np.clip(np.searchsorted(cs, context, side="right") - 1, 0, len(cs) - 2)
+        fb = (batch - bs[i]) / (bs[i + 1] - bs[i])
+        fc = (context - cs[j]) / (cs[j + 1] - cs[j])
+        g = self._grid
+        top = g[i, j] + (g[i, j + 1] - g[i, j]) * fc
+        bottom = g[i + 1, j] + (g[i + 1, j + 1] - g[i + 1, j]) * fc
+        return np.maximum(top + (bottom - top) * fb, self._floor)
+
+    def prefill_time(self, tokens: int) -> float:
+        return self.prefill_seconds_per_token * tokens
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """Speculative decoding as a speedup model: each forward pass yields `tokens_per_pass` tokens
+    per sequence on average (1.0: off) and costs `pass_cost` plain iterations (verification of the
+    draft makes a pass slightly dearer)."""
+
+    tokens_per_pass: float = 1.0
+    pass_cost: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.tokens_per_pass < 1.0:
+            raise ValueError("tokens_per_pass: at least 1 (one token per pass without speculation)")
+        if self.pass_cost <= 0.0:
+            raise ValueError("pass_cost: must be positive")
+
+    def passes(self, tokens: int) -> int:
+        """Forward passes needed to generate `tokens` tokens."""
+        return math.ceil(tokens / self.tokens_per_pass - 1e-9) if tokens > 0 else 0
+
+
+NO_SPECULATION = Speculation()
+
+
+def worker_decode_time(
+    lengths: FloatArray,
+    input_len: float,
+    profile: IterationProfile,
+    spec: Speculation = NO_SPECULATION,
+) -> float:
+    """Seconds for one worker to decode sequences of these output lengths, all started together.
+
+    The batch shrinks as sequences finish: between the i-th and (i+1)-th shortest lengths,
+    n - i sequences decode together, at the context they have reached then. Beyond
+    `profile.max_batch` sequences, the surplus waits (continuous batching): priced as extra
+    rounds of the same shape, a slight overestimate for the waiting ones.
+    """
+    n = int(lengths.size)
+    if n == 0:
+        return 0.0
+    ls = np.sort(lengths.astype(np.float64))
+    rounds = math.ceil(n / profile.max_batch)
+    if rounds > 1:
+        return sum(
+            worker_decode_time(ls[r::rounds], input_len, profile, spec) for r in range(rounds)
+        )
+    prev = np.concatenate(([0.0], ls[:-1]))
+    delta = (ls - prev) / spec.tokens_per_pass
+    active = np.arange(n, 0, -1, dtype=np.float64)
+    ctx = input_len + (ls + prev) / 2.0
+    keep = delta > 0
+    if not np.any(keep):
+        return 0.0
+    times = profile.iteration_times(active[keep], ctx[keep])
+    return float(np.sum(delta[keep] * times)) * spec.pass_cost
+
+
+def group_decode_time(
+    lengths: FloatArray,
+    input_len: float,
+    workers: int,
+    profile: IterationProfile,
+    spec: Speculation = NO_SPECULATION,
+) -> float:
+    """Estimated completion time of a group of predicted lengths spread over `workers` workers.
+
+    Samples are dealt longest-first in a snake order (a cheap stand-in for LPT), and the group
+    finishes when its slowest worker does. This is the profiled t(l, dp) of RhymeRL §6.4, taking
+    the whole predicted length distribution rather than one representative length.
+    """
+    if lengths.size == 0:
+        return 0.0
+    workers = max(1, min(workers, int(lengths.size)))
+    order = np.sort(lengths)[::-1]
+    idx = np.arange(order.size)
+    rnd, pos = np.divmod(idx, workers)
+    lane = np.where(rnd % 2 == 0, pos, workers - 1 - pos)
+    return max(worker_decode_time(order[lane == w], input_len, profile, spec) for w in range(workers))
+
+
+def token_cost(batch: int, context: float, profile: IterationProfile, spec: Speculation = NO_SPECULATION) -> float:
+    """Seconds per generated token for one sequence decoding in a batch of `batch` at `context`."""
+    return profile.iteration_time(batch, context) * spec.pass_cost / (batch * spec.tokens_per_pass)
+
+
+def knee_batch(profile: IterationProfile, context: float, fraction: float = 0.5) -> int:
+    """Smallest batch whose throughput reaches `fraction` of the throughput at max_batch.
+
+    RLHFSpec §6.1 calls this the threshold: below it, one more sample raises throughput a lot;
+    above it, little. Found on the profile, so a measured profile moves it.
+    """
+    best = profile.max_batch / profile.iteration_time(profile.max_batch, context)
+    for b in range(1, profile.max_batch + 1):
+        if b / profile.iteration_time(b, context) >= fraction * best:
+            return b
+    return profile.max_batch

@@ -1,0 +1,243 @@
+"""HistoPipe (RhymeRL §6): history-ranked groups, alternating layout, two-tier sizing, migration.
+
+plan: rank the step's prompts by last epoch's median length into K groups (tier 1), size each
+group's worker share with the profiled cost model (tier 2), lay groups out ascending on odd
+steps and descending on even steps, and balance each group's samples over its workers by
+predicted length. Workers run in the `per-worker` pipeline: each starts the next step as soon
+as its own sub-batch is done (within the off-policy bound), so one step's short work fills the
+bubble left by the previous step's long work.
+
+run: once a group is down to its tail, watch its samples; one that passes lambda times the
+group's longest historical response migrates (intra-step for short groups, inter-step for long
+ones), tokens preserved.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Unpack
+
+import numpy as np
+
+from . import migration as mig
+from .base import SampleState, Scheduler, SchedulerOptions
+from .costmodel import group_decode_time
+from .ranking import FirstEpoch, equal_share, layout, rank_prompts, step_order
+from .tiering import allocate
+from .types import Action, Move, Sample, SampleId, StepPlan, Watch
+
+
+@dataclass(frozen=True)
+class MigrationConfig:
+    """Mirrors rhymerl.api.spec.MigrationSpec (kept plain so this package needs no pydantic)."""
+
+    enabled: bool = True
+    tail_fraction: float = 0.1
+    growth_percentile: float = 75.0
+    min_lambda: float = 1.1
+    inter_step: bool = True
+
+
+@dataclass
+class _Group:
+    rank: int
+    members: list[SampleId]
+    workers: range
+    size: int
+    remaining: int
+    max_hist: float | None
+    threshold: int | None = None
+    tail: bool = False
+    predicted: float = 0.0
+
+
+@dataclass
+class _StepGroups:
+    groups: list[_Group] = field(default_factory=list)
+    worker_group: dict[int, int] = field(default_factory=dict)
+
+
+def lpt(weights: list[tuple[SampleId, float]], workers: list[int]) -> dict[int, list[SampleId]]:
+    """Longest-processing-time-first: heaviest sample to the currently lightest worker."""
+    out: dict[int, list[SampleId]] = {w: [] for w in workers}
+    if not workers:
+        return out
+    heap = [(0.0, i, w) for i, w in enumerate(workers)]
+    for sid, wt in sorted(weights, key=lambda x: -x[1]):
+        load, i, w = heapq.heappop(heap)
+        out[w].append(sid)
+        heapq.heappush(heap, (load + wt, i, w))
+    return out
+
+
+class HistoPipe(Scheduler):
+    name = "histopipe"
+    pipeline = "per-worker"
+    needs_history = True
+
+    def __init__(
+        self,
+        workers: int,
+        *,
+        groups: int = 8,
+        two_tier: bool = True,
+        first_epoch: FirstEpoch = "prompt-length",
+        migration: MigrationConfig | None = None,
+        **kwargs: Unpack[SchedulerOptions],
+    ) -> None:
+        super().__init__(workers, **kwargs)
+        if groups < 1:
+            raise ValueError("groups: at least 1")
+        self.groups = groups
+        self.two_tier = two_tier
+        self.first_epoch = first_epoch
+        self.migration = migration if migration is not None else MigrationConfig()
+        self._steps: dict[int, _StepGroups] = {}
+        self.last_lambda = self.migration.min_lambda
+
+    @property
+    def label(self) -> str:
+        parts = ["2-tier" if self.two_tier else "1-tier"]
+        if not self.migration.enabled:
+            parts.append("no migration")
+        return f"histopipe ({', '.join(parts)})"
+
+    # ------------------------------------------------------------------ planning
+    def _predicted_lengths(self, prompt_id: str, count: int, fallback: float) -> np.ndarray:
+        hist = self.history.lengths(prompt_id)
+        if hist is None:
+            return np.full(count, fallback, dtype=np.float64)
+        q = (np.arange(count, dtype=np.float64) + 0.5) / count
+        return np.quantile(hist, q)
+
+    def _plan(self, step: int, samples: list[Sample], carried: list[Sample]) -> StepPlan:
+        by_prompt: dict[str, list[Sample]] = {}
+        for s in samples:
+            by_prompt.setdefault(s.prompt_id, []).append(s)
+        input_len = {p: float(np.mean([s.input_len for s in ss])) for p, ss in by_prompt.items()}
+        k = max(1, min(self.groups, self.workers, len(by_prompt) or 1))
+        ranking = rank_prompts(list(by_prompt), input_len, self.history, k, self.first_epoch, self.seed + step)
+        lam = self.history.growth_lambda(self.migration.growth_percentile, self.migration.min_lambda)
+        self.last_lambda = lam
+        with_lengths = ranking.source == "history"
+
+        group_samples: list[list[Sample]] = [[s for p in grp for s in by_prompt[p]] for grp in ranking.groups] or [[]]
+        preds: list[np.ndarray] = []
+        weights: dict[SampleId, float] = {}
+        for prompt_group in ranking.groups or [[]]:
+            parts = []
+            for p in prompt_group:
+                pl = self._predicted_lengths(p, len(by_prompt[p]), ranking.keys[p]) if with_lengths else None
+                for s in by_prompt[p]:
+                    weights[s.sid] = float(ranking.keys[p]) if with_lengths else 1.0
+                if pl is not None:
+                    parts.append(pl)
+            preds.append(np.concatenate(parts) if parts else np.zeros(0))
+        top = len(group_samples) - 1
+        for s in carried:  # outliers deferred from the last step join the longest group
+            group_samples[top].append(s)
+            base = self.history.max(s.prompt_id) or (max(weights.values()) if weights else 1.0)
+            remaining = max(1.0, lam * base - s.generated)
+            weights[s.sid] = remaining
+            if with_lengths:
+                preds[top] = np.append(preds[top], remaining)
+        k = len(group_samples)
+
+        predicted_times: list[float] = []
+        if self.two_tier and with_lengths and k > 1:
+            mean_in = [float(np.mean([s.input_len for s in g])) if g else 0.0 for g in group_samples]
+            costs = np.zeros((k, self.workers))
+            for g in range(k):
+                for n in range(1, self.workers + 1):
+                    costs[g, n - 1] = group_decode_time(preds[g], mean_in[g], n, self.profile, self.speculation)
+            alloc = allocate(costs, self.workers)
+            counts = alloc.workers_per_group
+            predicted_times = alloc.predicted
+        else:
+            counts = equal_share(k, self.workers)
+        ranges = layout(counts, step)
+
+        queues: list[list[SampleId]] = [[] for _ in range(self.workers)]
+        info = _StepGroups()
+        for g, members in enumerate(group_samples):
+            placed = lpt([(s.sid, weights[s.sid]) for s in members], list(ranges[g]))
+            for w, sids in placed.items():
+                queues[w].extend(sids)
+                info.worker_group[w] = g
+            maxes = [m for m in (self.history.max(p) for p in (ranking.groups[g] if g < len(ranking.groups) else []))
+                     if m is not None]
+            max_hist = max(maxes) if maxes else None
+            grp = _Group(
+                rank=g,
+                members=[s.sid for s in members],
+                workers=ranges[g],
+                size=len(members),
+                remaining=len(members),
+                max_hist=max_hist,
+                predicted=predicted_times[g] if predicted_times else 0.0,
+            )
+            if self.migration.enabled and max_hist is not None:
+                grp.threshold = mig.threshold_tokens(lam, max_hist)
+            info.groups.append(grp)
+        self._steps[step] = info
+        for g, grp in enumerate(info.groups):
+            for sid in grp.members:
+                self._samples[sid].group = g
+        for old in [s for s in self._steps if s < step - 1 and self.step_left(s) == 0]:
+            del self._steps[old]  # keep the books small: finished steps need no migration state
+        return StepPlan(
+            step=step,
+            queues=queues,
+            ranking=ranking.source,
+            order=step_order(step),
+            workers_per_group=list(counts),
+            predicted_group_time=predicted_times,
+        )
+
+    # ------------------------------------------------------------------ running
+    def _group(self, st: SampleState) -> _Group | None:
+        if st.step is None or st.group < 0:
+            return None
+        info = self._steps.get(st.step)
+        if info is None or st.group >= len(info.groups):
+            return None
+        return info.groups[st.group]
+
+    def _after_finish(self, st: SampleState, now: float) -> list[Action]:
+        grp = self._group(st)
+        if grp is None:
+            return []
+        grp.remaining -= 1
+        return self._maybe_tail(grp)
+
+    def _maybe_tail(self, grp: _Group) -> list[Action]:
+        if grp.tail or grp.threshold is None or not mig.in_tail(grp.remaining, grp.size, self.migration.tail_fraction):
+            return []
+        grp.tail = True
+        out: list[Action] = []
+        for sid in grp.members:
+            st = self._samples.get(sid)  # finished samples of old steps may be forgotten already
+            if st is not None and not st.done and not st.migrated and st.step is not None:
+                out.append(Watch(sid, grp.threshold))
+        return out
+
+    def _progress(self, st: SampleState, worker: int, generated: int, now: float) -> list[Action]:
+        grp = self._group(st)
+        if grp is None or not grp.tail or st.migrated or grp.threshold is None or generated < grp.threshold:
+            return []
+        assert st.step is not None
+        info = self._steps[st.step]
+        candidates = [
+            mig.Candidate(worker=w, group_rank=g, outstanding=self.outstanding(w, st.step))
+            for w, g in info.worker_group.items()
+            if g != grp.rank and self.outstanding(w, st.step) > 0
+        ]
+        inter_ok = self.migration.inter_step and self.inter_step_possible()
+        decision = mig.decide(worker, grp.rank, len(info.groups), candidates, inter_ok)
+        if decision.kind == "stay":
+            return []
+        move = self._emit(Move(sid=st.sample.sid, src=worker, dst=decision.dst, generated=generated, recompute=True))
+        if move.dst is None:
+            grp.remaining -= 1
+        return [move]

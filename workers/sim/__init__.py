@@ -1,0 +1,6 @@
+"""Trace-driven rollout simulator that runs the production schedulers (docs/scheduling.md)."""
+
+from .engine import SimConfig, SimulationError, Simulator, simulate
+from .metrics import LowerBound, SimResult, StepRecord, lower_bound
+
+__all__ = ["LowerBound", "SimConfig", "SimResult", "SimulationError", "Simulator", "StepRecord", "lower_bound", "simulate"]

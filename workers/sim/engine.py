@@ -1,0 +1,574 @@
+"""Discrete-event simulator of rollout workers decoding in continuous batches.
+
+Each worker decodes its running sequences together: one iteration advances every sequence by
+`tokens_per_pass` tokens and costs profile.iteration_time(batch, mean context). Between events
+(a sequence finishes, a watched sequence reaches its token count, samples are admitted or move)
+a worker's batch is constant, so time advances in closed form and the simulator only visits
+events: a 16-worker, 1000-sample step is a few thousand heap operations.
+
+The simulator is an executor: it asks a `Scheduler` (the production objects in
+rhymerl.workers.scheduling) for plans, reports finishes and watched progress, and carries out
+the returned `Move`, `Rebalance` and `Watch` actions. Step gating follows the scheduler's
+pipeline and the off-policy bound: step s may start only after step s - 1 - staleness trained.
+
+Assumptions (docs/scheduling.md): no KV-cache overflow or preemption beyond `max_batch`; a
+batch admission stalls the worker for the prefill of its tokens; an intra-step migration with
+recompute costs the destination a prefill of prompt + generated tokens; training takes
+`train_time_s` per step and runs one step at a time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rhymerl.workers.scheduling.base import Scheduler
+from rhymerl.workers.scheduling.costmodel import (
+    NO_SPECULATION,
+    IterationProfile,
+    RooflineProfile,
+    Speculation,
+)
+from rhymerl.workers.scheduling.types import Action, Move, Rebalance, Sample, StepPlan, Watch
+from rhymerl.workers.traces.model import Trace
+
+from .metrics import SimResult, StepRecord, lower_bound, window_bubbles
+
+
+class SimulationError(RuntimeError):
+    """The run cannot finish (a scheduler left samples unplanned or the gates never open)."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    workers: int
+    profile: IterationProfile = field(default_factory=RooflineProfile)
+    speculation: Speculation = NO_SPECULATION
+    train_time_s: float = 0.0
+    """Seconds of training per step after its rollouts complete (0: rollout only)."""
+    async_concurrency: int | None = None
+    """Shared pipeline: sequences per worker; default the even-split share of a step."""
+
+
+@dataclass(slots=True)
+class _Seq:
+    sid: int
+    input_len: int
+    target: int
+    step: int
+    generated: int = 0
+    start_it: int = 0
+    watch: int | None = None
+    recompute: bool = True
+    where: int = -1  # worker index, -1 nowhere (planned-not-placed, shared queue or deferred)
+    running: bool = False
+    done: bool = False
+
+
+class _Worker:
+    __slots__ = (
+        "busy_since",
+        "c0",
+        "clock",
+        "fin",
+        "idx",
+        "it",
+        "running",
+        "seg_step",
+        "step",
+        "version",
+        "waiting",
+        "wat",
+    )
+
+    def __init__(self, idx: int, step: int) -> None:
+        self.idx = idx
+        self.clock = 0.0
+        self.it = 0
+        self.running: dict[int, _Seq] = {}
+        self.fin: list[tuple[int, int]] = []
+        self.wat: list[tuple[int, int, int]] = []
+        self.waiting: deque[_Seq] = deque()
+        self.c0 = 0.0
+        self.step = step
+        self.version = 0
+        self.busy_since: float | None = None
+        self.seg_step = step
+
+
+class Simulator:
+    def __init__(self, trace: Trace, scheduler: Scheduler, config: SimConfig, *, warmup_steps: int = 0,
+                 steps: int | None = None) -> None:
+        if config.workers != scheduler.workers:
+            raise ValueError(f"workers: simulator has {config.workers}, scheduler {scheduler.workers}")
+        self.trace = trace
+        self.sched = scheduler
+        self.cfg = config
+        self.profile = config.profile
+        self.alpha = config.speculation.tokens_per_pass
+        self.pass_cost = config.speculation.pass_cost
+        rows = trace.step_rows()
+        last = trace.num_steps if steps is None else min(trace.num_steps, warmup_steps + steps)
+        if warmup_steps >= last:
+            raise ValueError(f"warmup_steps: {warmup_steps} leaves no step to simulate (trace has {trace.num_steps})")
+        self.first_step = warmup_steps + 1
+        self.last_step = last
+        self._prime(rows[:warmup_steps])
+        self.step_samples: dict[int, list[Sample]] = {}
+        self.seqs: dict[int, _Seq] = {}
+        for s in range(self.first_step, last + 1):
+            batch = []
+            for i in rows[s - 1].tolist():
+                inp, out = int(trace.input_len[i]), int(trace.output_len[i])
+                batch.append(Sample(sid=i, prompt_id=trace.prompt_id[i], input_len=inp, oracle_len=out))
+                self.seqs[i] = _Seq(sid=i, input_len=inp, target=out, step=s)
+            self.step_samples[s] = batch
+        self.sched.final_step = last
+        n = config.workers
+        self.workers = [_Worker(w, self.first_step - 1) for w in range(n)]
+        per_step = np.mean([len(b) for b in self.step_samples.values()])
+        self.share = max(1, math.ceil(per_step / n))
+        self.cap = (config.async_concurrency or self.share) if scheduler.pipeline == "shared" else self.profile.max_batch
+        self.events: list[tuple[float, int, int, int]] = []  # (time, seq, kind, arg)
+        self._counter = 0
+        self.plans: dict[int, StepPlan] = {}
+        self.step_left: dict[int, int] = {}
+        self.completed: dict[int, float] = {}
+        self.completed_through = self.first_step - 1
+        self.trained_through = self.first_step - 1
+        self.train_end = 0.0
+        self.step_start: dict[int, float] = {}
+        self.idle: set[int] = set(range(n))
+        self.shared: deque[_Seq] = deque()
+        self.limbo: set[int] = set()
+        self.finished: dict[int, tuple[float, int, int]] = {}
+        self.segments: list[tuple[int, float, float, int]] = []
+        self.migrations: list[tuple[float, int, int, int]] = []
+        self.moves_of: dict[int, int] = {}
+        self.recompute_tokens = 0
+        self.iterations = 0
+        self.seq_iterations = 0
+        self.peak_kv = 0.0
+        self.now = 0.0
+
+    # ------------------------------------------------------------------ setup
+    def _prime(self, rows: list[np.ndarray]) -> None:
+        """Warm-up steps are not simulated: their lengths become history, as last epoch's would."""
+        for step_rows in rows:
+            per: dict[str, list[int]] = {}
+            for i in step_rows.tolist():
+                per.setdefault(self.trace.prompt_id[i], []).append(int(self.trace.output_len[i]))
+            for pid, lens in per.items():
+                self.sched.prime(pid, lens)
+
+    # ------------------------------------------------------------------ worker arithmetic
+    def _passes(self, tokens: int) -> int:
+        if tokens <= 0:
+            return 0
+        return math.ceil(tokens / self.alpha - 1e-9)
+
+    def _gen_at(self, q: _Seq, it: int) -> int:
+        return q.generated + min(q.target - q.generated, math.floor((it - q.start_it) * self.alpha + 1e-9))
+
+    def _seg_time(self, w: _Worker, it_to: int) -> float:
+        delta = it_to - w.it
+        if delta <= 0 or not w.running:
+            return 0.0
+        b = len(w.running)
+        mean_ctx = (w.c0 + b * self.alpha * (w.it + it_to) / 2.0) / b
+        return delta * self.profile.iteration_time(b, mean_ctx) * self.pass_cost
+
+    def _next_it(self, w: _Worker) -> int | None:
+        while w.fin:
+            fit, sid = w.fin[0]
+            q = w.running.get(sid)
+            if q is not None and q.start_it + self._passes(q.target - q.generated) == fit:
+                break
+            heapq.heappop(w.fin)
+        while w.wat:
+            _, sid, tok = w.wat[0]
+            q = w.running.get(sid)
+            if q is not None and q.watch == tok:
+                break
+            heapq.heappop(w.wat)
+        cands = [h[0][0] for h in (w.fin, w.wat) if h]
+        return min(cands) if cands else None
+
+    def _schedule(self, w: _Worker) -> None:
+        w.version += 1
+        nxt = self._next_it(w)
+        if nxt is None:
+            return
+        t = w.clock + self._seg_time(w, nxt)
+        self._push(t, 0, w.idx * (1 << 32) + w.version)
+
+    def _push(self, t: float, kind: int, arg: int) -> None:
+        self._counter += 1
+        heapq.heappush(self.events, (t, self._counter, kind, arg))
+
+    def _advance(self, w: _Worker, now: float) -> None:
+        """Bring a worker's decode state up to `now` (whole iterations; the partial one is spent)."""
+        if w.running:
+            nxt = self._next_it(w)
+            limit = (nxt - w.it - 1) if nxt is not None else 0
+            if limit > 0 and now > w.clock:
+                b = len(w.running)
+                per_it = self.profile.iteration_time(b, (w.c0 + b * self.alpha * w.it) / b) * self.pass_cost
+                delta = min(limit, int((now - w.clock) / per_it)) if per_it > 0 else 0
+                if delta > 0:
+                    self._step_to(w, w.it + delta)
+        w.clock = max(w.clock, now)
+
+    def _step_to(self, w: _Worker, it_to: int) -> None:
+        """Decode whole iterations up to `it_to`, counting iterations, sequence-iterations and KV peak."""
+        delta = it_to - w.it
+        if delta <= 0:
+            return
+        b = len(w.running)
+        w.clock += self._seg_time(w, it_to)
+        w.it = it_to
+        self.iterations += delta
+        self.seq_iterations += delta * b
+        kv = w.c0 + b * self.alpha * it_to
+        if kv > self.peak_kv:
+            self.peak_kv = kv
+
+    # ------------------------------------------------------------------ busy bookkeeping
+    def _open(self, w: _Worker, t: float, step: int) -> None:
+        if w.busy_since is None:
+            w.busy_since = t
+            w.seg_step = step
+        elif step != w.seg_step:
+            self.segments.append((w.idx, w.busy_since, t, w.seg_step))
+            w.busy_since = t
+            w.seg_step = step
+
+    def _close(self, w: _Worker, t: float) -> None:
+        if w.busy_since is not None:
+            if t > w.busy_since:
+                self.segments.append((w.idx, w.busy_since, t, w.seg_step))
+            w.busy_since = None
+
+    # ------------------------------------------------------------------ admission and steps
+    def _admit(self, w: _Worker, batch: list[_Seq]) -> None:
+        if not batch:
+            return
+        self._advance(w, self.now)
+        start = w.clock
+        tokens = sum(q.input_len + q.generated for q in batch if q.recompute)
+        for q in batch:
+            if q.generated > 0 and q.recompute:
+                self.recompute_tokens += q.input_len + q.generated
+        self._open(w, start, batch[-1].step)
+        w.clock += self.profile.prefill_time(tokens)
+        for q in batch:
+            if q.step not in self.step_start:
+                self.step_start[q.step] = start
+            q.start_it = w.it
+            q.where = w.idx
+            q.running = True
+            q.recompute = True
+            w.running[q.sid] = q
+            w.c0 += q.input_len + q.generated - q.start_it * self.alpha
+            heapq.heappush(w.fin, (q.start_it + self._passes(q.target - q.generated), q.sid))
+            if q.watch is not None:
+                heapq.heappush(w.wat, (q.start_it + self._passes(q.watch - q.generated), q.sid, q.watch))
+
+    def _remove(self, w: _Worker, q: _Seq) -> None:
+        """Take a running sequence off its worker, freezing its generated tokens."""
+        del w.running[q.sid]
+        w.c0 -= q.input_len + q.generated - q.start_it * self.alpha
+        q.generated = self._gen_at(q, w.it)
+        q.running = False
+        q.where = -1
+        if not w.running:
+            w.c0 = 0.0
+
+    def _refill(self, w: _Worker) -> None:
+        """Admit waiting work; a worker whose sub-batch is done moves on to its next step."""
+        batch: list[_Seq] = []
+        if self.sched.pipeline == "shared":
+            while self.shared and len(w.running) + len(batch) < self.cap:
+                q = self.shared.popleft()
+                self.sched.on_admitted(q.sid, w.idx)
+                batch.append(q)
+            self._admit(w, batch)
+        else:
+            while w.waiting and len(w.running) + len(batch) < self.cap:
+                batch.append(w.waiting.popleft())
+            self._admit(w, batch)
+            if not w.running and not w.waiting:
+                self._close(w, self.now)
+                self._start_next(w)
+                return
+        if not w.running:
+            self._close(w, self.now)
+            self.idle.add(w.idx)
+        self._schedule(w)
+
+    def _gate(self, step: int) -> bool:
+        return step <= self.last_step and self.sched.may_start(step, self.trained_through, self.completed_through)
+
+    def _plan(self, step: int) -> StepPlan:
+        plan = self.sched.plan_step(step, self.step_samples.pop(step))
+        self.plans[step] = plan
+        sids = plan.all_samples()
+        self.step_left[step] = len(sids)
+        for sid in plan.carried:
+            self.limbo.discard(sid)
+            self.seqs[sid].step = step
+        if self.sched.pipeline == "shared":
+            self.shared.extend(self.seqs[sid] for sid in plan.shared)
+        if not sids:
+            self._complete(step)
+        return plan
+
+    def _start_next(self, w: _Worker) -> None:
+        while True:
+            step = w.step + 1
+            if not self._gate(step):
+                self.idle.add(w.idx)
+                return
+            plan = self.plans.get(step) or self._plan(step)
+            w.step = step
+            queue = plan.queues[w.idx]
+            if queue:
+                self.idle.discard(w.idx)
+                w.waiting.extend(self.seqs[sid] for sid in queue)
+                self._refill(w)
+                return
+
+    def _complete(self, step: int) -> None:
+        self.completed[step] = self.now
+        while self.completed_through + 1 in self.completed:
+            self.completed_through += 1
+            self.train_end = max(self.train_end, self.completed[self.completed_through]) + self.cfg.train_time_s
+            self._push(self.train_end, 1, self.completed_through)
+        self._push(self.now, 2, 0)
+
+    def _sample_left(self, step: int) -> None:
+        self.step_left[step] -= 1
+        if self.step_left[step] == 0:
+            self._complete(step)
+
+    # ------------------------------------------------------------------ actions
+    def _apply(self, actions: list[Action], dirty: set[int], progress: deque[tuple[int, int]]) -> None:
+        for a in actions:
+            if isinstance(a, Watch):
+                self._watch(a, progress)
+            elif isinstance(a, Move):
+                self._move(a.sid, a.dst, a.recompute, dirty, expect=a.generated)
+            elif isinstance(a, Rebalance):
+                moved = self._rebalance(a, dirty)
+                self.sched.on_moved(moved)
+
+    def _watch(self, a: Watch, progress: deque[tuple[int, int]]) -> None:
+        q = self.seqs[a.sid]
+        if q.done or q.sid in self.limbo:
+            return
+        q.watch = a.tokens
+        if q.running:
+            w = self.workers[q.where]
+            self._advance(w, self.now)
+            wit = q.start_it + self._passes(a.tokens - q.generated)
+            if wit <= w.it:
+                q.watch = None
+                progress.append((q.sid, q.where))
+            else:
+                heapq.heappush(w.wat, (wit, q.sid, a.tokens))
+                self._schedule(w)
+
+    def _detach(self, q: _Seq) -> int:
+        """Remove a running or waiting sequence from its worker; returns the worker index."""
+        if q.running:
+            w = self.workers[q.where]
+            self._advance(w, self.now)
+            src = w.idx
+            self._remove(w, q)
+            return src
+        for w in self.workers:
+            if q in w.waiting:
+                w.waiting.remove(q)
+                return w.idx
+        raise AssertionError(f"sample {q.sid}: not on any worker")
+
+    def _move(self, sid: int, dst: int | None, recompute: bool, dirty: set[int], expect: int | None = None) -> Move:
+        q = self.seqs[sid]
+        src = self._detach(q)
+        if expect is not None and q.generated != expect:
+            raise AssertionError(f"sample {sid}: scheduler moved it at {expect} tokens, simulator has {q.generated}")
+        q.watch = None
+        q.recompute = recompute
+        self.migrations.append((self.now, sid, src, -1 if dst is None else dst))
+        self.moves_of[q.step] = self.moves_of.get(q.step, 0) + 1
+        dirty.add(src)
+        if dst is None:
+            self.limbo.add(sid)
+            self._sample_left(q.step)
+        else:
+            target = self.workers[dst]
+            self._advance(target, self.now)
+            target.waiting.appendleft(q)
+            self.idle.discard(dst)
+            dirty.add(dst)
+        return Move(sid=sid, src=src, dst=dst, generated=q.generated, recompute=recompute)
+
+    def _rebalance(self, a: Rebalance, dirty: set[int]) -> list[Move]:
+        w = self.workers[a.src]
+        self._advance(w, self.now)
+        chosen: list[_Seq] = list(w.waiting)[::-1][: a.count]
+        if len(chosen) < a.count:
+            running = sorted(w.running.values(), key=lambda q: (self._gen_at(q, w.it), q.sid))
+            chosen += running[: a.count - len(chosen)]
+        return [self._move(q.sid, a.dst, False, dirty) for q in chosen]
+
+    # ------------------------------------------------------------------ event loop
+    def _on_worker(self, w: _Worker) -> None:
+        nxt = self._next_it(w)
+        if nxt is None:
+            return
+        self._step_to(w, nxt)
+        self.now = max(self.now, w.clock)
+        dirty: set[int] = {w.idx}
+        progress: deque[tuple[int, int]] = deque()
+        done: dict[int, _Seq] = {}  # heaps may hold stale duplicates of a sequence that moved and came back
+        while w.fin and w.fin[0][0] <= w.it:
+            _, sid = heapq.heappop(w.fin)
+            q = w.running.get(sid)
+            if q is not None and q.start_it + self._passes(q.target - q.generated) <= w.it:
+                done[sid] = q
+        while w.wat and w.wat[0][0] <= w.it:
+            _, sid, tok = heapq.heappop(w.wat)
+            q = w.running.get(sid)
+            if q is not None and q.watch == tok and sid not in done:
+                q.watch = None
+                progress.append((sid, w.idx))
+        for q in done.values():  # off the worker first, so no action below can pick a sequence that just ended
+            self._remove(w, q)
+            q.generated = q.target
+            q.done = True
+            self.finished[q.sid] = (self.now, w.idx, q.step)
+        for q in done.values():
+            self._apply(self.sched.on_sample_finished(q.sid, w.idx, q.target, self.now), dirty, progress)
+            self._sample_left(q.step)
+        while progress:
+            sid, where = progress.popleft()
+            q = self.seqs[sid]
+            if q.done or not q.running or q.where != where:
+                continue
+            self._advance(self.workers[where], self.now)
+            gen = self._gen_at(q, self.workers[where].it)
+            self._apply(self.sched.on_progress(sid, where, gen, self.now), dirty, progress)
+        for idx in sorted(dirty):
+            self._refill(self.workers[idx])
+
+    def _on_gate(self, kind: int, arg: int) -> None:
+        if kind == 1:
+            self.trained_through = max(self.trained_through, arg)
+            if self.sched.pipeline == "shared" and self.sched.interrupt_on_update:
+                for w in self.workers:
+                    if w.running:
+                        self._advance(w, self.now)
+                        b = len(w.running)
+                        tokens = int(w.c0 + b * self.alpha * w.it)
+                        self.recompute_tokens += tokens
+                        w.clock += self.profile.prefill_time(tokens)
+                        self._schedule(w)
+        if self.sched.pipeline == "shared":
+            step = max(self.plans, default=self.first_step - 1) + 1
+            while step in self.step_samples and self._gate(step):
+                self._plan(step)
+                step += 1
+            for w in self.workers:
+                if len(w.running) < self.cap and self.shared:
+                    self.idle.discard(w.idx)
+                    self._refill(w)
+        else:
+            for idx in sorted(self.idle):
+                w = self.workers[idx]
+                if not w.running and not w.waiting:
+                    self.idle.discard(idx)
+                    self._start_next(w)
+
+    def run(self, on_event: Callable[[Simulator], None] | None = None) -> SimResult:
+        total = len(self.seqs)
+        self._on_gate(2, 0)
+        while self.events:
+            t, _, kind, arg = heapq.heappop(self.events)
+            if kind == 0:
+                w = self.workers[arg >> 32]
+                if (arg & 0xFFFFFFFF) != w.version:
+                    continue
+                self.now = max(self.now, t)
+                self._on_worker(w)
+            else:
+                self.now = max(self.now, t)
+                self._on_gate(kind, arg)
+            if on_event is not None:
+                on_event(self)
+        if len(self.finished) != total:
+            raise SimulationError(
+                f"{self.sched.label}: {total - len(self.finished)} of {total} samples never finished "
+                f"(completed through step {self.completed_through}, trained through {self.trained_through})"
+            )
+        for w in self.workers:
+            self._close(w, w.clock)
+        return self._result(total)
+
+    def _result(self, total: int) -> SimResult:
+        makespan = max((t for t, _, _ in self.finished.values()), default=0.0)
+        busy = sum(e - s for _, s, e, _ in self.segments)
+        n = self.cfg.workers
+        step_ids = range(self.first_step, self.last_step + 1)
+        counts = {s: 0 for s in step_ids}
+        for _, _, st in self.finished.values():
+            counts[st] += 1
+        windows = [(self.step_start.get(s, 0.0), self.completed.get(s, 0.0)) for s in step_ids]
+        bubbles = window_bubbles(self.segments, n, windows)
+        steps = [
+            StepRecord(step=s, samples=counts[s], start=lo, end=hi, bubble_ratio=b, migrations=self.moves_of.get(s, 0))
+            for s, (lo, hi), b in zip(step_ids, windows, bubbles, strict=True)
+        ]
+        rows = np.array(sorted(self.seqs), dtype=np.int64)
+        stats = self.sched.stats
+        return SimResult(
+            policy=self.sched.label,
+            workers=n,
+            steps=steps,
+            samples=total,
+            makespan=makespan,
+            busy=busy,
+            bubble_ratio=min(1.0, max(0.0, 1.0 - busy / (n * makespan))) if makespan > 0 else 0.0,
+            samples_per_s=total / makespan if makespan > 0 else 0.0,
+            intra_step=stats.intra_step,
+            inter_step=stats.inter_step,
+            rebalanced=stats.rebalanced,
+            migrated_samples=len(stats.migrated_samples),
+            recompute_tokens=self.recompute_tokens,
+            mean_batch=self.seq_iterations / self.iterations if self.iterations else 0.0,
+            peak_kv_tokens=int(self.peak_kv),
+            lower_bound=lower_bound(
+                self.trace.input_len[rows], self.trace.output_len[rows], n, self.share, self.profile, self.cfg.speculation
+            ),
+            segments=self.segments,
+            migrations=self.migrations,
+            finished=self.finished,
+            rankings=dict(stats.rankings),
+        )
+
+
+def simulate(
+    trace: Trace,
+    scheduler: Scheduler,
+    config: SimConfig,
+    *,
+    warmup_steps: int = 0,
+    steps: int | None = None,
+) -> SimResult:
+    """Run `scheduler` over the trace's steps after `warmup_steps` (whose lengths seed history)."""
+    return Simulator(trace, scheduler, config, warmup_steps=warmup_steps, steps=steps).run()

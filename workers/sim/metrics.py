@@ -1,0 +1,170 @@
+"""What a simulated run reports, and the lower bound it is measured against.
+
+Lower bound: max(total work / N, longest sample). A sample's work is its decode time at the
+even-split batch size B = ceil(samples per step / N): by concavity of throughput in batch size,
+spreading a step's sequences evenly is the most efficient way to decode them, so no schedule
+with one step's worth of sequences in flight per worker does better on average. The longest
+sample cannot finish faster than decoding alone (batch 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from rhymerl.workers.scheduling.costmodel import IterationProfile, Speculation
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int
+    samples: int
+    """Samples that finished counted toward this step (inter-step migrations count where they finish)."""
+    start: float
+    """First admission of one of its samples."""
+    end: float
+    """Its last sample finished."""
+    bubble_ratio: float
+    """Share of worker-time in [start, end] with nothing running (work of any step counts as busy)."""
+    migrations: int
+    """Moves of its samples (intra-step, to the next step, reallocation)."""
+
+    @property
+    def makespan(self) -> float:
+        return self.end - self.start
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.makespan if self.makespan > 0 else 0.0
+
+
+def window_bubbles(
+    segments: list[tuple[int, float, float, int]], workers: int, windows: list[tuple[float, float]]
+) -> list[float]:
+    """Idle share of worker-time inside each (start, end) window, from busy segments."""
+    by_worker: dict[int, list[tuple[float, float]]] = {}
+    for w, s, e, _ in segments:
+        by_worker.setdefault(w, []).append((s, e))
+    merged: list[list[tuple[float, float]]] = []
+    for w in range(workers):
+        spans = sorted(by_worker.get(w, []))
+        out: list[tuple[float, float]] = []
+        for s, e in spans:
+            if out and s <= out[-1][1]:
+                out[-1] = (out[-1][0], max(out[-1][1], e))
+            else:
+                out.append((s, e))
+        merged.append(out)
+    result = []
+    for lo, hi in windows:
+        if hi <= lo:
+            result.append(0.0)
+            continue
+        busy = sum(max(0.0, min(e, hi) - max(s, lo)) for spans in merged for s, e in spans)
+        result.append(min(1.0, max(0.0, 1.0 - busy / (workers * (hi - lo)))))
+    return result
+
+
+@dataclass(frozen=True)
+class LowerBound:
+    seconds: float
+    work_per_worker: float
+    longest_sample: float
+    batch: int
+
+
+@dataclass
+class SimResult:
+    policy: str
+    workers: int
+    steps: list[StepRecord]
+    samples: int
+    makespan: float
+    busy: float
+    bubble_ratio: float
+    samples_per_s: float
+    intra_step: int
+    inter_step: int
+    rebalanced: int
+    migrated_samples: int
+    recompute_tokens: int
+    mean_batch: float
+    """Sequences per decode iteration, averaged over all workers' iterations."""
+    peak_kv_tokens: int
+    """Largest KV cache (context tokens of running sequences) any worker held; not enforced."""
+    lower_bound: LowerBound
+    segments: list[tuple[int, float, float, int]] = field(repr=False)
+    """(worker, start, end, step) intervals during which a worker had sequences running."""
+    migrations: list[tuple[float, int, int, int]] = field(repr=False)
+    """(time, sample, source worker, destination worker or -1 for the next step)."""
+    finished: dict[int, tuple[float, int, int]] = field(repr=False)
+    """sample -> (time, worker, step it counted toward)."""
+    rankings: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def migrated_fraction(self) -> float:
+        return self.migrated_samples / self.samples if self.samples else 0.0
+
+    @property
+    def time_per_step(self) -> float:
+        return self.makespan / len(self.steps) if self.steps else 0.0
+
+    @property
+    def bound_gap(self) -> float:
+        """How far above the lower bound the run is (0.1 = 10% longer)."""
+        lb = self.lower_bound.seconds
+        return self.makespan / lb - 1.0 if lb > 0 else 0.0
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "policy": self.policy,
+            "workers": self.workers,
+            "steps": len(self.steps),
+            "samples": self.samples,
+            "makespan_s": self.makespan,
+            "time_per_step_s": self.time_per_step,
+            "bubble_ratio": self.bubble_ratio,
+            "samples_per_s": self.samples_per_s,
+            "intra_step_migrations": self.intra_step,
+            "inter_step_migrations": self.inter_step,
+            "rebalanced_samples": self.rebalanced,
+            "migrated_fraction": self.migrated_fraction,
+            "recompute_tokens": self.recompute_tokens,
+            "mean_batch": self.mean_batch,
+            "peak_kv_tokens": self.peak_kv_tokens,
+            "lower_bound_s": self.lower_bound.seconds,
+            "lower_bound_work_per_worker_s": self.lower_bound.work_per_worker,
+            "lower_bound_longest_sample_s": self.lower_bound.longest_sample,
+            "lower_bound_batch": self.lower_bound.batch,
+            "gap_to_lower_bound": self.bound_gap,
+            "rankings": sorted(set(self.rankings.values())),
+            "per_step": [
+                {"step": r.step, "samples": r.samples, "start_s": r.start, "end_s": r.end, "makespan_s": r.makespan,
+                 "samples_per_s": r.samples_per_s, "bubble_ratio": r.bubble_ratio, "migrations": r.migrations}
+                for r in self.steps
+            ],
+        }
+
+
+def lower_bound(
+    input_len: NDArray[np.int64],
+    output_len: NDArray[np.int64],
+    workers: int,
+    share: int,
+    profile: IterationProfile,
+    spec: Speculation,
+) -> LowerBound:
+    """max(total work / N, longest sample) for these samples; see the module docstring."""
+    batch = max(1, min(profile.max_batch, share))
+    out = output_len.astype(np.float64)
+    ctx = input_len.astype(np.float64) + out / 2.0
+    passes = np.ceil(out / spec.tokens_per_pass - 1e-9)
+    per_iter_batch = profile.iteration_times(np.full_like(ctx, batch), ctx) * spec.pass_cost
+    work = float(np.sum(passes * per_iter_batch / batch))
+    solo = passes * profile.iteration_times(np.ones_like(ctx), ctx) * spec.pass_cost
+    longest = float(np.max(solo)) if solo.size else 0.0
+    return LowerBound(
+        seconds=max(work / workers, longest), work_per_worker=work / workers, longest_sample=longest, batch=batch
+    )
