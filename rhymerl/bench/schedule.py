@@ -23,6 +23,7 @@ from rich.table import Table
 
 from rhymerl.api.spec import MigrationSpec, SchedulingSpec
 from rhymerl.workers.scheduling import POLICIES, Speculation, make_scheduler
+from rhymerl.workers.scheduling.histopipe import HistoPipe
 from rhymerl.workers.sim import SimConfig, SimResult, simulate
 from rhymerl.workers.sim.gantt import plot_gantt
 from rhymerl.workers.sim.profile_file import resolve_profile
@@ -35,6 +36,8 @@ class Variant:
     key: str
     """File-name slug."""
     spec: SchedulingSpec
+    work_stealing: bool = True
+    """HistoPipe only: idle workers take waiting samples of their step from busy workers."""
 
 
 def variants(groups: int, first_epoch: str = "prompt-length", max_staleness: int = 1) -> list[Variant]:
@@ -50,6 +53,9 @@ def variants(groups: int, first_epoch: str = "prompt-length", max_staleness: int
         Variant(
             "histopipe-nomig",
             SchedulingSpec(policy="histopipe", migration=MigrationSpec(enabled=False), **kw),
+        ),
+        Variant(
+            "histopipe-nosteal", SchedulingSpec(policy="histopipe", **kw), work_stealing=False
         ),
         Variant("histopipe", SchedulingSpec(policy="histopipe", **kw)),
     ]
@@ -128,6 +134,8 @@ def run_bench(cfg: BenchConfig, console: Console | None = None) -> BenchReport:
             sched = make_scheduler(
                 v.spec, cfg.workers, profile=profile, speculation=spec, max_off_policy=cfg.max_off_policy, seed=cfg.seed
             )
+            if isinstance(sched, HistoPipe):
+                sched.work_stealing = v.work_stealing
             results.append((v, simulate(trace, sched, sim_cfg, warmup_steps=warmup, steps=cfg.steps)))
             progress.advance(task)
     report = BenchReport(config=cfg, trace=trace, warmup=warmup, results=results, notes=notes)
@@ -160,6 +168,8 @@ def rows(report: BenchReport) -> list[dict[str, object]]:
             "speedup": r.samples_per_s / base if base else 0.0,
             "migrated_pct": 100 * r.migrated_fraction,
             "gap_to_bound_pct": 100 * r.bound_gap,
+            "steady_time_per_step_s": r.steady_state()[0],
+            "steady_gap_to_bound_pct": 100 * r.steady_gap,
             "mean_batch": r.mean_batch,
             "ranking": _ranking(r),
         })
@@ -167,8 +177,8 @@ def rows(report: BenchReport) -> list[dict[str, object]]:
 
 
 HEADERS = (
-    "policy", "rollout s/step", "bubble %", "samples/s", "vs equal", "migrated %", "over bound %", "mean batch",
-    "ranked by",
+    "policy", "rollout s/step", "bubble %", "samples/s", "vs equal", "migrated %", "over bound %",
+    "steady s/step", "steady over bound %", "mean batch", "ranked by",
 )
 
 
@@ -178,7 +188,8 @@ def _cells(row: dict[str, object]) -> list[str]:
 
     return [
         str(row["policy"]), f("time_per_step_s", ".1f"), f("bubble_pct", ".1f"), f("samples_per_s", ".2f"),
-        f"{row['speedup']:.2f}x", f("migrated_pct", ".2f"), f("gap_to_bound_pct", ".1f"), f("mean_batch", ".1f"),
+        f"{row['speedup']:.2f}x", f("migrated_pct", ".2f"), f("gap_to_bound_pct", ".1f"),
+        f("steady_time_per_step_s", ".1f"), f("steady_gap_to_bound_pct", ".1f"), f("mean_batch", ".1f"),
         str(row["ranking"]),
     ]
 
@@ -190,7 +201,9 @@ def table(report: BenchReport) -> Table:
         title=f"rollout scheduling on {report.trace.name}: {report.config.workers} workers, "
         f"{report.config.groups} ranking groups, {steps} steps",
         caption=f"lower bound over the run: max(total work / N = {lb.work_per_worker:.0f} s, longest sample = "
-        f"{lb.longest_sample:.0f} s) = {lb.seconds / steps:.1f} s/step; work priced at batch {lb.batch}",
+        f"{lb.longest_sample:.0f} s) = {lb.seconds / steps:.1f} s/step; work priced at batch {lb.batch}; "
+        f"steady: first to last step completion vs those steps' work / N "
+        f"({report.base.steady_state()[1]:.1f} s/step)",
     )
     for i, h in enumerate(HEADERS):
         t.add_column(h, justify="left" if i in (0, len(HEADERS) - 1) else "right")

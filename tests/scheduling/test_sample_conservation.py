@@ -40,6 +40,7 @@ def _policies(workers: int) -> list[Scheduler]:
         HistoPipe(workers, groups=2, two_tier=False, migration=MigrationConfig(tail_fraction=0.5, inter_step=True,
                                                                                 min_lambda=1.0)),
         HistoPipe(workers, groups=2, staleness=0, migration=AGGRESSIVE),
+        HistoPipe(workers, groups=3, migration=AGGRESSIVE, work_stealing=False),
     ]
 
 

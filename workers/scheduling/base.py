@@ -16,7 +16,7 @@ prompt's whole group has finished.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypedDict
 
@@ -57,6 +57,8 @@ class SchedulerStats:
     intra_step: int = 0
     inter_step: int = 0
     rebalanced: int = 0
+    stolen: int = 0
+    """Waiting (not started) samples handed to an idle worker of the same step (no KV to move)."""
     migrated_samples: set[SampleId] = field(default_factory=set)
     rankings: dict[int, str] = field(default_factory=dict)
 
@@ -169,6 +171,27 @@ class Scheduler:
         """Shared pipeline: the executor tells which worker pulled a sample."""
         self._state(sid).worker = worker
 
+    def on_idle(self, worker: int, step: int, waiting: Mapping[int, Sequence[SampleId]]) -> list[Move]:
+        """Work stealing: `worker` has finished its own samples of `step` and cannot start the next
+        step yet (off-policy gate) or has nothing there. `waiting` lists, per other worker, the samples
+        of `step` that are planned there but not started. The returned moves (generated 0) hand some
+        of them to `worker`, which runs the same weights; the executor carries them out and the
+        books already reflect them. Default: no stealing."""
+        if not waiting:
+            return []
+        moves = self._steal(worker, step, waiting)
+        for m in moves:
+            st = self._state(m.sid)
+            if st.done or st.step != step or st.worker != m.src or m.dst != worker or m.generated != 0:
+                raise SchedulingError(f"sample {m.sid}: cannot be stolen by worker {worker} for step {step}")
+            if m.sid not in waiting.get(m.src, ()):
+                raise SchedulingError(f"sample {m.sid}: not waiting on worker {m.src}")
+            st.worker = worker
+            self._outstanding[(m.src, step)] -= 1
+            self._outstanding[(worker, step)] += 1
+            self.stats.stolen += 1
+        return moves
+
     def on_moved(self, moves: Sequence[Move]) -> None:
         """The executor carried out a `Rebalance` by moving these samples."""
         for m in moves:
@@ -210,6 +233,9 @@ class Scheduler:
         return []
 
     def _progress(self, st: SampleState, worker: int, generated: int, now: float) -> list[Action]:
+        return []
+
+    def _steal(self, worker: int, step: int, waiting: Mapping[int, Sequence[SampleId]]) -> list[Move]:
         return []
 
     # ------------------------------------------------------------------ helpers

@@ -9,12 +9,15 @@ bubble left by the previous step's long work.
 
 run: once a group is down to its tail, watch its samples; one that passes lambda times the
 group's longest historical response migrates (intra-step for short groups, inter-step for long
-ones), tokens preserved.
+ones), tokens preserved. A worker that finished its share of a step but may not start the next
+(off-policy bound) takes waiting, unstarted samples of its step from a busy worker (`_steal`).
 """
 
 from __future__ import annotations
 
 import heapq
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Unpack
 
@@ -84,6 +87,7 @@ class HistoPipe(Scheduler):
         two_tier: bool = True,
         first_epoch: FirstEpoch = "prompt-length",
         migration: MigrationConfig | None = None,
+        work_stealing: bool = True,
         **kwargs: Unpack[SchedulerOptions],
     ) -> None:
         super().__init__(workers, **kwargs)
@@ -93,7 +97,9 @@ class HistoPipe(Scheduler):
         self.two_tier = two_tier
         self.first_epoch = first_epoch
         self.migration = migration if migration is not None else MigrationConfig()
+        self.work_stealing = work_stealing
         self._steps: dict[int, _StepGroups] = {}
+        self._weight: dict[SampleId, float] = {}
         self.last_lambda = self.migration.min_lambda
 
     @property
@@ -101,6 +107,8 @@ class HistoPipe(Scheduler):
         parts = ["2-tier" if self.two_tier else "1-tier"]
         if not self.migration.enabled:
             parts.append("no migration")
+        if not self.work_stealing:
+            parts.append("no stealing")
         return f"histopipe ({', '.join(parts)})"
 
     # ------------------------------------------------------------------ planning
@@ -160,6 +168,7 @@ class HistoPipe(Scheduler):
 
         queues: list[list[SampleId]] = [[] for _ in range(self.workers)]
         info = _StepGroups()
+        self._weight.update(weights)
         for g, members in enumerate(group_samples):
             placed = lpt([(s.sid, weights[s.sid]) for s in members], list(ranges[g]))
             for w, sids in placed.items():
@@ -185,6 +194,9 @@ class HistoPipe(Scheduler):
             for sid in grp.members:
                 self._samples[sid].group = g
         for old in [s for s in self._steps if s < step - 1 and self.step_left(s) == 0]:
+            for grp in self._steps[old].groups:
+                for sid in grp.members:
+                    self._weight.pop(sid, None)
             del self._steps[old]  # keep the books small: finished steps need no migration state
         return StepPlan(
             step=step,
@@ -241,3 +253,24 @@ class HistoPipe(Scheduler):
         if move.dst is None:
             grp.remaining -= 1
         return [move]
+
+    def _steal(self, worker: int, step: int, waiting: Mapping[int, Sequence[SampleId]]) -> list[Move]:
+        """An idle worker takes half of the waiting samples of the worker with the most predicted
+        waiting work in the same step (the shorter half: queues are longest-first), so a worker
+        still busy with an earlier step does not hold this step's work back. Unstarted samples
+        have no KV cache: nothing to move or recompute beyond the prompt's prefill."""
+        if not self.work_stealing:
+            return []
+        best: tuple[float, int] | None = None
+        for v, sids in waiting.items():
+            if v == worker or not sids:
+                continue
+            load = sum(self._weight.get(sid, 1.0) for sid in sids)
+            if best is None or (load, -v) > (best[0], -best[1]):
+                best = (load, v)
+        if best is None:
+            return []
+        victim = best[1]
+        queue = list(waiting[victim])
+        take = queue[len(queue) - math.ceil(len(queue) / 2):]
+        return [Move(sid=sid, src=victim, dst=worker, generated=0, recompute=True) for sid in take]

@@ -8,7 +8,8 @@ events: a 16-worker, 1000-sample step is a few thousand heap operations.
 
 The simulator is an executor: it asks a `Scheduler` (the production objects in
 rhymerl.workers.scheduling) for plans, reports finishes and watched progress, and carries out
-the returned `Move`, `Rebalance` and `Watch` actions. Step gating follows the scheduler's
+the returned `Move`, `Rebalance` and `Watch` actions. A worker that finished its share of a step
+but may not start the next offers itself to `Scheduler.on_idle` (work stealing of waiting samples). Step gating follows the scheduler's
 pipeline and the off-policy bound: step s may start only after step s - 1 - staleness trained.
 
 Assumptions (docs/scheduling.md): no KV-cache overflow or preemption beyond `max_batch`; a
@@ -61,6 +62,8 @@ class _Seq:
     input_len: int
     target: int
     step: int
+    origin: int = 0
+    """The trace step it belongs to (`step` follows inter-step migrations)."""
     generated: int = 0
     start_it: int = 0
     watch: int | None = None
@@ -126,7 +129,7 @@ class Simulator:
             for i in rows[s - 1].tolist():
                 inp, out = int(trace.input_len[i]), int(trace.output_len[i])
                 batch.append(Sample(sid=i, prompt_id=trace.prompt_id[i], input_len=inp, oracle_len=out))
-                self.seqs[i] = _Seq(sid=i, input_len=inp, target=out, step=s)
+                self.seqs[i] = _Seq(sid=i, input_len=inp, target=out, step=s, origin=s)
             self.step_samples[s] = batch
         self.sched.final_step = last
         n = config.workers
@@ -137,6 +140,8 @@ class Simulator:
         self.events: list[tuple[float, int, int, int]] = []  # (time, seq, kind, arg)
         self._counter = 0
         self.plans: dict[int, StepPlan] = {}
+        self.pending: dict[int, list[deque[_Seq]]] = {}
+        """Per step, per worker: planned samples the worker has not taken up yet (it is on an earlier step)."""
         self.step_left: dict[int, int] = {}
         self.completed: dict[int, float] = {}
         self.completed_through = self.first_step - 1
@@ -151,6 +156,7 @@ class Simulator:
         self.migrations: list[tuple[float, int, int, int]] = []
         self.moves_of: dict[int, int] = {}
         self.recompute_tokens = 0
+        self.stolen = 0
         self.iterations = 0
         self.seq_iterations = 0
         self.peak_kv = 0.0
@@ -324,6 +330,8 @@ class Simulator:
             self.seqs[sid].step = step
         if self.sched.pipeline == "shared":
             self.shared.extend(self.seqs[sid] for sid in plan.shared)
+        else:
+            self.pending[step] = [deque(self.seqs[sid] for sid in q) for q in plan.queues]
         if not sids:
             self._complete(step)
         return plan
@@ -332,16 +340,56 @@ class Simulator:
         while True:
             step = w.step + 1
             if not self._gate(step):
-                self.idle.add(w.idx)
+                if not self._steal(w):
+                    self.idle.add(w.idx)
                 return
-            plan = self.plans.get(step) or self._plan(step)
+            if step not in self.plans:
+                self._plan(step)
             w.step = step
-            queue = plan.queues[w.idx]
+            queue = self.pending[step][w.idx]
             if queue:
                 self.idle.discard(w.idx)
-                w.waiting.extend(self.seqs[sid] for sid in queue)
+                w.waiting.extend(queue)
+                queue.clear()
                 self._refill(w)
                 return
+
+    def _steal(self, w: _Worker) -> bool:
+        """An idle worker that may not start its next step asks the scheduler for waiting samples of
+        the step it just finished (same weights) planned on other workers; True if it got some."""
+        step = w.step
+        pending = self.pending.get(step)
+        if pending is None or w.running or w.waiting:
+            return False
+        waiting: dict[int, list[int]] = {}
+        for v in self.workers:
+            if v.idx == w.idx:
+                continue
+            if v.step < step:
+                sids = [q.sid for q in pending[v.idx]]
+            elif v.step == step:
+                sids = [q.sid for q in v.waiting if q.step == step and q.generated == 0]
+            else:
+                sids = []
+            if sids:
+                waiting[v.idx] = sids
+        if not waiting:
+            return False
+        moves = self.sched.on_idle(w.idx, step, waiting)
+        if not moves:
+            return False
+        for m in moves:
+            q = self.seqs[m.sid]
+            src = self.workers[m.src]
+            if src.step < step:
+                pending[m.src].remove(q)
+            else:
+                src.waiting.remove(q)
+            w.waiting.append(q)
+        self.stolen += len(moves)
+        self.idle.discard(w.idx)
+        self._refill(w)
+        return True
 
     def _complete(self, step: int) -> None:
         self.completed[step] = self.now
@@ -530,11 +578,19 @@ class Simulator:
             counts[st] += 1
         windows = [(self.step_start.get(s, 0.0), self.completed.get(s, 0.0)) for s in step_ids]
         bubbles = window_bubbles(self.segments, n, windows)
+        rows = np.array(sorted(self.seqs), dtype=np.int64)
+        step_of = np.array([self.seqs[i].origin for i in rows.tolist()], dtype=np.int64)
+        step_lb = {}
+        for s in step_ids:
+            r = rows[step_of == s]
+            step_lb[s] = lower_bound(
+                self.trace.input_len[r], self.trace.output_len[r], n, self.share, self.profile, self.cfg.speculation
+            )
         steps = [
-            StepRecord(step=s, samples=counts[s], start=lo, end=hi, bubble_ratio=b, migrations=self.moves_of.get(s, 0))
+            StepRecord(step=s, samples=counts[s], start=lo, end=hi, bubble_ratio=b, migrations=self.moves_of.get(s, 0),
+                       work_bound=step_lb[s].work_per_worker, longest_sample=step_lb[s].longest_sample)
             for s, (lo, hi), b in zip(step_ids, windows, bubbles, strict=True)
         ]
-        rows = np.array(sorted(self.seqs), dtype=np.int64)
         stats = self.sched.stats
         return SimResult(
             policy=self.sched.label,
@@ -559,6 +615,7 @@ class Simulator:
             migrations=self.migrations,
             finished=self.finished,
             rankings=dict(stats.rankings),
+            stolen=stats.stolen,
         )
 
 

@@ -30,6 +30,15 @@ class StepRecord:
     """Share of worker-time in [start, end] with nothing running (work of any step counts as busy)."""
     migrations: int
     """Moves of its samples (intra-step, to the next step, reallocation)."""
+    work_bound: float = 0.0
+    """This step's own samples' work / N (priced as in the lower bound): the step's throughput bound."""
+    longest_sample: float = 0.0
+    """Its longest sample decoded alone."""
+
+    @property
+    def bound(self) -> float:
+        """max(work / N, longest sample) for this step alone (what a step run by itself cannot beat)."""
+        return max(self.work_bound, self.longest_sample)
 
     @property
     def makespan(self) -> float:
@@ -102,6 +111,8 @@ class SimResult:
     finished: dict[int, tuple[float, int, int]] = field(repr=False)
     """sample -> (time, worker, step it counted toward)."""
     rankings: dict[int, str] = field(default_factory=dict)
+    stolen: int = 0
+    """Waiting samples an idle worker took from another worker of the same step (work stealing)."""
 
     @property
     def migrated_fraction(self) -> float:
@@ -110,6 +121,26 @@ class SimResult:
     @property
     def time_per_step(self) -> float:
         return self.makespan / len(self.steps) if self.steps else 0.0
+
+    def steady_state(self) -> tuple[float, float]:
+        """(seconds per step, its lower bound) between the first and the last step's completion.
+
+        Pipelined steps overlap, so one step's span is not its cost; the interval from the first
+        step's end to the last step's end covers the other steps' work once each, without the
+        pipeline's fill. Its bound is the sum of those steps' work / N (the longest-sample term
+        belongs to the run as a whole, not to a completion interval).
+        """
+        done = sorted(self.steps, key=lambda r: r.end)
+        if len(done) < 2:
+            return self.time_per_step, self.lower_bound.seconds / max(1, len(self.steps))
+        rest = done[1:]
+        return (done[-1].end - done[0].end) / len(rest), sum(r.work_bound for r in rest) / len(rest)
+
+    @property
+    def steady_gap(self) -> float:
+        """Steady-state seconds per step over its bound (0.1 = 10% longer)."""
+        t, lb = self.steady_state()
+        return t / lb - 1.0 if lb > 0 else 0.0
 
     @property
     def bound_gap(self) -> float:
@@ -139,10 +170,16 @@ class SimResult:
             "lower_bound_longest_sample_s": self.lower_bound.longest_sample,
             "lower_bound_batch": self.lower_bound.batch,
             "gap_to_lower_bound": self.bound_gap,
+            "steady_time_per_step_s": self.steady_state()[0],
+            "steady_lower_bound_per_step_s": self.steady_state()[1],
+            "steady_gap_to_lower_bound": self.steady_gap,
+            "stolen_samples": self.stolen,
             "rankings": sorted(set(self.rankings.values())),
             "per_step": [
                 {"step": r.step, "samples": r.samples, "start_s": r.start, "end_s": r.end, "makespan_s": r.makespan,
-                 "samples_per_s": r.samples_per_s, "bubble_ratio": r.bubble_ratio, "migrations": r.migrations}
+                 "samples_per_s": r.samples_per_s, "bubble_ratio": r.bubble_ratio, "migrations": r.migrations,
+                 "work_bound_s": r.work_bound, "longest_sample_s": r.longest_sample, "bound_s": r.bound,
+                 "gap_to_step_bound": r.makespan / r.bound - 1.0 if r.bound > 0 else 0.0}
                 for r in self.steps
             ],
         }

@@ -1,0 +1,73 @@
+"""Work stealing in HistoPipe's per-worker pipeline, and the steady-state / per-step bound figures.
+
+Hand-checked with a constant profile (every iteration takes 1 s whatever the batch).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rhymerl.workers.scheduling import HistoPipe, MigrationConfig, Sample, SchedulingError, TableProfile
+from rhymerl.workers.sim import SimConfig, simulate
+from rhymerl.workers.traces import Trace
+
+NO_MIGRATION = MigrationConfig(enabled=False)
+
+
+def _trace() -> Trace:
+    warm = [("a", 1), ("b", 10), ("c", 2), ("d", 1), ("d", 1), ("e", 1), ("f", 3)]
+    return Trace.from_steps([warm, [("a", 1), ("b", 10)], [("c", 2), ("d", 1), ("d", 1)], [("e", 1), ("f", 3)]])
+
+
+def _run(stealing: bool):  # type: ignore[no-untyped-def]
+    sched = HistoPipe(2, groups=2, two_tier=False, migration=NO_MIGRATION, work_stealing=stealing,
+                      profile=TableProfile.constant())
+    return simulate(_trace(), sched, SimConfig(workers=2, profile=TableProfile.constant()), warmup_steps=1)
+
+
+def test_an_idle_worker_takes_waiting_samples_of_its_step_from_a_busy_worker() -> None:
+    # step 2 (even: descending): b on worker 0 (0-10), a on worker 1 (0-1). Step 3 (odd: ascending): both d
+    # samples planned on worker 0, which is busy with b until 10; c on worker 1 (1-3). Step 4 may start only
+    # when step 2 is done (off-policy 1), so without stealing worker 1 idles from 3 to 10 and worker 0 runs
+    # the d samples at 10-11, then f (3 tokens, descending: worker 0) at 11-14.
+    plain = _run(stealing=False)
+    assert plain.makespan == pytest.approx(14.0)
+    assert plain.stolen == 0
+    # With stealing, worker 1 takes half of worker 0's waiting step-3 queue at 3 (one d: 3-4), then the
+    # other half at 4 (4-5); worker 0 goes straight from b to f at 10: done at 13.
+    steal = _run(stealing=True)
+    assert steal.makespan == pytest.approx(13.0)
+    assert steal.stolen == 2
+    assert [(s.step, s.start, s.end) for s in steal.steps] == [(2, 0.0, 10.0), (3, 1.0, 5.0), (4, 10.0, 13.0)]
+    assert {sid: w for sid, (_, w, _) in steal.finished.items() if steal.finished[sid][2] == 3} == {9: 1, 10: 1, 11: 1}  # ids are trace rows
+    assert steal.migrated_samples == 0  # stealing unstarted samples is not a migration
+
+
+def test_steady_state_and_per_step_bounds_are_reported() -> None:
+    r = _run(stealing=True)
+    # the bound's batch is the even split ceil(7 / 3 / 2) = 2: a token costs 1 s / 2 = 0.5 s of work
+    assert [s.work_bound for s in r.steps] == pytest.approx([11 * 0.5 / 2, 4 * 0.5 / 2, 4 * 0.5 / 2])
+    assert [s.longest_sample for s in r.steps] == pytest.approx([10.0, 2.0, 3.0])
+    assert r.steps[0].bound == pytest.approx(10.0)
+    # completions: step 3 at 5, step 2 at 10, step 4 at 13: (13 - 5) / 2 steps, against steps 2 and 4's work / N
+    t, lb = r.steady_state()
+    assert t == pytest.approx(4.0)
+    assert lb == pytest.approx((2.75 + 1.0) / 2)
+    assert r.steady_gap == pytest.approx(4.0 / 1.875 - 1.0)
+
+
+def test_the_scheduler_refuses_to_steal_a_sample_that_is_not_waiting() -> None:
+    sched = HistoPipe(2, groups=2, two_tier=False, migration=NO_MIGRATION)
+    plan = sched.plan_step(1, [Sample(0, "p", 10), Sample(1, "q", 10), Sample(2, "q", 10)])
+    busy = next(w for w in range(2) if len(plan.queues[w]) == 2)
+    idle = 1 - busy
+    # the executor reports only one of the two as waiting: only that one may move
+    moves = sched.on_idle(idle, 1, {busy: [plan.queues[busy][1]]})
+    assert [(m.sid, m.src, m.dst, m.generated) for m in moves] == [(plan.queues[busy][1], busy, idle, 0)]
+    assert sched.outstanding(idle, 1) == 2 and sched.outstanding(busy, 1) == 1
+    assert sched.stats.stolen == 1
+    sched.on_sample_finished(plan.queues[busy][1], idle, 10, 1.0)  # it now finishes on the thief
+    with pytest.raises(SchedulingError):
+        sched.on_sample_finished(plan.queues[busy][0], idle, 10, 1.0)  # not stolen: still the busy worker's
+    assert sched.on_idle(idle, 1, {}) == []
+    assert HistoPipe(2, work_stealing=False).on_idle(0, 1, {1: [5]}) == []
