@@ -15,10 +15,12 @@ from rich.console import Console
 
 from rhymerl.api import SpecError, load_job
 from rhymerl.cli.bench import bench_app
+from rhymerl.cli.trace import trace_app
 
 app = typer.Typer(help="RL post-training (GRPO, DAPO) made fast by history.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
 app.add_typer(bench_app, name="bench")
+app.add_typer(trace_app, name="trace")
 err = Console(stderr=True)
 
 INVALID = 2

@@ -88,3 +88,70 @@ def test_the_same_key_always_draws_the_same_token() -> None:
     logits = torch.randn(3, 50)
     ids, pos = torch.tensor([5, 6, 7]), torch.tensor([0, 9, 100])
     assert torch.equal(sample_tokens(logits, 4, ids, pos, 1.0), sample_tokens(logits, 4, ids, pos, 1.0))
+
+
+class OracleDrafts:
+    """Drafts from a known continuation per request, corrupted on purpose at chosen offsets."""
+
+    def __init__(self, truth: dict[int, list[int]], k: int, corrupt_every: int = 0) -> None:
+        self.truth, self.k, self.corrupt_every = truth, k, corrupt_every
+        self.pos: dict[int, tuple[int, int]] = {}  # slot -> (request sample id, tokens emitted)
+        self.calls = 0
+
+    def begin(self, slot: int, request: GenRequest) -> None:
+        self.pos[slot] = (request.sample_id, 0)
+
+    def propose(self, slots: list[int], batch_size: int) -> list[list[int]]:
+        out = []
+        for s in slots:
+            sid, done = self.pos[s]
+            draft = list(self.truth[sid][done: done + self.k])
+            self.calls += 1
+            if self.corrupt_every and draft and self.calls % self.corrupt_every == 0:
+                draft[len(draft) // 2] = 3 + (draft[len(draft) // 2] + 1) % 30
+            out.append(draft)
+        return out
+
+    def settle(self, slots: list[int], drafted: list[int], accepted: list[int], emitted: list[list[int]]) -> None:
+        for s, toks in zip(slots, emitted, strict=True):
+            sid, done = self.pos[s]
+            self.pos[s] = (sid, done + len(toks))
+
+    def end(self, slot: int) -> None:
+        del self.pos[slot]
+
+    def move(self, src: list[int], dst: list[int]) -> None:
+        moved = {d: self.pos[s] for s, d in zip(src, dst, strict=True)}
+        self.pos = moved
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("batch", [1, 4, 16])
+@pytest.mark.parametrize(("k", "corrupt_every"), [(4, 0), (3, 2), (8, 1)])
+def test_speculative_generation_emits_exactly_the_plain_tokens(
+        tiny_model: TinyLlama, temperature: float, batch: int, k: int, corrupt_every: int) -> None:
+    reqs = _requests(10, seed=batch + k)
+    params = SamplingParams(temperature=temperature, seed=9, max_response_length=40)
+    engine = TorchEngine(tiny_model.double(), EOS, max_batch_size=batch)
+    plain = engine.generate(reqs, params)
+    truth = {r.sample_id: res.response_ids for r, res in zip(reqs, plain, strict=True)}
+    oracle = OracleDrafts(truth, k, corrupt_every)
+    spec = engine.generate(reqs, params, oracle)
+    assert [r.response_ids for r in spec] == [r.response_ids for r in plain]
+    accepted = sum(r.accepted for r in spec)
+    assert accepted > 0
+    assert sum(r.forward_passes for r in spec) < sum(r.forward_passes for r in plain)
+    if corrupt_every == 0:
+        # perfect drafts: every pass but the last of a sequence emits k + 1 tokens
+        assert accepted == sum(r.drafted for r in spec)
+
+
+def test_wrong_drafts_cost_passes_but_never_change_tokens(tiny_model: TinyLlama) -> None:
+    reqs = _requests(6, seed=1)
+    params = SamplingParams(temperature=1.0, seed=2, max_response_length=30)
+    engine = TorchEngine(tiny_model.double(), EOS, max_batch_size=6)
+    plain = engine.generate(reqs, params)
+    wrong = {r.sample_id: [3 + (t + 7) % 30 for t in res.response_ids] for r, res in zip(reqs, plain, strict=True)}
+    spec = engine.generate(reqs, params, OracleDrafts(wrong, 5))
+    assert [r.response_ids for r in spec] == [r.response_ids for r in plain]
+    assert sum(r.forward_passes for r in spec) == sum(r.forward_passes for r in plain)

@@ -19,6 +19,7 @@ from rhymerl.api import RLJob
 from rhymerl.workers import dumps
 from rhymerl.workers.controller.prompts import Prompt, epoch_order, load_prompts
 from rhymerl.workers.controller.run_dir import LoopState, RunDir
+from rhymerl.workers.controller.speculation import Speculation
 from rhymerl.workers.model.registry import load_policy
 from rhymerl.workers.reward.verifiers import reward_function
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, TorchEngine
@@ -47,14 +48,15 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False) -> Iterator[dict[st
     engine = TorchEngine(model, tok.eos_id, spec.rollout.max_batch_size)
     trainer = Trainer(model, algo, spec.rollout.temperature)
     state = run.restore(model, trainer.optimizer) if resume else LoopState()
+    speculation = Speculation.for_job(job, model, run.path if resume else None)
     params = SamplingParams(spec.rollout.temperature, spec.rollout.top_p, spec.rollout.seed, algo.max_response_length)
     assert algo.dynamic_sampling is not None
 
     def rollout(batch: list[Prompt], epoch: int, clock: dict[str, float]) -> list[Group]:
-        reqs = [GenRequest(encoded[p.prompt_id], sample_key(p.prompt_id, epoch, k))
+        reqs = [GenRequest(encoded[p.prompt_id], sample_key(p.prompt_id, epoch, k), p.prompt_id)
                 for p in batch for k in range(algo.group_size)]
         t0 = time.perf_counter()
-        results = engine.generate(reqs, params)
+        results = engine.generate(reqs, params, speculation.drafts(epoch, [p.prompt_id for p in batch]))
         t1 = time.perf_counter()
         groups = []
         for i, p in enumerate(batch):
@@ -92,9 +94,11 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False) -> Iterator[dict[st
         clock["train"] = time.perf_counter() - t0
 
         state.step += 1
-        dumps.write_step(run.path, state.step, records(groups, state))
+        step_records = list(records(groups, state))
+        dumps.write_step(run.path, state.step, step_records)
+        speculation.remember(step_records)
         state.policy_version += 1 if samples else 0
-        row = step_metrics(groups, state, clock, train_stats, rounds)
+        row = step_metrics(groups, state, clock, train_stats, rounds) | speculation.metrics(groups)
         if state.cursor >= len(order):
             state.epoch, state.cursor = state.epoch + 1, 0
         run.append_metrics(row)
@@ -121,7 +125,8 @@ def records(groups: list[Group], state: LoopState) -> Iterator[dumps.RolloutReco
                 prompt_len=len(g.prompt_ids), prompt_ids=g.prompt_ids, response_ids=res.response_ids,
                 reward=reward, finish_reason="stop" if res.finish_reason == "stop" else "length",
                 policy_version=state.policy_version,
-                spec=dumps.SpecStats(forward_passes=res.forward_passes))
+                spec=dumps.SpecStats(drafted=res.drafted, accepted=res.accepted,
+                                     forward_passes=res.forward_passes))
 
 
 def step_metrics(groups: list[Group], state: LoopState, clock: dict[str, float],

@@ -1,0 +1,181 @@
+"""`rhymerl bench acceptance`: how much of each epoch the previous epoch's responses could draft.
+
+Why: speculation pays only in proportion to accepted tokens. This replays every response of epoch e
+against the index built from the same prompt's epoch e-1 responses (RhymeRL §5.1), through the real
+AIMD drafter, and through the baselines on the same footing (same AIMD window policy):
+accepted fraction (accepted draft tokens / response tokens: the paper's speculation rate), acceptance
+rate (accepted / drafted) and mean tokens per verify step. Also the paper's §5.1 upper bound: a
+3-token prefix match with an unlimited draft that follows whichever history branch fits.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from rhymerl.bench.draft_sources import (
+    ArcticCaches,
+    ArcticSource,
+    HistoSpecSource,
+    Knobs,
+    NgramSource,
+    PromptWork,
+    ReplayStats,
+    Source,
+    arctic_status,
+    dump_workload,
+    replay,
+)
+from rhymerl.workers.history import HistoryIndex
+
+BOUND = "paper §5.1 bound"
+
+
+@dataclass
+class AcceptanceConfig:
+    dumps: Path
+    arctic_depth: int = 64
+    arctic: bool = True
+    oracle_prefix: int = 3
+    knobs: Knobs = field(default_factory=Knobs)
+    tuned: Knobs = field(default_factory=lambda: Knobs(prefix_max=32, prefix_min=1, min_prob=0.5))
+
+
+def _metrics(stats: ReplayStats) -> dict[str, float | int]:
+    return {
+        "tokens": stats.generated,
+        "accepted": stats.accepted,
+        "drafted": stats.drafted,
+        "verify_steps": stats.verify_steps,
+        "accepted_fraction": stats.accepted_fraction,
+        "acceptance_rate": stats.acceptance_rate,
+        "tokens_per_step": stats.tokens_per_step,
+    }
+
+
+def replay_units(source: Source, units: list[PromptWork]) -> ReplayStats:
+    seq_units, prompts, targets = [], [], []
+    for i, u in enumerate(units):
+        for t in u.targets:
+            seq_units.append(i)
+            prompts.append(u.prompt)
+            targets.append(t)
+    return replay(source, seq_units, prompts, targets, [0] * len(targets))
+
+
+def bound_stats(indexes: list[HistoryIndex], units: list[PromptWork], prefix: int) -> ReplayStats:
+    stats = ReplayStats(batch=0)
+    for index, u in zip(indexes, units, strict=True):
+        for t in u.targets:
+            acc = index.oracle_accepted(t, prefix)
+            stats.generated += len(t)
+            stats.accepted += acc
+            stats.drafted += acc  # an oracle drafts only what fits
+            stats.verify_steps += len(t) - acc
+    return stats
+
+
+def run(cfg: AcceptanceConfig, out: Path, console: Console | None = None) -> dict[str, Any]:
+    console = console or Console()
+    units = dump_workload(cfg.dumps)
+    if not units:
+        raise ValueError(f"{cfg.dumps}: no prompt appears in two consecutive epochs, nothing to replay")
+    out.mkdir(parents=True, exist_ok=True)
+    arctic_ok, arctic_note = arctic_status() if cfg.arctic else (False, "arctic-inference skipped (--no-arctic)")
+    if not arctic_ok:
+        console.print(f"[yellow]{arctic_note}: arctic rows left out[/yellow]")
+    pairs: dict[int, list[PromptWork]] = {}
+    for u in units:
+        pairs.setdefault(u.epoch, []).append(u)
+
+    results: dict[str, Any] = {"dumps": str(cfg.dumps), "arctic": arctic_note, "knobs": cfg.knobs.__dict__,
+                               "long_match_knobs": cfg.tuned.__dict__, "pairs": [], "all": {}}
+    totals: dict[str, ReplayStats] = {}
+    for epoch, pair_units in sorted(pairs.items()):
+        label = f"{epoch - 1}->{epoch}"
+        n_resp = sum(len(u.targets) for u in pair_units)
+        console.log(f"epochs {label}: {len(pair_units)} prompts, {n_resp} responses")
+        reward_idx = [HistoryIndex.build(u.history, reward_weighted=True) for u in pair_units]
+        freq_idx = [HistoryIndex.build(u.history, reward_weighted=False) for u in pair_units]
+        sources: list[Source] = [
+            HistoSpecSource(reward_idx, cfg.knobs, name="histospec (reward)"),
+            HistoSpecSource(freq_idx, cfg.knobs, name="histospec (frequency)"),
+            HistoSpecSource(reward_idx, cfg.tuned, name="histospec (reward, long match)"),
+        ]
+        if arctic_ok:
+            caches = ArcticCaches.build(pair_units, cfg.arctic_depth)
+            sources.append(ArcticSource(caches, cfg.knobs, name=f"arctic-d{cfg.arctic_depth}"))
+        sources.append(NgramSource(cfg.knobs))
+        row: dict[str, Any] = {"epochs": label, "prompts": len(pair_units), "responses": n_resp, "methods": {}}
+        for source in sources:
+            stats = replay_units(source, pair_units)
+            row["methods"][source.name] = _metrics(stats)
+            _add(totals, source.name, stats)
+        bound = bound_stats(reward_idx, pair_units, cfg.oracle_prefix)
+        row["methods"][BOUND] = _metrics(bound)
+        _add(totals, BOUND, bound)
+        results["pairs"].append(row)
+    results["all"] = {name: _metrics(s) for name, s in totals.items()}
+
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    plot(results, out / "acceptance.png")
+    print_table(results, console)
+    console.print(f"wrote {out / 'results.json'} and {out / 'acceptance.png'}")
+    return results
+
+
+def _add(totals: dict[str, ReplayStats], name: str, stats: ReplayStats) -> None:
+    t = totals.setdefault(name, ReplayStats(batch=0))
+    t.generated += stats.generated
+    t.accepted += stats.accepted
+    t.drafted += stats.drafted
+    t.verify_steps += stats.verify_steps
+
+
+def print_table(results: dict[str, Any], console: Console) -> None:
+    t = Table(title=f"Drafts from the previous epoch - {results['dumps']}")
+    for col in ("epochs", "source", "tokens", "accepted fraction", "acceptance rate", "tokens / verify step"):
+        t.add_column(col, justify="left" if col in ("epochs", "source") else "right")
+    rows = [(p["epochs"], p["methods"]) for p in results["pairs"]] + [("all", results["all"])]
+    for label, methods in rows:
+        for i, (name, m) in enumerate(methods.items()):
+            t.add_row(label if i == 0 else "", name, str(m["tokens"]), f"{m['accepted_fraction']:.3f}",
+                      f"{m['acceptance_rate']:.3f}" if name != BOUND else "(oracle)", f"{m['tokens_per_step']:.2f}",
+                      end_section=i == len(methods) - 1)
+    console.print(t)
+    console.print(f"[dim]{results['arctic']}; knobs {results['knobs']}; long match {results['long_match_knobs']}[/dim]")
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [p["epochs"] for p in results["pairs"]]
+    names = list(results["all"].keys())
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    x = np.arange(len(labels))
+    width = 0.8 / max(len(names), 1)
+    for i, name in enumerate(names):
+        frac = [p["methods"].get(name, {}).get("accepted_fraction", np.nan) for p in results["pairs"]]
+        steps = [p["methods"].get(name, {}).get("tokens_per_step", np.nan) for p in results["pairs"]]
+        ax1.bar(x + i * width, frac, width, label=name)
+        ax2.bar(x + i * width, steps, width, label=name)
+    for ax, title in ((ax1, "accepted fraction of response tokens"), (ax2, "tokens per verify step")):
+        ax.set_xticks(x + width * (len(names) - 1) / 2, labels)
+        ax.set_xlabel("epoch pair (history -> replayed)")
+        ax.set_title(title)
+        ax.grid(True, axis="y", alpha=0.3)
+    ax1.set_ylim(0, 1)
+    ax1.legend(fontsize=7)
+    fig.suptitle(f"Drafting epoch e from epoch e-1: {results['dumps']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,226 @@
+"""`rhymerl bench rollout`: speculative vs plain rollout, same prompts and weights, side by side.
+
+Takes a finished run folder: the policy of its newest checkpoint, its prompts, and the history
+index of each prompt built from the run's last epoch. Every method generates the next epoch of
+that run (same sample keys) at each batch size, and every method's tokens are checked identical
+to plain decoding's. Methods:
+
+- none: plain decoding (the reference)
+- ngram: drafts from the sequence's own context (vLLM's prompt-lookup)
+- history: HistoSpec, reward-weighted index of last epoch's responses
+- history-unweighted: the same index ranked by frequency only
+- history-mismatched: each prompt drafts from another prompt's history — poor drafts, to show the
+  adaptive cap switching speculation off where it would slow things down
+- history-mismatched-fixed: the same poor drafts with the cap pinned at window.max (no adaptation)
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from rhymerl.workers import dumps
+from rhymerl.workers.controller.prompts import load_prompts
+from rhymerl.workers.controller.run_dir import RunDir
+from rhymerl.workers.history.store import MemoryHistoryStore
+from rhymerl.workers.model.registry import load_policy
+from rhymerl.workers.model.transformer import load_model
+from rhymerl.workers.rollout.adaptive import CostProfile
+from rhymerl.workers.rollout.engine import DraftSource, GenRequest, GenResult, SamplingParams, TorchEngine
+from rhymerl.workers.rollout.profile import load_or_measure
+from rhymerl.workers.rollout.sampling import sample_key
+from rhymerl.workers.rollout.speculators import HistoryDrafts, NgramDrafts, SpecController
+
+METHODS = ("none", "ngram", "history", "history-unweighted", "history-mismatched", "history-mismatched-fixed")
+
+
+@dataclass
+class RolloutBenchConfig:
+    run: Path
+    batch_sizes: tuple[int, ...] = (16, 64, 256)
+    methods: tuple[str, ...] = METHODS
+    repeats: int = 1
+
+
+@dataclass
+class Row:
+    method: str
+    batch: int
+    seconds: float
+    tokens: int
+    passes: int
+    drafted: int
+    accepted: int
+    identical: bool
+    caps: dict[int, int] = field(default_factory=dict)
+
+    def as_dict(self, base_seconds: float) -> dict[str, Any]:
+        return {"method": self.method, "batch": self.batch, "seconds": round(self.seconds, 3),
+                "tokens": self.tokens, "tokens_per_s": round(self.tokens / self.seconds, 1),
+                "speedup": round(base_seconds / self.seconds, 3),
+                "tokens_per_pass": round(self.tokens / max(self.passes, 1), 3),
+                "acceptance": round(self.accepted / self.drafted, 4) if self.drafted else None,
+                "spec_rate": round(self.accepted / max(self.tokens, 1), 4),
+                "identical": self.identical, "caps": self.caps}
+
+
+def _sources(method: str, job_spec: Any, store: dict[bool, MemoryHistoryStore], epoch: int,
+             prompt_ids: list[str], control: SpecController) -> DraftSource | None:
+    spec = job_spec.rollout.speculation
+    if method == "none":
+        return None
+    if method == "ngram":
+        return NgramDrafts(spec, control)
+    weighted = method != "history-unweighted"
+    indexes = store[weighted].indexes_before(epoch, prompt_ids)
+    if method.startswith("history-mismatched"):
+        shifted = prompt_ids[1:] + prompt_ids[:1]
+        indexes = {pid: indexes[other] for pid, other in zip(prompt_ids, shifted, strict=True) if other in indexes}
+    return HistoryDrafts(spec, indexes, control)
+
+
+def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str, Any]], CostProfile]:
+    run = RunDir(cfg.run)
+    job = run.load_job()
+    ckpts = run.checkpoint_dirs()
+    if not ckpts:
+        raise ValueError(f"{cfg.run}: no checkpoint to take the policy from")
+    model, tok = load_policy(job.spec.model)
+    model.load_state_dict(load_model(ckpts[-1]).state_dict())
+    model.eval()
+    records = dumps.read_run(cfg.run)
+    last_epoch = max(r.epoch for r in records)
+    store = {w: MemoryHistoryStore(reward_weighted=w) for w in (True, False)}
+    for s in store.values():
+        s.update(r for r in records if r.epoch == last_epoch)
+    prompts = load_prompts(job.spec.data)
+    epoch = last_epoch + 1
+    g = job.spec.algorithm.group_size
+    reqs = [GenRequest([tok.bos_id, *tok.encode(p.text)], sample_key(p.prompt_id, epoch, k), p.prompt_id)
+            for p in prompts for k in range(g)]
+    params = SamplingParams(job.spec.rollout.temperature, job.spec.rollout.top_p, job.spec.rollout.seed,
+                            job.spec.algorithm.max_response_length)
+    profile = load_or_measure(model)
+    ids = [p.prompt_id for p in prompts]
+    console.print(f"policy {ckpts[-1].name}, history from epoch {last_epoch}, {len(reqs)} samples, "
+                  f"torch threads {torch.get_num_threads()}")
+    out: list[dict[str, Any]] = []
+    for batch in cfg.batch_sizes:
+        engine = TorchEngine(model, tok.eos_id, max_batch_size=batch)
+        reference: list[GenResult] | None = None
+        base = 0.0
+        for method in cfg.methods:
+            times, results, caps = [], [], {}
+            for _ in range(cfg.repeats):
+                spec = job.spec.rollout.speculation.model_copy(deep=True)
+                if method.endswith("-fixed"):
+                    spec.disable_above_batch = 10**9
+                control = SpecController(spec, None if method.endswith("-fixed") else profile)
+                source = _sources(method, job.spec, store, epoch, ids, control)
+                t0 = time.perf_counter()
+                results = engine.generate(reqs, params, source)
+                times.append(time.perf_counter() - t0)
+                caps = dict(sorted(control.caps_chosen.items()))
+            if reference is None:
+                reference = results
+            row = Row(method, batch, statistics.median(times), sum(len(r.response_ids) for r in results),
+                      sum(r.forward_passes for r in results), sum(r.drafted for r in results),
+                      sum(r.accepted for r in results),
+                      [r.response_ids for r in results] == [r.response_ids for r in reference], caps)
+            base = base or row.seconds
+            out.append(row.as_dict(base))
+            console.print(f"  batch {batch:>4} {method:<26} {row.seconds:7.2f}s  x{base / row.seconds:5.2f}  "
+                          f"identical={row.identical}", highlight=False)
+    return out, profile
+
+
+def render(rows: list[dict[str, Any]], console: Console) -> str:
+    table = Table(title="speculative rollout vs plain (same prompts, weights, sample keys)")
+    cols = ["batch", "method", "seconds", "tokens_per_s", "speedup", "tokens_per_pass", "acceptance", "spec_rate",
+            "identical"]
+    for c in cols:
+        table.add_column(c, justify="right" if c not in ("method",) else "left")
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = ["-" if r[c] is None else str(r[c]) for c in cols]
+        table.add_row(*cells)
+        lines.append("| " + " | ".join(cells) + " |")
+    console.print(table)
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    batches = sorted({r["batch"] for r in rows})
+    width = 0.8 / len(methods)
+    for i, m in enumerate(methods):
+        vals = [next(r["speedup"] for r in rows if r["method"] == m and r["batch"] == b) for b in batches]
+        ax.bar([j + i * width for j in range(len(batches))], vals, width, label=m)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(batches))], [f"batch {b}" for b in batches])
+    ax.set_ylabel("rollout speedup vs none")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_profile(profile: CostProfile, path: Path) -> None:
+    """The verify-cost profile: seconds per pass, and the per-token cost of a pass, by batch size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for b, row in zip(profile.batch_sizes, profile.seconds, strict=True):
+        ax1.plot(profile.tokens, [1e3 * t for t in row], marker="o", label=f"batch {b}")
+        ax2.plot(profile.tokens, [1e6 * t / (b * n) for t, n in zip(row, profile.tokens, strict=True)],
+                 marker="o", label=f"batch {b}")
+    ax1.set_xlabel("tokens appended per sequence (1 + draft length)")
+    ax1.set_ylabel("ms per forward pass")
+    ax2.set_xlabel("tokens appended per sequence (1 + draft length)")
+    ax2.set_ylabel("µs per appended token")
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("verify-cost profile t(batch, tokens) of the rollout model on this machine")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def profile_table(profile: CostProfile) -> str:
+    head = "| batch \\ tokens/seq | " + " | ".join(str(t) for t in profile.tokens) + " |"
+    lines = [head, "|" + "---|" * (len(profile.tokens) + 1)]
+    for b, row in zip(profile.batch_sizes, profile.seconds, strict=True):
+        lines.append(f"| {b} | " + " | ".join(f"{1e3 * t:.2f}" for t in row) + " |")
+    return "ms per forward pass\n\n" + "\n".join(lines) + "\n"
+
+
+def main(cfg: RolloutBenchConfig, out: Path | None, console: Console) -> None:
+    rows, profile = run_bench(cfg, console)
+    md = render(rows, console)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
+        (out / "table.md").write_text(md + "\n" + profile_table(profile))
+        plot(rows, out / "speedup.png")
+        plot_profile(profile, out / "verify_profile.png")
+        console.print(f"results in {out}")

@@ -1,0 +1,138 @@
+"""`rhymerl bench ...`: side-by-side benchmarks that print tables and write plots.
+
+Each benchmark's logic lives in rhymerl.bench.<name>; this module only wires commands.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+bench_app = typer.Typer(help="Benchmarks: tables and plots, measured side by side in one run.", no_args_is_help=True)
+
+
+@bench_app.command("schedule")
+def schedule(
+    trace: Annotated[str, typer.Option("--trace", help="trace CSV (step,prompt_id,input_len,output_len) "
+                                       "or synthetic:NAME (math, code)")] = "synthetic:math",
+    workers: Annotated[int, typer.Option("--workers", min=1, help="rollout workers (data-parallel engines)")] = 16,
+    groups: Annotated[int, typer.Option("--groups", min=1, help="HistoPipe ranking groups K")] = 8,
+    steps: Annotated[int | None, typer.Option("--steps", min=1, help="steps to simulate after warm-up "
+                                              "(default: all)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="folder for results.json, table.md and Gantt "
+                                             "PNGs")] = None,
+    warmup: Annotated[int | None, typer.Option("--warmup", min=0, help="steps that only seed history (default: one "
+                                               "epoch when prompt ids recur, else 0)")] = None,
+    profile: Annotated[str | None, typer.Option("--profile", help="iteration profile JSON (default: H100/7B "
+                                                "roofline)")] = None,
+    policy: Annotated[list[str] | None, typer.Option("--policy", help="only these policies (equal always "
+                                                     "runs)")] = None,
+    tokens_per_pass: Annotated[float, typer.Option("--tokens-per-pass", min=1.0, help="speculation: tokens per "
+                                                   "forward pass")] = 1.0,
+    train_time: Annotated[float, typer.Option("--train-time", min=0.0, help="training seconds per step")] = 0.0,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    synthetic: Annotated[list[str] | None, typer.Option("--synthetic", help="KEY=VALUE override of a synthetic "
+                                                        "trace's generator, e.g. prompts_per_step=128")] = None,
+) -> None:
+    """Replay a workload trace under every rollout scheduling policy: table, Gantt plots, JSON."""
+    from rich.console import Console
+
+    from rhymerl.bench.schedule import BenchConfig, main
+    from rhymerl.workers.sim.profile_file import ProfileError
+    from rhymerl.workers.traces import TraceError
+
+    cfg = BenchConfig(trace=trace, workers=workers, groups=groups, steps=steps, warmup=warmup, profile=profile,
+                      tokens_per_pass=tokens_per_pass, train_time_s=train_time, seed=seed,
+                      policies=tuple(policy or ()), synthetic=tuple(synthetic or ()))
+    try:
+        main(cfg, out, Console())
+    except (TraceError, ProfileError, ValueError) as exc:
+        Console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+
+
+@bench_app.command("drafter")
+def drafter(
+    out: Annotated[Path, typer.Option("--out", help="folder for results.json and drafter.png")] = Path(
+        "runs/bench-drafter"),
+    dumps: Annotated[Path | None, typer.Option("--dumps", help="run folder with rollouts/ dumps (default: "
+                                               "synthetic histories)")] = None,
+    prompts: Annotated[int, typer.Option("--prompts", min=1, help="synthetic: prompts")] = 4,
+    responses: Annotated[int, typer.Option("--responses", min=1, help="synthetic: responses per prompt")] = 16,
+    length: Annotated[int, typer.Option("--length", min=8, help="synthetic: tokens per response")] = 16384,
+    batch: Annotated[list[int] | None, typer.Option("--batch", min=1, help="batch sizes (repeat the "
+                                                    "option; default 1 64 256 1024)")] = None,
+    depth: Annotated[list[int] | None, typer.Option("--arctic-depth", min=1, help="arctic max_tree_depth "
+                                                    "(repeat; default 24 64)")] = None,
+    steps: Annotated[int | None, typer.Option("--steps", min=1, help="timed steps per batch size (default "
+                                              "max(30, 4096 / batch))")] = None,
+    no_arctic: Annotated[bool, typer.Option("--no-arctic", help="skip arctic-inference")] = False,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+) -> None:
+    """HistoSpec index vs arctic-inference's suffix cache vs n-gram: build, memory, draft latency."""
+    from rich.console import Console
+
+    from rhymerl.bench.drafter import DrafterBenchConfig, run
+    from rhymerl.workers.dumps import DumpError
+
+    cfg = DrafterBenchConfig(prompts=prompts, responses=responses, length=length, seed=seed, dumps=dumps,
+                             batches=tuple(batch or (1, 64, 256, 1024)), arctic_depths=tuple(depth or (24, 64)),
+                             iterations=steps, arctic=not no_arctic)
+    try:
+        run(cfg, out, Console())
+    except (DumpError, ValueError) as exc:
+        Console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+
+
+@bench_app.command("acceptance")
+def acceptance(
+    dumps: Annotated[Path, typer.Option("--dumps", help="run folder with rollouts/ dumps")],
+    out: Annotated[Path, typer.Option("--out", help="folder for results.json and acceptance.png")] = Path(
+        "runs/bench-acceptance"),
+    depth: Annotated[int, typer.Option("--arctic-depth", min=1, help="arctic max_tree_depth")] = 64,
+    no_arctic: Annotated[bool, typer.Option("--no-arctic", help="skip arctic-inference")] = False,
+) -> None:
+    """Replay each epoch against the previous epoch's index: accepted tokens per draft source."""
+    from rich.console import Console
+
+    from rhymerl.bench.acceptance import AcceptanceConfig, run
+    from rhymerl.workers.dumps import DumpError
+
+    try:
+        run(AcceptanceConfig(dumps=dumps, arctic_depth=depth, arctic=not no_arctic), out, Console())
+    except (DumpError, ValueError) as exc:
+        Console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+
+
+@bench_app.command("rollout")
+def rollout(
+    run: Annotated[Path, typer.Option("--run", help="finished run folder (policy, prompts and history come "
+                                      "from it)")],
+    batch_sizes: Annotated[str, typer.Option("--batch-sizes", help="comma-separated engine batch sizes")] = "16,64,256",
+    methods: Annotated[str | None, typer.Option("--methods", help="comma-separated subset of the methods")] = None,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="runs per cell; the median is reported")] = 1,
+    out: Annotated[Path | None, typer.Option("--out", help="folder for results.json, table.md, speedup.png, "
+                                             "verify_profile.png")] = None,
+) -> None:
+    """Speculative vs plain rollout on a run's prompts and weights: time, tokens/s, identical outputs."""
+    from rich.console import Console
+
+    from rhymerl.bench.rollout import METHODS, RolloutBenchConfig, main
+
+    # plain decoding always runs first: it is the reference for timing and for identical outputs
+    picked = [m.strip() for m in methods.split(",")] if methods else list(METHODS)
+    chosen = ("none", *[m for m in picked if m != "none"])
+    unknown = [m for m in chosen if m not in METHODS]
+    if unknown:
+        Console(stderr=True).print(f"[red]error:[/] --methods: unknown {unknown}; known: {', '.join(METHODS)}")
+        raise typer.Exit(2)
+    try:
+        sizes = tuple(int(b) for b in batch_sizes.split(","))
+        main(RolloutBenchConfig(run, sizes, chosen, repeats), out, Console())
+    except ValueError as exc:
+        Console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None

@@ -1,0 +1,61 @@
+"""The adaptive speculation model: acceptance tracking and the cost-based draft cap."""
+
+from __future__ import annotations
+
+import pytest
+
+from rhymerl.workers.rollout.adaptive import AcceptanceTracker, CostProfile, choose_cap
+
+
+def test_expected_tokens_with_certain_acceptance_is_one_plus_k() -> None:
+    t = AcceptanceTracker(prior=1.0)
+    assert t.expected_tokens(0) == 1.0
+    assert t.expected_tokens(4) == pytest.approx(5.0)
+
+
+def test_expected_tokens_follows_the_conditional_chain() -> None:
+    t = AcceptanceTracker(prior=0.5)
+    # 1 + 0.5 + 0.25 + 0.125
+    assert t.expected_tokens(3) == pytest.approx(1.875)
+
+
+def test_tracker_counts_only_positions_that_were_tested() -> None:
+    t = AcceptanceTracker(max_len=4, decay=1.0, prior_weight=0.0001)
+    # draft of 4, 2 accepted: positions 0,1 accepted, position 2 rejected, position 3 never tested
+    t.observe([4], [2])
+    p = t.conditional()
+    assert p[0] == pytest.approx(1.0, abs=1e-3) and p[1] == pytest.approx(1.0, abs=1e-3)
+    assert p[2] == pytest.approx(0.0, abs=1e-3)
+    assert t.offered[3] == pytest.approx(0.0001)
+
+
+def _flat_profile(per_token: float, base: float) -> CostProfile:
+    # t(B, n) = base + per_token * B * n: verifying costs in proportion to the tokens appended
+    batches, tokens = (1, 16, 256), (1, 2, 3, 5, 9, 17, 33)
+    return CostProfile(batches, tokens, tuple(tuple(base + per_token * b * n for n in tokens) for b in batches))
+
+
+def test_good_drafts_on_a_small_batch_get_a_long_cap() -> None:
+    t = AcceptanceTracker(prior=0.95)
+    assert choose_cap(_flat_profile(per_token=1e-6, base=0.01), batch=1, tracker=t) == 32
+
+
+def test_poor_drafts_on_a_compute_bound_batch_switch_speculation_off() -> None:
+    t = AcceptanceTracker(prior=0.1)
+    assert choose_cap(_flat_profile(per_token=1e-3, base=0.001), batch=256, tracker=t) == 0
+
+
+def test_the_cap_never_exceeds_the_window_limit() -> None:
+    t = AcceptanceTracker(prior=1.0)
+    assert choose_cap(_flat_profile(1e-6, 0.01), batch=1, tracker=t, limit=8) == 8
+
+
+def test_profile_interpolates_between_grid_points() -> None:
+    prof = CostProfile((1, 3), (1, 3), ((1.0, 3.0), (3.0, 5.0)))
+    assert prof.cost(2, 2) == pytest.approx(3.0)
+    assert prof.cost(1, 1) == pytest.approx(1.0)
+
+
+def test_a_profile_with_unsorted_axes_is_rejected() -> None:
+    with pytest.raises(ValueError, match="increasing"):
+        CostProfile((4, 1), (1,), ((1.0,), (2.0,)))

@@ -1,0 +1,96 @@
+"""Real draft sources inside the engine: n-gram and HistoSpec drafts never change the tokens."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from rhymerl.api.spec import SpeculationSpec
+from rhymerl.workers.history.index import HistoryIndex
+from rhymerl.workers.model.transformer import TinyLlama
+from rhymerl.workers.rollout.adaptive import AcceptanceTracker, CostProfile
+from rhymerl.workers.rollout.engine import GenRequest, SamplingParams, TorchEngine
+from rhymerl.workers.rollout.sampling import sample_key
+from rhymerl.workers.rollout.speculators import PROBE_EVERY, HistoryDrafts, NgramDrafts, SpecController
+
+EOS = 2
+
+
+def _requests(n: int, group: int = 4) -> list[GenRequest]:
+    rng = random.Random(0)
+    out = []
+    for i in range(n):
+        prompt = [1] + [rng.randrange(3, 40) for _ in range(rng.randrange(2, 10))]
+        out += [GenRequest(prompt, sample_key(f"p{i}", 2, k), f"p{i}") for k in range(group)]
+    return out
+
+
+@pytest.fixture
+def model(tiny_model: TinyLlama) -> TinyLlama:
+    return tiny_model.double()
+
+
+def test_history_drafts_from_last_epoch_are_accepted_and_change_nothing(model: TinyLlama) -> None:
+    reqs = _requests(3)
+    params = SamplingParams(temperature=0.0, seed=1, max_response_length=48)
+    engine = TorchEngine(model, EOS, max_batch_size=5)
+    plain = engine.generate(reqs, params)
+    # last epoch's responses: the same greedy continuations, so history drafts are right
+    indexes = {f"p{i}": HistoryIndex.build([(r.response_ids, 1.0) for r in plain[4 * i: 4 * i + 4]])
+               for i in range(3)}
+    control = SpecController(SpeculationSpec())
+    spec = engine.generate(reqs, params, HistoryDrafts(SpeculationSpec(), indexes, control))
+    assert [r.response_ids for r in spec] == [r.response_ids for r in plain]
+    assert sum(r.accepted for r in spec) > 0.5 * sum(len(r.response_ids) for r in spec)
+    assert sum(r.forward_passes for r in spec) < 0.5 * sum(r.forward_passes for r in plain)
+
+
+def test_history_drafts_at_temperature_one_keep_the_sampled_tokens(model: TinyLlama) -> None:
+    reqs = _requests(3)
+    params = SamplingParams(temperature=1.0, seed=4, max_response_length=40)
+    engine = TorchEngine(model, EOS, max_batch_size=12)
+    last_epoch = engine.generate([GenRequest(r.prompt_ids, r.sample_id + 1, r.prompt_id) for r in reqs], params)
+    indexes = {f"p{i}": HistoryIndex.build([(r.response_ids, float(k)) for k, r in
+                                            enumerate(last_epoch[4 * i: 4 * i + 4])]) for i in range(3)}
+    plain = engine.generate(reqs, params)
+    spec = engine.generate(reqs, params, HistoryDrafts(SpeculationSpec(), indexes, SpecController(SpeculationSpec())))
+    assert [r.response_ids for r in spec] == [r.response_ids for r in plain]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_ngram_drafts_change_nothing(model: TinyLlama, temperature: float) -> None:
+    # prompts that repeat themselves give the n-gram matcher something to find
+    reqs = [GenRequest([1, *([5, 9, 11, 7] * 6)], sample_key("rep", k), "rep") for k in range(6)]
+    params = SamplingParams(temperature=temperature, seed=2, max_response_length=40)
+    engine = TorchEngine(model, EOS, max_batch_size=6)
+    plain = engine.generate(reqs, params)
+    spec = engine.generate(reqs, params, NgramDrafts(SpeculationSpec(prefix={"min": 1, "max": 3}),
+                                                     SpecController(SpeculationSpec())))
+    assert [r.response_ids for r in spec] == [r.response_ids for r in plain]
+    assert sum(r.drafted for r in spec) > 0
+
+
+def test_the_controller_switches_off_for_poor_drafts_but_keeps_probing() -> None:
+    # verifying costs in proportion to tokens appended: poor drafts never pay
+    prof = CostProfile((1, 64), (1, 33), ((1.0, 33.0), (64.0, 64.0 * 33)))
+    control = SpecController(SpeculationSpec(), prof, AcceptanceTracker(prior=0.05))
+    caps = [control.cap(64) for _ in range(2 * PROBE_EVERY)]
+    assert caps.count(0) == 2 * PROBE_EVERY - 2
+    assert caps[PROBE_EVERY - 1] == SpeculationSpec().window.initial
+
+
+def test_disable_above_batch_overrides_the_profile() -> None:
+    control = SpecController(SpeculationSpec(disable_above_batch=8))
+    assert control.cap(8) == 32 and control.cap(9) == 0
+
+
+def test_a_sequence_without_history_is_generated_plainly(model: TinyLlama) -> None:
+    reqs = _requests(2)
+    params = SamplingParams(temperature=1.0, seed=3, max_response_length=20)
+    engine = TorchEngine(model, EOS, max_batch_size=8)
+    drafts = HistoryDrafts(SpeculationSpec(), {}, SpecController(SpeculationSpec()))
+    out = engine.generate(reqs, params, drafts)
+    assert sum(r.drafted for r in out) == 0
+    assert torch.tensor([len(r.response_ids) for r in out]).min() >= 1

@@ -1,0 +1,70 @@
+"""Speculation inside the RL loop: which draft source each rollout uses, and what it achieved.
+
+From the second epoch on, each prompt's rollout drafts from the index of its previous epoch's
+responses (method `history`); `ngram` drafts from each sequence's own context. The cost profile
+that decides the per-pass cap is measured once per machine and cached (rollout/profile.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rhymerl.api import RLJob
+from rhymerl.workers import dumps
+from rhymerl.workers.history.store import MemoryHistoryStore
+from rhymerl.workers.model.transformer import TinyLlama
+from rhymerl.workers.rollout.engine import DraftSource
+from rhymerl.workers.rollout.profile import load_or_measure
+from rhymerl.workers.rollout.speculators import HistoryDrafts, NgramDrafts, SpecController
+
+if TYPE_CHECKING:
+    from rhymerl.workers.controller.loop import Group
+
+
+@dataclass
+class Speculation:
+    method: str
+    control: SpecController
+    store: MemoryHistoryStore
+
+    @classmethod
+    def for_job(cls, job: RLJob, model: TinyLlama, resume_from: Path | None = None) -> Speculation:
+        spec = job.spec.rollout.speculation
+        if spec.method == "draft-model":
+            raise ValueError("rollout.speculation.method: draft-model needs the vllm engine; "
+                             "the torch engine supports none, history and ngram")
+        profile = None
+        if spec.method != "none" and spec.disable_above_batch is None:
+            profile = load_or_measure(model)
+        out = cls(spec.method, SpecController(spec, profile), MemoryHistoryStore(spec.reward_weighted))
+        if resume_from is not None and spec.method == "history":
+            out.store.update(r for path in dumps.step_files(resume_from) for r in dumps.read_file(path))
+        return out
+
+    def drafts(self, epoch: int, prompt_ids: Sequence[str]) -> DraftSource | None:
+        spec = self.control.spec
+        if self.method == "history":
+            indexes = self.store.indexes_before(epoch, prompt_ids)
+            return HistoryDrafts(spec, indexes, self.control) if indexes else None
+        if self.method == "ngram":
+            return NgramDrafts(spec, self.control)
+        return None
+
+    def remember(self, records: Iterable[dumps.RolloutRecord]) -> None:
+        if self.method == "history":
+            self.store.update(records)
+
+    def metrics(self, groups: list[Group]) -> dict[str, Any]:
+        results = [r for g in groups for r in g.results]
+        tokens = sum(len(r.response_ids) for r in results)
+        drafted = sum(r.drafted for r in results)
+        accepted = sum(r.accepted for r in results)
+        passes = sum(r.forward_passes for r in results)
+        return {
+            "spec_rate": round(accepted / max(tokens, 1), 4),
+            "spec_acceptance": round(accepted / drafted, 4) if drafted else None,
+            "tokens_per_pass": round(tokens / max(passes, 1), 3),
+        }

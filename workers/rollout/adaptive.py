@@ -1,0 +1,109 @@
+"""Adaptive speculation: choose each pass's draft-length cap (0 = off) to maximise tokens per second.
+
+Model (RhymeRL §5.4, RLHFSpec §5, SPECATOR §4.1). A verify pass over B sequences that each append
+1 + k tokens costs t(B, k), profiled on this machine (workers/rollout/profile.py). Draft position
+j is accepted only if positions 1..j-1 were, with conditional probability p_j, tracked online from
+what verification actually accepted. A sequence given a draft of k tokens then emits
+
+    E(k) = 1 + sum_{j=1..k} prod_{i<=j} p_i
+
+tokens per pass (the 1 is the token the target model samples anyway). The cap maximises
+B * E(k) / t(B, k); k = 0 (plain decoding) wins when drafts are poor or the batch is so large
+that verifying extra tokens costs more than it returns. The per-sequence AIMD window still
+decides each sequence's draft length underneath the cap.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+CAPS = (0, 1, 2, 4, 8, 16, 32)
+
+
+@dataclass
+class AcceptanceTracker:
+    """Online estimate of p_j = P(draft token j accepted | tokens 1..j-1 accepted)."""
+
+    max_len: int = 32
+    decay: float = 0.98
+    prior: float = 0.5
+    prior_weight: float = 2.0
+    offered: list[float] = field(default_factory=list)
+    taken: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.offered = [self.prior_weight] * self.max_len
+        self.taken = [self.prior * self.prior_weight] * self.max_len
+
+    def observe(self, drafted: Sequence[int], accepted: Sequence[int]) -> None:
+        """One verify pass: per sequence, draft tokens proposed and how many were accepted."""
+        self.offered = [o * self.decay for o in self.offered]
+        self.taken = [t * self.decay for t in self.taken]
+        for d, a in zip(drafted, accepted, strict=True):
+            # position j (0-based) was tested when all earlier ones were accepted: j <= a, j < d
+            for j in range(min(a + 1, d, self.max_len)):
+                self.offered[j] += 1.0
+                if j < a:
+                    self.taken[j] += 1.0
+
+    def conditional(self) -> list[float]:
+        return [t / o for t, o in zip(self.taken, self.offered, strict=True)]
+
+    def expected_tokens(self, k: int) -> float:
+        """E(k): tokens a sequence emits per pass with a draft of k tokens."""
+        total, run = 1.0, 1.0
+        for p in self.conditional()[:k]:
+            run *= p
+            total += run
+        return total
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """Seconds per forward pass on a (batch sizes x tokens per sequence) grid; interpolated in between."""
+
+    batch_sizes: tuple[int, ...]
+    tokens: tuple[int, ...]
+    seconds: tuple[tuple[float, ...], ...]  # [batch index][tokens index]
+
+    def __post_init__(self) -> None:
+        if list(self.batch_sizes) != sorted(set(self.batch_sizes)) or list(self.tokens) != sorted(set(self.tokens)):
+            raise ValueError("profile grid axes must be strictly increasing")
+        if len(self.seconds) != len(self.batch_sizes) or any(len(r) != len(self.tokens) for r in self.seconds):
+            raise ValueError("profile seconds must be a batch_sizes x tokens grid")
+
+    def cost(self, batch: int, tokens_per_seq: int) -> float:
+        return _interp2(self.batch_sizes, self.tokens, self.seconds, batch, tokens_per_seq)
+
+
+def _interp1(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
+    if x <= xs[0]:
+        return ys[0] * (x / xs[0] if xs[0] else 1.0) if x > 0 else ys[0]
+    if x >= xs[-1]:
+        if len(xs) == 1:
+            return ys[-1]
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return ys[-1] + slope * (x - xs[-1])
+    i = bisect_left(xs, x)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def _interp2(bs: Sequence[int], ts: Sequence[int], grid: Sequence[Sequence[float]], b: float, t: float) -> float:
+    per_batch = [_interp1(ts, row, t) for row in grid]
+    return max(_interp1(bs, per_batch, b), 1e-9)
+
+
+def choose_cap(profile: CostProfile, batch: int, tracker: AcceptanceTracker,
+               caps: Sequence[int] = CAPS, limit: int = 32) -> int:
+    """The draft cap with the highest expected tokens per second for `batch` running sequences."""
+    best, best_rate = 0, -1.0
+    for k in caps:
+        if k > limit:
+            break
+        rate = batch * tracker.expected_tokens(k) / profile.cost(batch, 1 + k)
+        if rate > best_rate * (1 + 1e-9):
+            best, best_rate = k, rate
+    return best

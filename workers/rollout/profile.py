@@ -1,0 +1,82 @@
+"""Measure the verify-cost profile t(batch, tokens per sequence) of a model on this machine, cached.
+
+The adaptive speculation policy needs to know what appending 1 + k tokens per sequence costs at
+each batch size. That depends on the model, the device, the dtype and the torch build, so it is
+measured once at start-up (a few seconds for the embedded model) and cached under
+``$RHYMERL_CACHE`` (default ``~/.cache/rhymerl``), keyed by all four.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from rhymerl.workers.model.transformer import KVCache, TinyLlama
+from rhymerl.workers.rollout.adaptive import CostProfile
+
+BATCHES = (1, 4, 16, 64, 128, 256)
+TOKENS = (1, 2, 3, 5, 9, 17, 33)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RHYMERL_CACHE", Path.home() / ".cache" / "rhymerl")) / "profiles"
+
+
+def profile_key(model: TinyLlama, context: int, batches: tuple[int, ...], tokens: tuple[int, ...]) -> str:
+    param = next(model.parameters())
+    parts = [model.cfg.to_json(), str(param.device), str(param.dtype), torch.__version__,
+             str(torch.get_num_threads()), str(context), str(batches), str(tokens)]
+    if param.device.type == "cuda":
+        parts.append(torch.cuda.get_device_name(param.device))
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+@torch.inference_mode()
+def measure(model: TinyLlama, context: int = 256, batches: tuple[int, ...] = BATCHES,
+            tokens: tuple[int, ...] = TOKENS, repeats: int = 3) -> CostProfile:
+    """Median seconds of one forward_cached pass per (batch, tokens) at `context` tokens of cache."""
+    param = next(model.parameters())
+    sync = torch.cuda.synchronize if param.device.type == "cuda" else (lambda: None)
+    grid = []
+    for b in batches:
+        cache = KVCache(model.cfg, b, context + max(tokens), param.dtype, param.device)
+        start = torch.full((b,), context, dtype=torch.int64, device=param.device)
+        row = []
+        for t in tokens:
+            ids = torch.randint(3, model.cfg.vocab_size, (b, t), device=param.device)
+            model.forward_cached(ids, start, cache)  # warm-up
+            sync()
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                model.forward_cached(ids, start, cache)
+                sync()
+                times.append(time.perf_counter() - t0)
+            row.append(statistics.median(times))
+        grid.append(tuple(row))
+    return CostProfile(tuple(batches), tuple(tokens), tuple(grid))
+
+
+def load_or_measure(model: TinyLlama, context: int = 256, batches: tuple[int, ...] = BATCHES,
+                    tokens: tuple[int, ...] = TOKENS) -> CostProfile:
+    path = cache_dir() / f"{profile_key(model, context, batches, tokens)}.json"
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            return CostProfile(tuple(data["batch_sizes"]), tuple(data["tokens"]),
+                               tuple(tuple(r) for r in data["seconds"]))
+        except (ValueError, KeyError, TypeError):
+            path.unlink()  # a damaged cache entry is re-measured, never trusted
+    prof = measure(model, context, batches, tokens)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"batch_sizes": prof.batch_sizes, "tokens": prof.tokens,
+                               "seconds": prof.seconds, "context": context}))
+    tmp.replace(path)
+    return prof

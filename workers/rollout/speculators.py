@@ -1,0 +1,159 @@
+"""Draft sources the torch engine verifies: history (HistoSpec), n-gram (own context), none.
+
+Each keeps per-slot drafting state in step with what the engine emitted, and asks one shared
+`SpecController` for the pass's draft cap, so the AIMD window of each sequence (RhymeRL §5.4)
+runs underneath the cost-model cap (adaptive.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rhymerl.api.spec import SpeculationSpec
+from rhymerl.workers.history import _suffix_index as native
+from rhymerl.workers.history.index import HistoryDrafter, HistoryIndex
+from rhymerl.workers.rollout.adaptive import AcceptanceTracker, CostProfile, choose_cap
+from rhymerl.workers.rollout.engine import GenRequest
+
+PROBE_EVERY = 16
+
+
+@dataclass
+class SpecController:
+    """Chooses each pass's draft cap from the cost profile and the acceptance seen so far.
+
+    While the cap is 0 every PROBE_EVERY-th pass still drafts at the initial window, so the
+    acceptance estimate stays current and speculation can switch itself back on.
+    """
+
+    spec: SpeculationSpec
+    profile: CostProfile | None = None
+    tracker: AcceptanceTracker = field(default_factory=AcceptanceTracker)
+    passes: int = 0
+    off_passes: int = 0
+    caps_chosen: dict[int, int] = field(default_factory=dict)
+
+    def cap(self, batch_size: int) -> int:
+        self.passes += 1
+        limit = self.spec.window.max
+        if self.spec.disable_above_batch is not None and batch_size > self.spec.disable_above_batch:
+            cap = 0
+        elif self.profile is None:
+            cap = limit
+        else:
+            cap = choose_cap(self.profile, batch_size, self.tracker, limit=limit)
+        self.caps_chosen[cap] = self.caps_chosen.get(cap, 0) + 1
+        if cap == 0:
+            self.off_passes += 1
+            if self.off_passes % PROBE_EVERY == 0:
+                return self.spec.window.initial
+        return cap
+
+    def observe(self, drafted: list[int], accepted: list[int]) -> None:
+        pairs = [(d, a) for d, a in zip(drafted, accepted, strict=True) if d > 0]
+        if pairs:
+            self.tracker.observe([d for d, _ in pairs], [a for _, a in pairs])
+
+
+class HistoryDrafts:
+    """HistoSpec: drafts from the previous epoch's responses to the same prompt (native index)."""
+
+    def __init__(self, spec: SpeculationSpec, indexes: dict[str, HistoryIndex], control: SpecController) -> None:
+        self.drafter = HistoryDrafter.from_spec(spec)
+        self.indexes = indexes
+        self.control = control
+        self.handle: dict[int, int] = {}  # slot -> drafter handle (only prompts that have history)
+
+    def begin(self, slot: int, request: GenRequest) -> None:
+        index = self.indexes.get(request.prompt_id)
+        if index is not None:
+            self.handle[slot] = self.drafter.add(index)
+
+    def propose(self, slots: list[int], batch_size: int) -> list[list[int]]:
+        cap = self.control.cap(batch_size)
+        live = [s for s in slots if s in self.handle]
+        out: list[list[int]] = [[] for _ in slots]
+        if cap == 0 or not live:
+            return out
+        handles = np.array([self.handle[s] for s in live], dtype=np.int64)
+        offsets, tokens = self.drafter.draft(handles, np.full(len(live), cap, dtype=np.int32))
+        drafts = {s: tokens[offsets[i]: offsets[i + 1]].tolist() for i, s in enumerate(live)}
+        return [drafts.get(s, []) for s in slots]
+
+    def settle(self, slots: list[int], drafted: list[int], accepted: list[int], emitted: list[list[int]]) -> None:
+        self.control.observe(drafted, accepted)
+        rows = [i for i, s in enumerate(slots) if s in self.handle]
+        if not rows:
+            return
+        handles = np.array([self.handle[slots[i]] for i in rows], dtype=np.int64)
+        lengths = [len(emitted[i]) for i in rows]
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        flat = np.fromiter((t for i in rows for t in emitted[i]), dtype=np.int32, count=int(offsets[-1]))
+        self.drafter.report(handles, np.array([accepted[i] for i in rows], dtype=np.int32))
+        self.drafter.feed(handles, offsets, flat)
+
+    def end(self, slot: int) -> None:
+        handle = self.handle.pop(slot, None)
+        if handle is not None:
+            self.drafter.remove(handle)
+
+    def move(self, src: list[int], dst: list[int]) -> None:
+        self.handle = {d: self.handle[s] for s, d in zip(src, dst, strict=True) if s in self.handle}
+
+
+class NgramDrafts:
+    """vLLM-style n-gram (prompt lookup) drafts from each sequence's own context, AIMD window."""
+
+    def __init__(self, spec: SpeculationSpec, control: SpecController, max_len: int = 2048) -> None:
+        self.spec = spec
+        self.control = control
+        self.context = np.zeros((0, max_len), dtype=np.int32)
+        self.length: dict[int, int] = {}
+        self.window: dict[int, int] = {}
+
+    def _row(self, slot: int) -> None:
+        if slot >= self.context.shape[0]:
+            grown = np.zeros((slot + 1, self.context.shape[1]), dtype=np.int32)
+            grown[: self.context.shape[0]] = self.context
+            self.context = grown
+
+    def begin(self, slot: int, request: GenRequest) -> None:
+        self._row(slot)
+        n = len(request.prompt_ids)
+        self.context[slot, :n] = request.prompt_ids
+        self.length[slot] = n
+        self.window[slot] = self.spec.window.initial
+
+    def propose(self, slots: list[int], batch_size: int) -> list[list[int]]:
+        cap = self.control.cap(batch_size)
+        if cap == 0:
+            return [[] for _ in slots]
+        rows = np.array(slots, dtype=np.int64)
+        windows = np.array([min(self.window[s], cap) for s in slots], dtype=np.int32)
+        lengths = np.array([self.length[s] for s in slots], dtype=np.int64)
+        offsets, tokens = native.ngram_draft(self.context[rows], lengths, windows,
+                                             self.spec.prefix.min, self.spec.prefix.max)
+        return [tokens[offsets[i]: offsets[i + 1]].tolist() for i in range(len(slots))]
+
+    def settle(self, slots: list[int], drafted: list[int], accepted: list[int], emitted: list[list[int]]) -> None:
+        self.control.observe(drafted, accepted)
+        w = self.spec.window
+        for s, d, a, toks in zip(slots, drafted, accepted, emitted, strict=True):
+            if d > 0:
+                self.window[s] = min(self.window[s] + w.step, w.max) if a >= d else w.initial
+            n = self.length[s]
+            room = self.context.shape[1] - n
+            self.context[s, n: n + min(room, len(toks))] = toks[:room]
+            self.length[s] = n + min(room, len(toks))
+
+    def end(self, slot: int) -> None:
+        self.length.pop(slot, None)
+        self.window.pop(slot, None)
+
+    def move(self, src: list[int], dst: list[int]) -> None:
+        self.context[dst] = self.context[src]
+        self.length = {d: self.length[s] for s, d in zip(src, dst, strict=True)}
+        self.window = {d: self.window[s] for s, d in zip(src, dst, strict=True)}
