@@ -33,9 +33,10 @@ def step_line(row: dict[str, Any]) -> str:
     return (f"step {row['step']:>3} ep {row['epoch']} | reward {get('reward_mean', '.3f')} "
             f"zero-std {get('zero_std_frac', '.2f')} | len {get('response_length_mean', '.0f')}/"
             f"{row['response_length_max']} | rollout {get('time_rollout_s', '.1f')}s "
-            f"{get('rollout_tokens_per_s', '.0f')} tok/s | reward {get('time_reward_s', '.2f')}s | "
-            f"train {get('time_train_s', '.1f')}s | kl {get('kl', '.4f')} ent {get('entropy', '.3f')} "
-            f"gnorm {get('grad_norm', '.3f')}")
+            f"{get('rollout_tokens_per_s', '.0f')} tok/s spec {get('spec_rate', '.2f')} "
+            f"acc {get('spec_acceptance', '.2f')} tok/pass {get('tokens_per_pass', '.2f')} | "
+            f"reward {get('time_reward_s', '.2f')}s | train {get('time_train_s', '.1f')}s | "
+            f"kl {get('kl', '.4f')} ent {get('entropy', '.3f')} gnorm {get('grad_norm', '.3f')}")
 
 
 def epoch_rewards(rows: list[dict[str, Any]]) -> dict[int, float]:
@@ -48,6 +49,16 @@ def epoch_rewards(rows: list[dict[str, Any]]) -> dict[int, float]:
     return {e: s / n for e, (s, n) in sorted(sums.items()) if n}
 
 
+def check_local(job: RLJob) -> None:
+    """Reject, before anything is written, what the local backend cannot run."""
+    if job.spec.rollout.engine != "torch":
+        raise ValueError(f"spec.rollout.engine: '{job.spec.rollout.engine}' needs a cluster; "
+                         "the local backend runs the torch engine")
+    if job.spec.rollout.speculation.method == "draft-model":
+        raise ValueError("spec.rollout.speculation.method: draft-model needs the vllm engine; "
+                         "the torch engine supports none, history and ngram")
+
+
 def run_local(job: RLJob | None, out: Path | None, console: Console | None = None) -> dict[int, float]:
     """Run `job` into `out`; with job None, resume the run already in `out`. Returns reward per epoch."""
     console = console or Console()
@@ -58,6 +69,7 @@ def run_local(job: RLJob | None, out: Path | None, console: Console | None = Non
         run = RunDir(out)
         job = run.load_job()
     else:
+        check_local(job)
         run = RunDir(out or default_out(job))
         run.create(job)
     total = job.spec.algorithm.epochs * len(load_prompts(job.spec.data))
@@ -68,7 +80,7 @@ def run_local(job: RLJob | None, out: Path | None, console: Console | None = Non
         task = progress.add_task("rollout+train", total=total)
         for row in run_steps(job, run, resume):
             progress.update(task, completed=min(total, sum(m["prompts"] for m in run.metrics())))
-            console.print(step_line(row), highlight=False)
+            console.print(step_line(row), highlight=False, soft_wrap=True)
     rows = run.metrics()
     plot = plot_metrics(rows, run.path / "plots" / "metrics.png")
     per_epoch = epoch_rewards(rows)

@@ -21,7 +21,7 @@ def test_builtin_prompts_are_stable_and_solvable() -> None:
 
 
 def test_worked_answer_by_hand() -> None:
-    assert arith_chain.solve("37|a+8 b-9 c+5?") == "a 37+8=45\nb 45-9=36\nc 36+5=41\n=41"
+    assert arith_chain.solve("37|a+8 b-9 c+5?") == "a+8 37=45\nb-9 45=36\nc+5 36=41\n=41"
     assert arith_chain.solve("98|a+3 b-5?").endswith("=96")
 
 

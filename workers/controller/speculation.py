@@ -34,7 +34,7 @@ class Speculation:
     def for_job(cls, job: RLJob, model: TinyLlama, resume_from: Path | None = None) -> Speculation:
         spec = job.spec.rollout.speculation
         if spec.method == "draft-model":
-            raise ValueError("rollout.speculation.method: draft-model needs the vllm engine; "
+            raise ValueError("spec.rollout.speculation.method: draft-model needs the vllm engine; "
                              "the torch engine supports none, history and ngram")
         profile = None
         if spec.method != "none" and spec.disable_above_batch is None:

@@ -30,14 +30,19 @@ def encode_example(tok: CharTokenizer, prompt: str, response: str) -> tuple[list
     return head + tok.encode(response) + [tok.eos_id], len(head)
 
 
-def make_batch(tok: CharTokenizer, rng: random.Random, size: int, max_ops: int) -> tuple[torch.Tensor, torch.Tensor]:
+def make_batch(tok: CharTokenizer, rng: random.Random, size: int, max_ops: int,
+               short_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One batch of similar-length problems (little padding).
 
-    Most batches are short chains (cheap, and where the per-line rule is learnt); the rest cover
-    every length up to max_ops so every label and position is seen.
+    `short_only` batches (the first phase) hold chains of at most 8 operations: cheap, and where
+    the lookup of a labelled operation in the prompt is learnt. Later batches are mostly chains of
+    up to 24 operations and cover every length up to max_ops so every label and position is seen.
     """
     rows, starts = [], []
-    base = rng.randint(1, min(16, max_ops)) if rng.random() < 0.6 else rng.randint(1, max_ops)
+    if short_only:
+        base = rng.randint(1, min(8, max_ops))
+    else:
+        base = rng.randint(1, min(24, max_ops)) if rng.random() < 0.8 else rng.randint(1, max_ops)
     for _ in range(size):
         n_ops = min(max_ops, max(1, base + rng.randint(-3, 3)))
         problem = arith_chain.make_problem(rng, n_ops, "sft")
@@ -75,6 +80,9 @@ def main() -> None:
     ap.add_argument("--max-ops", type=int, default=52)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--short-steps", type=int, default=600,
+                    help="first phase: steps on short chains only (double batch)")
+    ap.add_argument("--eval-every", type=int, default=250, help="save and report greedy accuracy every N steps")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -92,9 +100,13 @@ def main() -> None:
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     t0 = time.time()
-    bar = tqdm(range(args.steps), desc="sft", unit="step")
-    for _ in bar:
-        tokens, targets = make_batch(tok, rng, args.batch, args.max_ops)
+    eval_set = arith_chain.generate(64, seed=10_000)
+    history: list[dict[str, float]] = []
+    bar = tqdm(range(1, args.steps + 1), desc="sft", unit="step")
+    for step in bar:
+        short_phase = step <= args.short_steps
+        tokens, targets = make_batch(tok, rng, 2 * args.batch if short_phase else args.batch, args.max_ops,
+                                     short_only=short_phase)
         logits = model(tokens)
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
         opt.zero_grad(set_to_none=True)
@@ -103,18 +115,20 @@ def main() -> None:
         opt.step()
         sched.step()
         bar.set_postfix(loss=f"{loss.item():.4f}")
-    model.eval()
-    eval_set = arith_chain.generate(64, seed=10_000)
-    acc = greedy_accuracy(model, tok, eval_set)
-    args.out.mkdir(parents=True, exist_ok=True)
-    save_model(model, args.out)
-    tok.save(args.out / "tokenizer.json")
-    card = {"params": model.num_parameters(), "steps": args.steps, "batch": args.batch, "lr": args.lr,
-            "seed": args.seed, "max_ops": args.max_ops, "final_loss": round(loss.item(), 5),
-            "greedy_accuracy_eval64": acc, "train_seconds": round(time.time() - t0, 1),
-            "torch": torch.__version__}
-    (args.out / "pretrain.json").write_text(json.dumps(card, indent=2) + "\n")
-    print(json.dumps(card, indent=2))
+        if step % args.eval_every == 0 or step == args.steps:
+            model.eval()
+            acc = greedy_accuracy(model, tok, eval_set)
+            history.append({"step": step, "loss": round(loss.item(), 5), "greedy_accuracy_eval64": acc,
+                            "seconds": round(time.time() - t0, 1)})
+            bar.write(json.dumps(history[-1]))
+            args.out.mkdir(parents=True, exist_ok=True)
+            save_model(model, args.out)
+            tok.save(args.out / "tokenizer.json")
+            card = {"params": model.num_parameters(), "steps": step, "planned_steps": args.steps,
+                    "short_steps": args.short_steps, "batch": args.batch, "lr": args.lr, "seed": args.seed, "max_ops": args.max_ops,
+                    "torch": torch.__version__, "threads": torch.get_num_threads(), "history": history}
+            (args.out / "pretrain.json").write_text(json.dumps(card, indent=2) + "\n")
+            model.train()
 
 
 if __name__ == "__main__":

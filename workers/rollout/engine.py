@@ -140,13 +140,14 @@ class TorchEngine:
                 params: SamplingParams, results: list[GenResult], emit: _Emit, drafts: DraftSource | None) -> None:
         rows = b.rows
         width = 1 + max((len(p) for p in proposals), default=0)
-        tokens = torch.zeros(rows, width, dtype=torch.int64, device=self.device)
-        tokens[:, 0] = b.last[:rows]
         draft_len = [0] * rows
-        for s, prop in zip(running, proposals, strict=True):
-            if prop:
-                tokens[s, 1: 1 + len(prop)] = torch.tensor(prop, device=self.device)
+        tokens = b.last[:rows, None]
+        if width > 1:
+            padded = [[0] * (width - 1) for _ in range(rows)]
+            for s, prop in zip(running, proposals, strict=True):
+                padded[s][: len(prop)] = prop
                 draft_len[s] = len(prop)
+            tokens = torch.cat([tokens, torch.tensor(padded, dtype=torch.int64, device=self.device)], dim=1)
         logits = self.model.forward_cached(tokens, b.lens[:rows], cache)
         done = torch.tensor([len(results[b.owner[s]].response_ids) if b.owner[s] >= 0 else 0 for s in range(rows)],
                             device=self.device)

@@ -4,17 +4,19 @@ A prompt is a start value and a labelled chain of single-digit operations modulo
 
     37|a+8 b-3 c+5?
 
-The worked answer writes one line per operation, then the result::
+The worked answer writes one line per operation (the operation copied from the prompt, then the
+running value before and after it), then the result::
 
-    a 37+8=45
-    b 45-3=42
-    c 42+5=47
+    a+8 37=45
+    b-3 45=42
+    c+5 42=47
     =47
 
 Each line is ten tokens, so length follows the operation count, which is drawn log-normally (long
-tail). Every line needs three things a small transformer can learn: copy the previous value, look
-up the labelled operation in the prompt, add a digit modulo 100. Errors compound along the chain,
-so a partly trained model solves short chains far more often than long ones: room for RL to help.
+tail). Every line needs three things a small transformer can learn: copy the labelled operation
+from the prompt (an induction-head lookup: the line starts with the label), copy the previous
+value, add a digit modulo 100. Errors compound along the chain, so a partly trained model solves
+short chains far more often than long ones: room for RL to help.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def solve(prompt: str) -> str:
     for item in body.split(" "):
         label, op, d = item[0], item[1], int(item[2:])
         new = (value + d) % MODULUS if op == "+" else (value - d) % MODULUS
-        lines.append(f"{label} {value:02d}{op}{d}={new:02d}")
+        lines.append(f"{label}{op}{d} {value:02d}={new:02d}")
         value = new
     lines.append(f"={value:02d}")
     return "\n".join(lines)

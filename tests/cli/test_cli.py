@@ -1,0 +1,86 @@
+"""End-to-end smoke runs of the `rhymerl` command line, as a user types it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from rhymerl.api.crd import crd_yaml
+
+BAD = """apiVersion: rhymerl.io/v1alpha1
+kind: RLJob
+metadata: {name: bad}
+spec:
+  algorithm:
+    group_sise: 8
+    group_size: -1
+  rollout: {min_replicas: 3, max_replicas: 2}
+"""
+
+
+def rhymerl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rhymerl.cli.main", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
+
+
+def test_validate_accepts_the_quickstart(repo: Path) -> None:
+    res = rhymerl("validate", str(repo / "examples" / "quickstart.yaml"))
+    assert res.returncode == 0, res.stderr
+    assert "valid RLJob 'quickstart'" in res.stdout
+
+
+def test_validate_names_every_bad_field_and_exits_2(tmp_path: Path) -> None:
+    job = tmp_path / "bad.yaml"
+    job.write_text(BAD)
+    res = rhymerl("validate", str(job))
+    assert res.returncode == 2
+    assert "spec.algorithm.group_sise: unknown field; did you mean 'group_size'? (line 6)" in res.stderr
+    assert "spec.algorithm.group_size: Input should be greater than 0 (line 7)" in res.stderr
+    assert "spec.rollout.max_replicas: must be >= min_replicas (line 8)" in res.stderr
+
+
+def test_crd_prints_the_generated_definition() -> None:
+    res = rhymerl("crd")
+    assert res.returncode == 0
+    assert res.stdout == crd_yaml()
+    assert yaml.safe_load(res.stdout)["spec"]["names"]["kind"] == "RLJob"
+
+
+def test_run_with_a_bad_override_writes_nothing(repo: Path, tmp_path: Path) -> None:
+    res = rhymerl("run", str(repo / "examples" / "quickstart.yaml"), "--set", "algorithm.group_size=0",
+                  "--out", str(tmp_path / "run"))
+    assert res.returncode == 2
+    assert "spec.algorithm.group_size" in res.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_one_step_run_of_the_embedded_model_then_resume(repo: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    res = rhymerl("run", str(repo / "examples" / "quickstart.yaml"), "--out", str(out),
+                  "--set", "data.num_prompts=2", "--set", "algorithm.prompts_per_step=2",
+                  "--set", "algorithm.group_size=4", "--set", "algorithm.epochs=1",
+                  "--set", "algorithm.max_response_length=96")
+    assert res.returncode == 0, res.stderr
+    assert "step   1 ep 1 | reward" in res.stdout
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1]
+    assert rows[0]["samples"] == 8 and 0.0 <= rows[0]["reward_mean"] <= 1.0
+    assert len((out / "rollouts" / "step_000001.jsonl").read_text().splitlines()) == 8
+    assert (out / "plots" / "metrics.png").stat().st_size > 10_000
+    assert (out / "checkpoints" / "step_000001" / "model.safetensors").is_file()
+    # the job is finished: resuming runs no step and keeps the single metrics line
+    res = rhymerl("run", "--resume", str(out))
+    assert res.returncode == 0, res.stderr
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_a_vllm_job_is_refused_locally_before_anything_is_written(repo: Path, tmp_path: Path) -> None:
+    res = rhymerl("run", str(repo / "examples" / "quickstart.yaml"), "--set", "rollout.engine=vllm",
+                  "--out", str(tmp_path / "run"))
+    assert res.returncode == 2
+    assert "spec.rollout.engine" in res.stderr
+    assert not (tmp_path / "run").exists()
