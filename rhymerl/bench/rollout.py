@@ -35,7 +35,7 @@ from rhymerl.workers.model.registry import load_policy
 from rhymerl.workers.model.transformer import load_model
 from rhymerl.workers.rollout.adaptive import CostProfile
 from rhymerl.workers.rollout.engine import DraftSource, GenRequest, GenResult, SamplingParams, TorchEngine
-from rhymerl.workers.rollout.profile import load_or_measure
+from rhymerl.workers.rollout.profile import measure
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.rollout.speculators import HistoryDrafts, NgramDrafts, SpecController
 
@@ -108,7 +108,8 @@ def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str,
             for p in prompts for k in range(g)]
     params = SamplingParams(job.spec.rollout.temperature, job.spec.rollout.top_p, job.spec.rollout.seed,
                             job.spec.algorithm.max_response_length)
-    profile = load_or_measure(model)
+    # measured afresh (not the start-up cache) so the committed profile is this run's machine state
+    profile = measure(model, batches=tuple(sorted({1, 4, 16, 64, 128, 256, *cfg.batch_sizes})))
     ids = [p.prompt_id for p in prompts]
     console.print(f"policy {ckpts[-1].name}, history from epoch {last_epoch}, {len(reqs)} samples, "
                   f"torch threads {torch.get_num_threads()}")

@@ -59,3 +59,16 @@ def test_profile_interpolates_between_grid_points() -> None:
 def test_a_profile_with_unsorted_axes_is_rejected() -> None:
     with pytest.raises(ValueError, match="increasing"):
         CostProfile((4, 1), (1,), ((1.0,), (2.0,)))
+
+
+def test_a_disturbed_profile_is_made_monotone() -> None:
+    from rhymerl.workers.rollout.profile import monotone
+
+    assert monotone([[1.0, 0.5, 2.0], [0.8, 3.0, 1.0]]) == ((1.0, 1.0, 2.0), (1.0, 3.0, 3.0))
+
+
+def test_the_drafters_own_cost_can_tip_the_balance_to_plain_decoding() -> None:
+    t = AcceptanceTracker(prior=0.4)
+    prof = _flat_profile(per_token=1e-5, base=0.004)
+    assert choose_cap(prof, batch=8, tracker=t) > 0
+    assert choose_cap(prof, batch=8, tracker=t, draft_overhead=0.002) == 0

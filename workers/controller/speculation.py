@@ -17,7 +17,7 @@ from rhymerl.workers import dumps
 from rhymerl.workers.history.store import MemoryHistoryStore
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.rollout.engine import DraftSource
-from rhymerl.workers.rollout.profile import load_or_measure
+from rhymerl.workers.rollout.profile import BATCHES, load_or_measure
 from rhymerl.workers.rollout.speculators import HistoryDrafts, NgramDrafts, SpecController
 
 if TYPE_CHECKING:
@@ -38,7 +38,10 @@ class Speculation:
                              "the torch engine supports none, history and ngram")
         profile = None
         if spec.method != "none" and spec.disable_above_batch is None:
-            profile = load_or_measure(model)
+            # profile only the batch sizes this job can reach: a step never runs more sequences
+            busiest = min(job.spec.rollout.max_batch_size,
+                          job.spec.algorithm.prompts_per_step * job.spec.algorithm.group_size)
+            profile = load_or_measure(model, batches=(*(b for b in BATCHES if b < busiest), busiest))
         out = cls(spec.method, SpecController(spec, profile), MemoryHistoryStore(spec.reward_weighted))
         if resume_from is not None and spec.method == "history":
             out.store.update(r for path in dumps.step_files(resume_from) for r in dumps.read_file(path))

@@ -1,8 +1,8 @@
 """Reproducible SFT pretraining of the embedded default model on arith-chain worked answers.
 
-Run ``python -m rhymerl.workers.model.pretrain --out rhymerl/assets/tiny-arith`` (a few minutes on
-a 2-core CPU). The step budget is fixed, not timed, so the same seed gives the same weights on the
-same torch build. It deliberately stops early: RL should start from clearly non-zero but far from
+Run ``python -m rhymerl.workers.model.pretrain --out rhymerl/assets/tiny-arith --steps 1800
+--short-steps 800`` (about 15 minutes on a 2-core CPU). The step budget is fixed, not timed, so the
+same seed gives the same weights on the same torch build. It deliberately stops early: RL should start from clearly non-zero but far from
 perfect accuracy, which is where GRPO has something to learn.
 """
 
@@ -74,13 +74,13 @@ def greedy_accuracy(model: TinyLlama, tok: CharTokenizer, problems: list[arith_c
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--steps", type=int, default=1200)
+    ap.add_argument("--steps", type=int, default=1800)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--max-ops", type=int, default=52)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    ap.add_argument("--short-steps", type=int, default=600,
+    ap.add_argument("--short-steps", type=int, default=800,
                     help="first phase: steps on short chains only (double batch)")
     ap.add_argument("--eval-every", type=int, default=250, help="save and report greedy accuracy every N steps")
     args = ap.parse_args()

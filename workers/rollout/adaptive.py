@@ -8,8 +8,9 @@ what verification actually accepted. A sequence given a draft of k tokens then e
     E(k) = 1 + sum_{j=1..k} prod_{i<=j} p_i
 
 tokens per pass (the 1 is the token the target model samples anyway). The cap maximises
-B * E(k) / t(B, k); k = 0 (plain decoding) wins when drafts are poor or the batch is so large
-that verifying extra tokens costs more than it returns. The per-sequence AIMD window still
+B * E(k) / (t(B, k) + B * o), where o is the drafter's own measured cost per sequence and pass;
+k = 0 (plain decoding, no drafter cost) wins when drafts are poor or the batch is so large that
+verifying extra tokens costs more than it returns. The per-sequence AIMD window still
 decides each sequence's draft length underneath the cap.
 """
 
@@ -97,13 +98,18 @@ def _interp2(bs: Sequence[int], ts: Sequence[int], grid: Sequence[Sequence[float
 
 
 def choose_cap(profile: CostProfile, batch: int, tracker: AcceptanceTracker,
-               caps: Sequence[int] = CAPS, limit: int = 32) -> int:
-    """The draft cap with the highest expected tokens per second for `batch` running sequences."""
+               caps: Sequence[int] = CAPS, limit: int = 32, draft_overhead: float = 0.0) -> int:
+    """The draft cap with the highest expected tokens per second for `batch` running sequences.
+
+    `draft_overhead` is the drafter's own cost per sequence and pass (proposing, bookkeeping),
+    paid only when speculating.
+    """
     best, best_rate = 0, -1.0
     for k in caps:
         if k > limit:
             break
-        rate = batch * tracker.expected_tokens(k) / profile.cost(batch, 1 + k)
+        seconds = profile.cost(batch, 1 + k) + (batch * draft_overhead if k else 0.0)
+        rate = batch * tracker.expected_tokens(k) / seconds
         if rate > best_rate * (1 + 1e-9):
             best, best_rate = k, rate
     return best

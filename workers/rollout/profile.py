@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import statistics
 import time
 from pathlib import Path
 
@@ -37,10 +36,29 @@ def profile_key(model: TinyLlama, context: int, batches: tuple[int, ...], tokens
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
+def monotone(grid: list[list[float]]) -> tuple[tuple[float, ...], ...]:
+    """Running maximum along both axes: appending more tokens, or to more sequences, never costs less.
+
+    A timing disturbed by other work on the machine then cannot make a bigger pass look cheaper.
+    """
+    out = [list(row) for row in grid]
+    for i, row in enumerate(out):
+        for j in range(len(row)):
+            if j:
+                row[j] = max(row[j], row[j - 1])
+            if i:
+                row[j] = max(row[j], out[i - 1][j])
+    return tuple(tuple(r) for r in out)
+
+
 @torch.inference_mode()
 def measure(model: TinyLlama, context: int = 256, batches: tuple[int, ...] = BATCHES,
-            tokens: tuple[int, ...] = TOKENS, repeats: int = 3) -> CostProfile:
-    """Median seconds of one forward_cached pass per (batch, tokens) at `context` tokens of cache."""
+            tokens: tuple[int, ...] = TOKENS, repeats: int = 5) -> CostProfile:
+    """Seconds of one forward_cached pass per (batch, tokens) at `context` tokens of cache.
+
+    Each cell is the fastest of `repeats` timings (interference only ever adds time), then the
+    grid is made monotone.
+    """
     param = next(model.parameters())
     sync = torch.cuda.synchronize if param.device.type == "cuda" else (lambda: None)
     grid = []
@@ -58,9 +76,9 @@ def measure(model: TinyLlama, context: int = 256, batches: tuple[int, ...] = BAT
                 model.forward_cached(ids, start, cache)
                 sync()
                 times.append(time.perf_counter() - t0)
-            row.append(statistics.median(times))
-        grid.append(tuple(row))
-    return CostProfile(tuple(batches), tuple(tokens), tuple(grid))
+            row.append(min(times))
+        grid.append(row)
+    return CostProfile(tuple(batches), tuple(tokens), monotone(grid))
 
 
 def load_or_measure(model: TinyLlama, context: int = 256, batches: tuple[int, ...] = BATCHES,

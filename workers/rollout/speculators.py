@@ -7,6 +7,7 @@ runs underneath the cost-model cap (adaptive.py).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +35,13 @@ class SpecController:
     passes: int = 0
     off_passes: int = 0
     caps_chosen: dict[int, int] = field(default_factory=dict)
+    draft_overhead: float = 0.0  # EMA of the drafter's seconds per sequence and drafting pass
+
+    def charge(self, seconds: float, sequences: int) -> None:
+        """Time a draft source spent proposing or settling for `sequences` sequences."""
+        if sequences:
+            per_seq = seconds / sequences
+            self.draft_overhead = per_seq if not self.draft_overhead else 0.9 * self.draft_overhead + 0.1 * per_seq
 
     def cap(self, batch_size: int) -> int:
         self.passes += 1
@@ -43,7 +51,7 @@ class SpecController:
         elif self.profile is None:
             cap = limit
         else:
-            cap = choose_cap(self.profile, batch_size, self.tracker, limit=limit)
+            cap = choose_cap(self.profile, batch_size, self.tracker, limit=limit, draft_overhead=self.draft_overhead)
         self.caps_chosen[cap] = self.caps_chosen.get(cap, 0) + 1
         if cap == 0:
             self.off_passes += 1
@@ -77,9 +85,11 @@ class HistoryDrafts:
         out: list[list[int]] = [[] for _ in slots]
         if cap == 0 or not live:
             return out
+        t0 = time.perf_counter()
         handles = np.array([self.handle[s] for s in live], dtype=np.int64)
         offsets, tokens = self.drafter.draft(handles, np.full(len(live), cap, dtype=np.int32))
         drafts = {s: tokens[offsets[i]: offsets[i + 1]].tolist() for i, s in enumerate(live)}
+        self.control.charge(time.perf_counter() - t0, len(live))
         return [drafts.get(s, []) for s in slots]
 
     def settle(self, slots: list[int], drafted: list[int], accepted: list[int], emitted: list[list[int]]) -> None:
@@ -87,6 +97,7 @@ class HistoryDrafts:
         rows = [i for i, s in enumerate(slots) if s in self.handle]
         if not rows:
             return
+        t0 = time.perf_counter()
         handles = np.array([self.handle[slots[i]] for i in rows], dtype=np.int64)
         lengths = [len(emitted[i]) for i in rows]
         offsets = np.zeros(len(rows) + 1, dtype=np.int64)
@@ -94,6 +105,8 @@ class HistoryDrafts:
         flat = np.fromiter((t for i in rows for t in emitted[i]), dtype=np.int32, count=int(offsets[-1]))
         self.drafter.report(handles, np.array([accepted[i] for i in rows], dtype=np.int32))
         self.drafter.feed(handles, offsets, flat)
+        if any(drafted[i] for i in rows):
+            self.control.charge(time.perf_counter() - t0, len(rows))
 
     def end(self, slot: int) -> None:
         handle = self.handle.pop(slot, None)
@@ -131,15 +144,19 @@ class NgramDrafts:
         cap = self.control.cap(batch_size)
         if cap == 0:
             return [[] for _ in slots]
+        t0 = time.perf_counter()
         rows = np.array(slots, dtype=np.int64)
         windows = np.array([min(self.window[s], cap) for s in slots], dtype=np.int32)
         lengths = np.array([self.length[s] for s in slots], dtype=np.int64)
         offsets, tokens = native.ngram_draft(self.context[rows], lengths, windows,
                                              self.spec.prefix.min, self.spec.prefix.max)
-        return [tokens[offsets[i]: offsets[i + 1]].tolist() for i in range(len(slots))]
+        out = [tokens[offsets[i]: offsets[i + 1]].tolist() for i in range(len(slots))]
+        self.control.charge(time.perf_counter() - t0, len(slots))
+        return out
 
     def settle(self, slots: list[int], drafted: list[int], accepted: list[int], emitted: list[list[int]]) -> None:
         self.control.observe(drafted, accepted)
+        t0 = time.perf_counter()
         w = self.spec.window
         for s, d, a, toks in zip(slots, drafted, accepted, emitted, strict=True):
             if d > 0:
@@ -148,6 +165,8 @@ class NgramDrafts:
             room = self.context.shape[1] - n
             self.context[s, n: n + min(room, len(toks))] = toks[:room]
             self.length[s] = n + min(room, len(toks))
+        if any(drafted):
+            self.control.charge(time.perf_counter() - t0, len(slots))
 
     def end(self, slot: int) -> None:
         self.length.pop(slot, None)
