@@ -2,6 +2,7 @@
 # Set up (idempotent) and run the whole test suite, plus lint and type checks of the package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export PYTHONSAFEPATH=1  # see scripts/setup.sh: keep the repo root off sys.path
 bash scripts/setup.sh --dev
 .venv/bin/ruff check rhymerl operator workers tests
 .venv/bin/mypy rhymerl operator workers

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -22,9 +23,13 @@ spec:
 """
 
 
-def rhymerl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rhymerl.cli.main", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
+SCRIPT = Path(sys.executable).parent / "rhymerl"
+
+
+def rhymerl(*args: str) -> subprocess.CompletedProcess[str]:
+    """The installed console script, run from a neutral directory, as a user would."""
+    cmd = [str(SCRIPT)] if SCRIPT.is_file() else [sys.executable, "-P", "-m", "rhymerl.cli.main"]
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=300)
 
 
 def test_validate_accepts_the_quickstart(repo: Path) -> None:
@@ -84,3 +89,11 @@ def test_a_vllm_job_is_refused_locally_before_anything_is_written(repo: Path, tm
     assert res.returncode == 2
     assert "spec.rollout.engine" in res.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_the_package_never_shadows_the_standard_library_operator(repo: Path) -> None:
+    code = "import operator, rhymerl.operator; print(operator.__file__); print(rhymerl.operator.__file__)"
+    res = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, cwd=repo, timeout=60)
+    stdlib, ours = res.stdout.split()
+    assert "site-packages" not in stdlib and not stdlib.startswith(str(repo))
+    assert ours == str(repo / "operator" / "__init__.py")
