@@ -6,10 +6,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 from rhymerl.workers.model.transformer import ModelConfig, TinyLlama
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Machines here are shared and noisy: property tests judge correctness, never speed.
+settings.register_profile("rhymerl", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("rhymerl")
 
 
 @pytest.fixture
