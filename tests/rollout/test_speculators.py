@@ -94,3 +94,11 @@ def test_a_sequence_without_history_is_generated_plainly(model: TinyLlama) -> No
     out = engine.generate(reqs, params, drafts)
     assert sum(r.drafted for r in out) == 0
     assert torch.tensor([len(r.response_ids) for r in out]).min() >= 1
+
+
+def test_drafter_overhead_adds_up_over_a_pass() -> None:
+    control = SpecController(SpeculationSpec())
+    control.charge(0.002, 4)  # propose
+    control.charge(0.002, 4)  # settle
+    control.cap(4)
+    assert control.draft_overhead == pytest.approx(0.001)

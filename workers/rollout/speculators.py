@@ -36,14 +36,22 @@ class SpecController:
     off_passes: int = 0
     caps_chosen: dict[int, int] = field(default_factory=dict)
     draft_overhead: float = 0.0  # EMA of the drafter's seconds per sequence and drafting pass
+    _pending: float = 0.0        # drafter time charged during the current pass
+    _pending_seqs: int = 0
 
     def charge(self, seconds: float, sequences: int) -> None:
-        """Time a draft source spent proposing or settling for `sequences` sequences."""
-        if sequences:
-            per_seq = seconds / sequences
+        """Time a draft source spent proposing or settling for `sequences` sequences in this pass."""
+        self._pending += seconds
+        self._pending_seqs = max(self._pending_seqs, sequences)
+
+    def _close_pass(self) -> None:
+        if self._pending_seqs:
+            per_seq = self._pending / self._pending_seqs
             self.draft_overhead = per_seq if not self.draft_overhead else 0.9 * self.draft_overhead + 0.1 * per_seq
+        self._pending, self._pending_seqs = 0.0, 0
 
     def cap(self, batch_size: int) -> int:
+        self._close_pass()
         self.passes += 1
         limit = self.spec.window.max
         if self.spec.disable_above_batch is not None and batch_size > self.spec.disable_above_batch:
