@@ -30,7 +30,7 @@ from rhymerl.bench.draft_sources import (
     Source,
     arctic_status,
     dump_workload,
-    replay,
+    replay_units,
 )
 from rhymerl.workers.history import HistoryIndex
 
@@ -57,16 +57,6 @@ def _metrics(stats: ReplayStats) -> dict[str, float | int]:
         "acceptance_rate": stats.acceptance_rate,
         "tokens_per_step": stats.tokens_per_step,
     }
-
-
-def replay_units(source: Source, units: list[PromptWork]) -> ReplayStats:
-    seq_units, prompts, targets = [], [], []
-    for i, u in enumerate(units):
-        for t in u.targets:
-            seq_units.append(i)
-            prompts.append(u.prompt)
-            targets.append(t)
-    return replay(source, seq_units, prompts, targets, [0] * len(targets))
 
 
 def bound_stats(indexes: list[HistoryIndex], units: list[PromptWork], prefix: int) -> ReplayStats:

@@ -557,3 +557,14 @@ def replay(
 def source_pad(source: Source) -> int:
     knobs = getattr(source, "knobs", None)
     return (knobs.window_max if isinstance(knobs, Knobs) else 64) + 2
+
+
+def replay_units(source: Source, units: Sequence[PromptWork]) -> ReplayStats:
+    """Replay every target response of every unit from its start against the unit's history."""
+    seq_units, prompts, targets = [], [], []
+    for i, u in enumerate(units):
+        for t in u.targets:
+            seq_units.append(i)
+            prompts.append(u.prompt)
+            targets.append(t)
+    return replay(source, seq_units, prompts, targets, [0] * len(targets))

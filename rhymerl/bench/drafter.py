@@ -31,11 +31,11 @@ from rhymerl.bench.draft_sources import (
     Knobs,
     NgramSource,
     PromptWork,
-    ReplayStats,
     Source,
     arctic_status,
     dump_workload,
     replay,
+    replay_units,
     synthetic_workload,
 )
 from rhymerl.workers.history import HistoryIndex
@@ -197,16 +197,6 @@ def latency_row(source: Source, units: Sequence[PromptWork], batch: int, steps: 
     }
 
 
-def replay_whole(source: Source, units: Sequence[PromptWork]) -> ReplayStats:
-    seq_units, prompts, targets = [], [], []
-    for i, u in enumerate(units):
-        for t in u.targets:
-            seq_units.append(i)
-            prompts.append(u.prompt)
-            targets.append(t)
-    return replay(source, seq_units, prompts, targets, [0] * len(targets))
-
-
 def run(cfg: DrafterBenchConfig, out: Path, console: Console | None = None) -> dict[str, Any]:
     console = console or Console()
     out.mkdir(parents=True, exist_ok=True)
@@ -268,7 +258,7 @@ def run(cfg: DrafterBenchConfig, out: Path, console: Console | None = None) -> d
                           "sources": {}}
     for source in quality:
         console.log(f"draft quality: {source.name} on {results['quality']['responses']} whole responses")
-        stats = replay_whole(source, sample)
+        stats = replay_units(source, sample)
         results["quality"]["sources"][source.name] = {
             "tokens": stats.generated,
             "accepted_fraction": stats.accepted_fraction,
