@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rhymerl.workers.rollout.adaptive import AcceptanceTracker, CostProfile, choose_cap
 
@@ -72,3 +74,41 @@ def test_the_drafters_own_cost_can_tip_the_balance_to_plain_decoding() -> None:
     prof = _flat_profile(per_token=1e-5, base=0.004)
     assert choose_cap(prof, batch=8, tracker=t) > 0
     assert choose_cap(prof, batch=8, tracker=t, draft_overhead=0.002) == 0
+
+
+def test_the_cap_stops_at_the_longest_draft_on_offer() -> None:
+    t = AcceptanceTracker(prior=1.0)
+    assert choose_cap(_flat_profile(1e-6, 0.01), batch=2, tracker=t, lengths=[3, 1]) == 4
+
+
+def test_nothing_on_offer_means_plain_decoding() -> None:
+    t = AcceptanceTracker(prior=1.0)
+    assert choose_cap(_flat_profile(1e-6, 0.01), batch=8, tracker=t, lengths=[0, 0, 0]) == 0
+
+
+def test_sequences_without_a_draft_are_priced_at_one_token() -> None:
+    # t(B, n) = 0.02 + 1e-3 * B * n; 4 sequences, one offers 4 tokens, each accepted with p = 0.5.
+    # tokens per second: off 4 / 0.024 = 166.7; cap 1: 4.5 / 0.025 = 180.0; cap 2: 4.75 / 0.026
+    # = 182.7; cap 4: 4.9375 / 0.028 = 176.3 (a pass of 8 tokens is priced as 2 per sequence)
+    t = AcceptanceTracker(prior=0.5)
+    prof = _flat_profile(per_token=1e-3, base=0.02)
+    assert choose_cap(prof, batch=4, tracker=t, lengths=[4, 0, 0, 0]) == 2
+    # with 1 ms of drafting per sequence (4 ms a pass) it no longer pays
+    assert choose_cap(prof, batch=4, tracker=t, lengths=[4, 0, 0, 0], draft_overhead=0.001) == 0
+
+
+@given(lengths=st.lists(st.integers(0, 40), min_size=1, max_size=12), extra=st.integers(0, 6),
+       p=st.floats(0.05, 0.99), base=st.floats(1e-4, 1e-1), per_token=st.floats(1e-6, 1e-2))
+def test_the_cap_maximises_expected_tokens_per_second(lengths: list[int], extra: int, p: float, base: float,
+                                                      per_token: float) -> None:
+    t = AcceptanceTracker(prior=p)
+    prof = _flat_profile(per_token, base)
+    batch = len(lengths) + extra
+
+    def rate(k: int) -> float:  # brute force: expected tokens of every sequence over the pass's cost
+        tokens = extra + sum(sum(p**j for j in range(min(n, k) + 1)) for n in lengths)
+        cells = batch + sum(min(n, k) for n in lengths)
+        return tokens / prof.cost(batch, cells / batch)
+
+    chosen = choose_cap(prof, batch, t, lengths=lengths)
+    assert rate(chosen) >= max(rate(k) for k in (0, 1, 2, 4, 8, 16, 32)) * (1 - 1e-9)

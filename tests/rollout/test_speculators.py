@@ -102,3 +102,37 @@ def test_drafter_overhead_adds_up_over_a_pass() -> None:
     control.charge(0.002, 4)  # settle
     control.cap(4)
     assert control.draft_overhead == pytest.approx(0.001)
+
+
+def _steep_profile() -> CostProfile:
+    # a second draft token per sequence costs hundreds of passes: only 1-token drafts can pay
+    return CostProfile((1, 64), (1, 2, 3, 33), ((1.0, 1.05, 1000.0, 2000.0), (1.0, 1.05, 1000.0, 2000.0)))
+
+
+def test_drafts_cut_to_the_chosen_cap_still_change_nothing(model: TinyLlama) -> None:
+    reqs = _requests(3)
+    params = SamplingParams(temperature=0.0, seed=1, max_response_length=48)
+    engine = TorchEngine(model, EOS, max_batch_size=12)
+    plain = engine.generate(reqs, params)
+    indexes = {f"p{i}": HistoryIndex.build([(r.response_ids, 1.0) for r in plain[4 * i: 4 * i + 4]])
+               for i in range(3)}
+    control = SpecController(SpeculationSpec(), _steep_profile(), AcceptanceTracker(prior=0.99))
+    spec = engine.generate(reqs, params, HistoryDrafts(SpeculationSpec(), indexes, control))
+    assert [r.response_ids for r in spec] == [r.response_ids for r in plain]
+    # the AIMD windows grow to 32 underneath, but no pass verified more than the 1-token cap
+    assert set(control.caps_chosen) <= {0, 1}
+    assert max(r.drafted / r.forward_passes for r in spec) <= 1.0
+    assert sum(r.accepted for r in spec) > 0
+
+
+def test_ngram_drafts_cut_to_the_chosen_cap_change_nothing(model: TinyLlama) -> None:
+    reqs = [GenRequest([1, *([5, 9, 11, 7] * 6)], sample_key("rep", k), "rep") for k in range(6)]
+    params = SamplingParams(temperature=1.0, seed=2, max_response_length=40)
+    engine = TorchEngine(model, EOS, max_batch_size=6)
+    plain = engine.generate(reqs, params)
+    control = SpecController(SpeculationSpec(), _steep_profile(), AcceptanceTracker(prior=0.99))
+    spec = engine.generate(reqs, params, NgramDrafts(SpeculationSpec(prefix={"min": 1, "max": 3}), control))
+    assert [r.response_ids for r in spec] == [r.response_ids for r in plain]
+    # a cap of 2 pays only when few sequences offer 2 tokens (a pass is priced by its real tokens)
+    assert set(control.caps_chosen) <= {0, 1, 2}
+    assert max(r.drafted / r.forward_passes for r in spec) <= 2.0

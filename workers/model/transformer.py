@@ -61,6 +61,54 @@ class KVCache:
         self.v[:, dst] = self.v[:, src]
 
 
+class Cells:
+    """Where the real tokens of a ragged block [S, W] sit: row-major cells, their cache positions.
+
+    `pad` scatters per-cell values back into the [S, W, ...] block (zeros elsewhere), `unpad`
+    gathers them out; both are views when every cell is real. `bias` is the additive attention
+    mask [S, 1, W, span], built once per pass and shared by all layers: a cell sees its slot's
+    keys up to its own position.
+    """
+
+    def __init__(self, rows: Tensor | None, cols: Tensor | None, positions: Tensor, shape: tuple[int, int],
+                 bias: Tensor, write: tuple[Tensor, Tensor, Tensor]) -> None:
+        self.rows, self.cols, self.positions, self.shape = rows, cols, positions, shape
+        self.bias, self.write = bias, write
+
+    @classmethod
+    def build(cls, start: Tensor, width: int, max_len: int, counts: Tensor | None, heads: int,
+              dtype: torch.dtype) -> Cells:
+        slots, device = start.shape[0], start.device
+        offsets = torch.arange(width, device=device)
+        grid = (start[:, None] + offsets[None, :]).clamp_(max=max_len - 1)  # [S, W]
+        rows = cols = None
+        if counts is not None and not bool((counts >= width).all()):
+            rows, cols = (offsets[None, :] < counts[:, None]).nonzero(as_tuple=True)
+            positions = grid[rows, cols]
+            slot_of = rows
+        else:
+            positions = grid.reshape(-1)
+            slot_of = torch.arange(slots, device=device).repeat_interleave(width)
+        span = int(positions.max().item()) + 1 if positions.numel() else 1
+        keys = torch.arange(span, device=device)
+        bias = torch.zeros(slots, 1, width, span, device=device, dtype=dtype)
+        bias.masked_fill_(keys[None, None, None, :] > grid[:, None, :, None], float("-inf"))
+        write = (slot_of[:, None], torch.arange(heads, device=device)[None, :], positions[:, None])
+        return cls(rows, cols, positions, (slots, width), bias, write)
+
+    def pad(self, values: Tensor) -> Tensor:
+        if self.rows is None:
+            return values.view(*self.shape, *values.shape[1:])
+        out = values.new_zeros(*self.shape, *values.shape[1:])
+        out[self.rows, self.cols] = values
+        return out
+
+    def unpad(self, block: Tensor) -> Tensor:
+        if self.rows is None:
+            return block.reshape(-1, *block.shape[2:])
+        return block[self.rows, self.cols]
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -107,16 +155,23 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(x.shape))
 
     def forward_cached(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
-                       write: tuple[Tensor, Tensor, Tensor], span: int, mask: Tensor) -> Tensor:
-        qs, ks, vs = self._qkv(x, cos, sin)
-        slot_idx, head_idx, pos_idx = write
-        k_cache[slot_idx, head_idx, pos_idx] = ks.transpose(1, 2)
-        v_cache[slot_idx, head_idx, pos_idx] = vs.transpose(1, 2)
-        # Plain matmul attention: for a few query rows per slot it is several times faster on CPU than
-        # SDPA's fused kernel with a mask (measured 4 ms vs 14 ms at 64 slots x 600 keys).
-        scores = (qs @ k_cache[:, :, :span].transpose(-1, -2)) * (self.hd**-0.5)
-        out = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ v_cache[:, :, :span]
-        return self.o_proj(out.transpose(1, 2).reshape(x.shape))
+                       cells: Cells) -> Tensor:
+        """Attention of the block's real cells x [T, d] over their slots' cached keys; returns [T, d]."""
+        t = x.shape[0]
+        qs, ks, vs = (proj(x).view(t, self.h, self.hd) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        qs, ks = _rotate(qs, cos, sin), _rotate(ks, cos, sin)
+        k_cache[cells.write] = ks
+        v_cache[cells.write] = vs
+        queries = cells.pad(qs).transpose(1, 2)  # [S, heads, W, head_dim]
+        span = cells.bias.shape[-1]
+        keys, values = k_cache[:, :, :span], v_cache[:, :, :span]
+        if queries.shape[2] == 1:
+            # one query per slot: plain matmuls read the cache faster than the fused kernel on CPU
+            scores = (queries * self.hd**-0.5) @ keys.transpose(-1, -2) + cells.bias
+            out = torch.softmax(scores, dim=-1) @ values
+        else:
+            out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=cells.bias)
+        return self.o_proj(cells.unpad(out.transpose(1, 2)).reshape(t, -1))
 
 
 class MLP(nn.Module):
@@ -194,28 +249,25 @@ class TinyLlama(nn.Module):
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self._logits(x)
 
-    def forward_cached(self, tokens: Tensor, start: Tensor, cache: KVCache) -> Tensor:
-        """Append `tokens` [S, Q] to cache slots 0..S-1 at positions start[s]..start[s]+Q-1; logits [S, Q, V].
+    def forward_cached(self, tokens: Tensor, start: Tensor, cache: KVCache, counts: Tensor | None = None) -> Tensor:
+        """Append `tokens` [S, W] to cache slots 0..S-1 at positions start[s]..; logits [S, W, V].
 
-        Rows of slots with nothing to add may hold any tokens: their writes land past the slot's
-        length and their logits are ignored. Keys at positions > start[s] + i are masked out.
+        `counts[s]` (default W) is how many of row s's tokens are real: only those are computed and
+        cached, the rest of the row is padding whose logits come back as zeros. Projections and the
+        MLP run on the real tokens alone, so a batch of ragged drafts costs what its tokens cost,
+        not rows x longest draft.
         """
-        slots, q = tokens.shape
-        device = tokens.device
-        offsets = torch.arange(q, device=device)
-        positions = (start[:, None] + offsets[None, :]).clamp_(max=cache.max_len - 1)
-        span = int(positions.max().item()) + 1
-        mask = torch.arange(span, device=device)[None, None, :] <= positions[:, :, None]
-        write = (torch.arange(slots, device=device)[:, None, None],
-                 torch.arange(self.cfg.num_attention_heads, device=device)[None, None, :],
-                 positions[:, :, None])
-        x = self.embed_tokens(tokens)
-        cos, sin = self._rope(positions, x.dtype)
+        cells = Cells.build(start, tokens.shape[1], cache.max_len, counts, self.cfg.num_attention_heads,
+                            self.embed_tokens.weight.dtype)
+        x = self.embed_tokens(cells.unpad(tokens))
+        cos = self.rope_cos[cells.positions].to(x.dtype).unsqueeze(1)
+        sin = self.rope_sin[cells.positions].to(x.dtype).unsqueeze(1)
+        slots = tokens.shape[0]
         for i, layer in enumerate(self.blocks):
             x = x + layer.self_attn.forward_cached(layer.input_layernorm(x), cos, sin, cache.k[i, :slots],
-                                                   cache.v[i, :slots], write, span, mask[:, None])
+                                                   cache.v[i, :slots], cells)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self._logits(x)
+        return cells.pad(self._logits(x))
 
 
 def save_model(model: TinyLlama, folder: Path, half: bool = False) -> None:

@@ -7,11 +7,17 @@ what verification actually accepted. A sequence given a draft of k tokens then e
 
     E(k) = 1 + sum_{j=1..k} prod_{i<=j} p_i
 
-tokens per pass (the 1 is the token the target model samples anyway). The cap maximises
-B * E(k) / (t(B, k) + B * o), where o is the drafter's own measured cost per sequence and pass;
-k = 0 (plain decoding, no drafter cost) wins when drafts are poor or the batch is so large that
-verifying extra tokens costs more than it returns. The per-sequence AIMD window still
-decides each sequence's draft length underneath the cap.
+tokens per pass (the 1 is the token the target model samples anyway). Each pass the drafter first
+proposes at every sequence's own AIMD window (draft length n_i, cheap); the cap k then truncates
+the drafts to min(n_i, k), and is chosen to maximise
+
+    sum_i E(min(n_i, k)) / (t(B, 1 + sum_i min(n_i, k) / B) + B * o)
+
+where o is the drafter's own measured cost per sequence and pass. The engine computes only the
+real tokens of a ragged block, so a pass is priced at its mean tokens per sequence (the padded
+attention queries make this a slight underestimate). k = 0 (plain decoding, no drafter cost)
+wins when drafts are poor or the batch is so large that verifying extra tokens costs more than
+it returns.
 """
 
 from __future__ import annotations
@@ -75,7 +81,7 @@ class CostProfile:
         if len(self.seconds) != len(self.batch_sizes) or any(len(r) != len(self.tokens) for r in self.seconds):
             raise ValueError("profile seconds must be a batch_sizes x tokens grid")
 
-    def cost(self, batch: int, tokens_per_seq: int) -> float:
+    def cost(self, batch: int, tokens_per_seq: float) -> float:
         return _interp2(self.batch_sizes, self.tokens, self.seconds, batch, tokens_per_seq)
 
 
@@ -97,19 +103,32 @@ def _interp2(bs: Sequence[int], ts: Sequence[int], grid: Sequence[Sequence[float
     return max(_interp1(bs, per_batch, b), 1e-9)
 
 
-def choose_cap(profile: CostProfile, batch: int, tracker: AcceptanceTracker,
+def choose_cap(profile: CostProfile, batch: int, tracker: AcceptanceTracker, lengths: Sequence[int] | None = None,
                caps: Sequence[int] = CAPS, limit: int = 32, draft_overhead: float = 0.0) -> int:
     """The draft cap with the highest expected tokens per second for `batch` running sequences.
 
-    `draft_overhead` is the drafter's own cost per sequence and pass (proposing, bookkeeping),
-    paid only when speculating.
+    `lengths` are the drafts the sequences have on offer this pass (the drafter's AIMD windows and
+    index matches decide them; sequences without a draft source are left out). A cap k truncates
+    each to min(length, k); the engine computes only real tokens, so the pass is priced at its
+    mean tokens per sequence, t(batch, 1 + sum(min(length, k)) / batch). Without `lengths` every
+    sequence is assumed to draft the full cap. `draft_overhead` is the drafter's own cost per
+    sequence and pass (proposing, bookkeeping), paid only when speculating.
     """
+    offered = list(lengths) if lengths is not None else None
+    longest = max(offered, default=0) if offered is not None else limit
+    gain = [tracker.expected_tokens(d) for d in range(min(longest, limit) + 1)]
     best, best_rate = 0, -1.0
     for k in caps:
         if k > limit:
             break
-        seconds = profile.cost(batch, 1 + k) + (batch * draft_overhead if k else 0.0)
-        rate = batch * tracker.expected_tokens(k) / seconds
+        drafts = [min(n, k) for n in offered] if offered is not None else [k] * batch
+        plain = batch - len(drafts)
+        tokens = plain + sum(gain[min(d, len(gain) - 1)] for d in drafts)
+        appended = batch + sum(drafts)
+        seconds = profile.cost(batch, appended / batch) + (batch * draft_overhead if k and sum(drafts) else 0.0)
+        rate = tokens / seconds
         if rate > best_rate * (1 + 1e-9):
             best, best_rate = k, rate
+        if offered is not None and k >= longest:
+            break
     return best

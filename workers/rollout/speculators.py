@@ -8,6 +8,7 @@ runs underneath the cost-model cap (adaptive.py).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,7 +51,8 @@ class SpecController:
             self.draft_overhead = per_seq if not self.draft_overhead else 0.9 * self.draft_overhead + 0.1 * per_seq
         self._pending, self._pending_seqs = 0.0, 0
 
-    def cap(self, batch_size: int) -> int:
+    def cap(self, batch_size: int, lengths: Sequence[int] | None = None) -> int:
+        """This pass's cap; `lengths` are the drafts on offer (see adaptive.choose_cap)."""
         self._close_pass()
         self.passes += 1
         limit = self.spec.window.max
@@ -59,7 +61,8 @@ class SpecController:
         elif self.profile is None:
             cap = limit
         else:
-            cap = choose_cap(self.profile, batch_size, self.tracker, limit=limit, draft_overhead=self.draft_overhead)
+            cap = choose_cap(self.profile, batch_size, self.tracker, lengths, limit=limit,
+                             draft_overhead=self.draft_overhead)
         self.caps_chosen[cap] = self.caps_chosen.get(cap, 0) + 1
         if cap == 0:
             self.off_passes += 1
@@ -88,14 +91,17 @@ class HistoryDrafts:
             self.handle[slot] = self.drafter.add(index)
 
     def propose(self, slots: list[int], batch_size: int) -> list[list[int]]:
-        cap = self.control.cap(batch_size)
         live = [s for s in slots if s in self.handle]
-        out: list[list[int]] = [[] for _ in slots]
-        if cap == 0 or not live:
-            return out
+        if not live:
+            self.control.cap(batch_size, [])
+            return [[] for _ in slots]
         t0 = time.perf_counter()
         handles = np.array([self.handle[s] for s in live], dtype=np.int64)
-        offsets, tokens = self.drafter.draft(handles, np.full(len(live), cap, dtype=np.int32))
+        offsets, tokens = self.drafter.draft(handles)  # at each sequence's own AIMD window
+        lengths = np.diff(offsets)
+        cap = self.control.cap(batch_size, lengths.tolist())
+        if cap < int(lengths.max()):  # drafting again at the cap also tells the drafter what was offered
+            offsets, tokens = self.drafter.draft(handles, np.full(len(live), cap, dtype=np.int32))
         drafts = {s: tokens[offsets[i]: offsets[i + 1]].tolist() for i, s in enumerate(live)}
         self.control.charge(time.perf_counter() - t0, len(live))
         return [drafts.get(s, []) for s in slots]
@@ -149,16 +155,14 @@ class NgramDrafts:
         self.window[slot] = self.spec.window.initial
 
     def propose(self, slots: list[int], batch_size: int) -> list[list[int]]:
-        cap = self.control.cap(batch_size)
-        if cap == 0:
-            return [[] for _ in slots]
         t0 = time.perf_counter()
         rows = np.array(slots, dtype=np.int64)
-        windows = np.array([min(self.window[s], cap) for s in slots], dtype=np.int32)
+        windows = np.array([self.window[s] for s in slots], dtype=np.int32)
         lengths = np.array([self.length[s] for s in slots], dtype=np.int64)
         offsets, tokens = native.ngram_draft(self.context[rows], lengths, windows,
                                              self.spec.prefix.min, self.spec.prefix.max)
-        out = [tokens[offsets[i]: offsets[i + 1]].tolist() for i in range(len(slots))]
+        cap = self.control.cap(batch_size, np.diff(offsets).tolist())
+        out = [tokens[offsets[i]: min(offsets[i + 1], offsets[i] + cap)].tolist() for i in range(len(slots))]
         self.control.charge(time.perf_counter() - t0, len(slots))
         return out
 
