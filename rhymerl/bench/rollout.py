@@ -2,8 +2,11 @@
 
 Takes a finished run folder: the policy of its newest checkpoint, its prompts, and the history
 index of each prompt built from the run's last epoch. Every method generates the next epoch of
-that run (same sample keys) at each batch size, and every method's tokens are checked identical
-to plain decoding's. Methods:
+that run (same sample keys, the run's prompt order) for each workload, and every method's tokens
+are checked identical to plain decoding's. Workloads: `job`, the run's own rollout (one engine
+call per training step of prompts_per_step x group_size samples, so each step ends in its long
+tail, as in `rhymerl run`), and integer batch sizes (all samples as one pool, continuously
+batched). With repeats, the methods run interleaved and the median is reported. Methods:
 
 - none: plain decoding (the reference)
 - ngram: drafts from the sequence's own context (vLLM's prompt-lookup)
@@ -28,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rhymerl.workers import dumps
-from rhymerl.workers.controller.prompts import load_prompts
+from rhymerl.workers.controller.prompts import epoch_order, load_prompts
 from rhymerl.workers.controller.run_dir import RunDir
 from rhymerl.workers.history.store import MemoryHistoryStore
 from rhymerl.workers.model.registry import load_policy
@@ -42,10 +45,14 @@ from rhymerl.workers.rollout.speculators import HistoryDrafts, NgramDrafts, Spec
 METHODS = ("none", "ngram", "history", "history-unweighted", "history-mismatched", "history-mismatched-fixed")
 
 
+JOB = "job"
+"""The workload shaped as the run's own rollout: one generate() per training step."""
+
+
 @dataclass
 class RolloutBenchConfig:
     run: Path
-    batch_sizes: tuple[int, ...] = (16, 64, 256)
+    batch_sizes: tuple[int | str, ...] = (JOB, 16, 64, 256)
     methods: tuple[str, ...] = METHODS
     repeats: int = 1
 
@@ -53,7 +60,7 @@ class RolloutBenchConfig:
 @dataclass
 class Row:
     method: str
-    batch: int
+    batch: int | str
     seconds: float
     tokens: int
     passes: int
@@ -104,41 +111,52 @@ def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str,
     prompts = load_prompts(job.spec.data)
     epoch = last_epoch + 1
     g = job.spec.algorithm.group_size
-    reqs = [GenRequest([tok.bos_id, *tok.encode(p.text)], sample_key(p.prompt_id, epoch, k), p.prompt_id)
-            for p in prompts for k in range(g)]
+    order = epoch_order(len(prompts), job.spec.data.seed, epoch, job.spec.data.shuffle)
+    reqs = [GenRequest([tok.bos_id, *tok.encode(prompts[i].text)], sample_key(prompts[i].prompt_id, epoch, k),
+                       prompts[i].prompt_id) for i in order for k in range(g)]
+    per_step = job.spec.algorithm.prompts_per_step * g
     params = SamplingParams(job.spec.rollout.temperature, job.spec.rollout.top_p, job.spec.rollout.seed,
                             job.spec.algorithm.max_response_length)
-    # measured afresh (not the start-up cache) so the committed profile is this run's machine state
-    profile = measure(model, batches=tuple(sorted({1, 4, 16, 64, 128, 256, *cfg.batch_sizes})))
+    sizes = [b if isinstance(b, int) else min(per_step, job.spec.rollout.max_batch_size) for b in cfg.batch_sizes]
+    # measured afresh (not the start-up cache) so the committed profile is this run's machine state;
+    # up to the largest batch a workload runs at
+    grid = {b for b in (1, 4, 16, 64, 128, 256) if b < max(sizes)} | set(sizes)
+    profile = measure(model, batches=tuple(sorted(grid)))
     ids = [p.prompt_id for p in prompts]
     console.print(f"policy {ckpts[-1].name}, history from epoch {last_epoch}, {len(reqs)} samples, "
                   f"torch threads {torch.get_num_threads()}")
     out: list[dict[str, Any]] = []
     for batch in cfg.batch_sizes:
-        engine = TorchEngine(model, tok.eos_id, max_batch_size=batch)
-        reference: list[GenResult] | None = None
-        base = 0.0
-        for method in cfg.methods:
-            times, results, caps = [], [], {}
-            for _ in range(cfg.repeats):
+        if batch == JOB:  # the job's rollout: each step's prompts x group_size, decoded together
+            engine = TorchEngine(model, tok.eos_id, max_batch_size=job.spec.rollout.max_batch_size)
+            chunks = [reqs[i: i + per_step] for i in range(0, len(reqs), per_step)]
+        else:  # one pool of all samples, continuously batched at `batch`
+            engine = TorchEngine(model, tok.eos_id, max_batch_size=int(batch))
+            chunks = [reqs]
+        times: dict[str, list[float]] = {m: [] for m in cfg.methods}
+        last: dict[str, tuple[list[GenResult], dict[int, int]]] = {}
+        for _ in range(cfg.repeats):  # methods interleaved, so drift on a shared machine hits them alike
+            for method in cfg.methods:
                 spec = job.spec.rollout.speculation.model_copy(deep=True)
                 if method.endswith("-fixed"):
                     spec.disable_above_batch = 10**9
                 control = SpecController(spec, None if method.endswith("-fixed") else profile)
                 source = _sources(method, job.spec, store, epoch, ids, control)
                 t0 = time.perf_counter()
-                results = engine.generate(reqs, params, source)
-                times.append(time.perf_counter() - t0)
-                caps = dict(sorted(control.caps_chosen.items()))
-            if reference is None:
-                reference = results
-            row = Row(method, batch, statistics.median(times), sum(len(r.response_ids) for r in results),
+                results = [r for chunk in chunks for r in engine.generate(chunk, params, source)]
+                times[method].append(time.perf_counter() - t0)
+                last[method] = (results, dict(sorted(control.caps_chosen.items())))
+        reference = last[cfg.methods[0]][0]
+        base = 0.0
+        for method in cfg.methods:
+            results, caps = last[method]
+            row = Row(method, batch, statistics.median(times[method]), sum(len(r.response_ids) for r in results),
                       sum(r.forward_passes for r in results), sum(r.drafted for r in results),
                       sum(r.accepted for r in results),
                       [r.response_ids for r in results] == [r.response_ids for r in reference], caps)
             base = base or row.seconds
             out.append(row.as_dict(base))
-            console.print(f"  batch {batch:>4} {method:<26} {row.seconds:7.2f}s  x{base / row.seconds:5.2f}  "
+            console.print(f"  batch {batch!s:>4} {method:<26} {row.seconds:7.2f}s  x{base / row.seconds:5.2f}  "
                           f"identical={row.identical}", highlight=False)
     return out, profile
 
@@ -166,13 +184,14 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     methods = list(dict.fromkeys(r["method"] for r in rows))
-    batches = sorted({r["batch"] for r in rows})
+    batches = list(dict.fromkeys(r["batch"] for r in rows))
     width = 0.8 / len(methods)
     for i, m in enumerate(methods):
         vals = [next(r["speedup"] for r in rows if r["method"] == m and r["batch"] == b) for b in batches]
         ax.bar([j + i * width for j in range(len(batches))], vals, width, label=m)
     ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(batches))], [f"batch {b}" for b in batches])
+    labels = [f"batch {b}" if b != JOB else "job steps" for b in batches]
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(batches))], labels)
     ax.set_ylabel("rollout speedup vs none")
     ax.legend(fontsize=7)
     fig.tight_layout()

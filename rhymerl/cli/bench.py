@@ -108,11 +108,23 @@ def acceptance(
         raise typer.Exit(2) from None
 
 
+def _batch_size(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"--batch-sizes: '{text.strip()}' is neither 'job' nor an integer") from None
+    if value < 1:
+        raise ValueError(f"--batch-sizes: {value} must be >= 1")
+    return value
+
+
 @bench_app.command("rollout")
 def rollout(
     run: Annotated[Path, typer.Option("--run", help="finished run folder (policy, prompts and history come "
                                       "from it)")],
-    batch_sizes: Annotated[str, typer.Option("--batch-sizes", help="comma-separated engine batch sizes")] = "16,64,256",
+    batch_sizes: Annotated[str, typer.Option("--batch-sizes", help="comma-separated workloads: 'job' (the run's own "
+                                             "rollout, one engine call per training step) and/or engine batch sizes "
+                                             "(all samples as one continuously batched pool)")] = "job,16,64,256",
     methods: Annotated[str | None, typer.Option("--methods", help="comma-separated subset of the methods")] = None,
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="runs per cell; the median is reported")] = 1,
     out: Annotated[Path | None, typer.Option("--out", help="folder for results.json, table.md, speedup.png, "
@@ -131,7 +143,7 @@ def rollout(
         Console(stderr=True).print(f"[red]error:[/] --methods: unknown {unknown}; known: {', '.join(METHODS)}")
         raise typer.Exit(2)
     try:
-        sizes = tuple(int(b) for b in batch_sizes.split(","))
+        sizes = tuple(b.strip() if b.strip() == "job" else _batch_size(b) for b in batch_sizes.split(","))
         main(RolloutBenchConfig(run, sizes, chosen, repeats), out, Console())
     except ValueError as exc:
         Console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False)
