@@ -2,7 +2,9 @@
 
 The same step loop runs in the controller pod on a cluster; here the rollout engine, the reward
 verifier and the trainer share one process and one copy of the weights, which keeps a laptop run
-fast and its results bit-reproducible for a given seed and torch build.
+fast and its results bit-reproducible for a given seed and torch build. `rollout.replicas` > 1
+runs that many engine replicas in this process, stepped in turn and placed by the scheduling
+policy, so the scheduler's decisions can be exercised and measured on one machine.
 """
 
 from __future__ import annotations
@@ -30,11 +32,15 @@ def step_line(row: dict[str, Any]) -> str:
         v = row.get(key)
         return "-" if v is None else format(v, fmt)
 
+    replicas = ""
+    if "rollout_replicas" in row:
+        replicas = (f" | {row['rollout_replicas']} replicas makespan {get('rollout_makespan_s', '.1f')}s "
+                    f"bubble {get('rollout_bubble', '.0%')} migrated {row['rollout_migrated']}")
     return (f"step {row['step']:>3} ep {row['epoch']} | reward {get('reward_mean', '.3f')} "
             f"zero-std {get('zero_std_frac', '.2f')} | len {get('response_length_mean', '.0f')}/"
             f"{row['response_length_max']} | rollout {get('time_rollout_s', '.1f')}s "
             f"{get('rollout_tokens_per_s', '.0f')} tok/s spec {get('spec_rate', '.2f')} "
-            f"acc {get('spec_acceptance', '.2f')} tok/pass {get('tokens_per_pass', '.2f')} | "
+            f"acc {get('spec_acceptance', '.2f')} tok/pass {get('tokens_per_pass', '.2f')}{replicas} | "
             f"reward {get('time_reward_s', '.2f')}s | train {get('time_train_s', '.1f')}s | "
             f"kl {get('kl', '.4f')} ent {get('entropy', '.3f')} gnorm {get('grad_norm', '.3f')}")
 
@@ -57,6 +63,9 @@ def check_local(job: RLJob) -> None:
     if job.spec.rollout.speculation.method == "draft-model":
         raise ValueError("spec.rollout.speculation.method: draft-model needs the vllm engine; "
                          "the torch engine supports none, history and ngram")
+    if job.spec.rollout.replicas > 1 and job.spec.scheduling.policy == "lpt":
+        raise ValueError("spec.scheduling.policy: lpt places samples by their true lengths, which only a "
+                         "simulator knows; choose histopipe, equal, skew-aware, realloc or async")
 
 
 def run_local(job: RLJob | None, out: Path | None, console: Console | None = None) -> dict[int, float]:

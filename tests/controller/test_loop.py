@@ -49,7 +49,9 @@ def _run(job: RLJob, path: Path, steps: int | None = None, resume: bool = False)
 
 # Wall-clock metrics, and the speculation counters that follow from caps chosen by measured cost,
 # legitimately differ between two runs; tokens, rewards and training statistics must not.
-TIMING_DEPENDENT = {"spec_rate", "spec_acceptance", "tokens_per_pass"}
+# The replicas' busy times, makespan and bubble ratio are measured with a clock too.
+TIMING_DEPENDENT = {"spec_rate", "spec_acceptance", "tokens_per_pass", "rollout_busy_s", "rollout_makespan_s",
+                    "rollout_bubble"}
 
 
 def strip_timing(rows: list[dict[str, object]]) -> list[dict[str, object]]:
@@ -102,3 +104,34 @@ def test_a_non_empty_run_folder_is_not_overwritten(model_dir: Path, tmp_path: Pa
     (tmp_path / "run" / "keep.txt").write_text("x")
     with pytest.raises(FileExistsError, match="--resume"):
         RunDir(tmp_path / "run").create(_job(model_dir))
+
+
+POOL_KEYS = {"rollout_replicas", "rollout_busy_s", "rollout_makespan_s", "rollout_bubble", "rollout_migrated",
+             "rollout_stolen", "schedule_ranking"}
+
+
+def test_replicas_run_the_scheduler_and_change_no_token_reward_or_weight(model_dir: Path, tmp_path: Path) -> None:
+    one = _job(model_dir)
+    two = _job(model_dir)
+    two.spec.rollout.replicas = two.spec.rollout.max_replicas = 2
+    rows_one, rows_two = _run(one, tmp_path / "one"), _run(two, tmp_path / "two")
+    assert [r.response_ids for r in dumps.read_run(tmp_path / "two")] == [
+        r.response_ids for r in dumps.read_run(tmp_path / "one")]
+    without_pool = [{k: v for k, v in r.items() if k not in POOL_KEYS} for r in strip_timing(rows_two)]
+    assert without_pool == strip_timing(rows_one)
+    assert all(r.keys() >= POOL_KEYS for r in rows_two) and not any(POOL_KEYS & r.keys() for r in rows_one)
+    assert [r["schedule_ranking"] for r in rows_two] == ["prompt-length", "prompt-length", "history", "history"]
+    for r in rows_two:
+        busy, makespan = r["rollout_busy_s"], r["rollout_makespan_s"]
+        assert isinstance(busy, list) and isinstance(makespan, float)
+        assert len(busy) == 2 and makespan >= max(busy)
+
+
+def test_a_resumed_multi_replica_run_makes_the_same_scheduling_decisions(model_dir: Path, tmp_path: Path) -> None:
+    job = _job(model_dir)
+    job.spec.rollout.replicas = job.spec.rollout.max_replicas = 2
+    full = _run(job, tmp_path / "full")
+    _run(job, tmp_path / "cut", steps=2)
+    resumed = _run(job, tmp_path / "cut", resume=True)
+    assert [r["step"] for r in resumed] == [3, 4]
+    assert strip_timing(RunDir(tmp_path / "cut").metrics()) == strip_timing(full)

@@ -7,7 +7,7 @@ import torch
 from scipy.stats import chisquare
 
 from rhymerl.workers.model.transformer import TinyLlama
-from rhymerl.workers.rollout.engine import GenRequest, SamplingParams, TorchEngine
+from rhymerl.workers.rollout.engine import EngineSession, GenRequest, GenResult, SamplingParams, TorchEngine
 from rhymerl.workers.rollout.sampling import sample_key, sample_tokens
 
 EOS = 2
@@ -155,3 +155,62 @@ def test_wrong_drafts_cost_passes_but_never_change_tokens(tiny_model: TinyLlama)
     spec = engine.generate(reqs, params, OracleDrafts(wrong, 5))
     assert [r.response_ids for r in spec] == [r.response_ids for r in plain]
     assert sum(r.forward_passes for r in spec) == sum(r.forward_passes for r in plain)
+
+
+def _drain(session: EngineSession) -> dict[int, GenResult]:
+    out: dict[int, GenResult] = {}
+    while session.busy:
+        out.update(session.step())
+    return out
+
+
+@pytest.mark.parametrize("with_drafts", [False, True])
+def test_a_sample_taken_mid_generation_and_resumed_elsewhere_continues_with_the_same_tokens(
+        tiny_model: TinyLlama, with_drafts: bool) -> None:
+    model = tiny_model.double()
+    reqs = _requests(5, seed=7)
+    params = SamplingParams(temperature=1.0, seed=5, max_response_length=30)
+    engine = TorchEngine(model, EOS, max_batch_size=3)
+    plain = engine.generate(reqs, params)
+    truth = {r.sample_id: res.response_ids for r, res in zip(reqs, plain, strict=True)}
+    longest = max(len(r.prompt_ids) for r in reqs)
+    src = engine.session(params, OracleDrafts(truth, 3) if with_drafts else None, max_prompt_len=longest)
+    dst = engine.session(params, OracleDrafts(truth, 3) if with_drafts else None, max_prompt_len=longest)
+    for i, r in enumerate(reqs):
+        src.add(i, r)
+    done: dict[int, GenResult] = {}
+    for _ in range(3):
+        done.update(src.step())
+    moved = [k for k in src.running() if src.generated(k) > 0] + src.waiting()
+    assert moved and any(src.generated(k) > 0 for k in moved)
+    for k in moved:  # running ones carry their tokens, waiting ones start from nothing
+        dst.add(k, reqs[k], src.take(k))
+    done.update(_drain(src))
+    done.update(_drain(dst))
+    assert sorted(done) == list(range(len(reqs)))
+    assert [done[i].response_ids for i in range(len(reqs))] == [r.response_ids for r in plain]
+    if not with_drafts:  # plain decoding: one pass per token, the recompute prefill included
+        assert all(done[i].forward_passes == len(done[i].response_ids) for i in range(len(reqs)))
+
+
+def test_requests_added_between_passes_join_the_running_batch(tiny_model: TinyLlama) -> None:
+    reqs = _requests(6, seed=8)
+    params = SamplingParams(temperature=1.0, seed=1, max_response_length=25)
+    engine = TorchEngine(tiny_model.double(), EOS, max_batch_size=4)
+    plain = engine.generate(reqs, params)
+    session = engine.session(params, max_prompt_len=max(len(r.prompt_ids) for r in reqs))
+    done: dict[int, GenResult] = {}
+    for i, r in enumerate(reqs):
+        session.add(i, r)
+        done.update(session.step())  # one pass between arrivals, packing included
+    done.update(_drain(session))
+    assert [done[i].response_ids for i in range(len(reqs))] == [r.response_ids for r in plain]
+
+
+def test_a_session_refuses_to_resume_a_finished_response(tiny_model: TinyLlama) -> None:
+    params = SamplingParams(max_response_length=4)
+    session = TorchEngine(tiny_model, EOS).session(params, max_prompt_len=5)
+    with pytest.raises(ValueError, match="finished"):
+        session.add(0, GenRequest([1, 5], 0), GenResult(response_ids=[7, EOS]))
+    with pytest.raises(ValueError, match="finished"):
+        session.add(1, GenRequest([1, 5], 1), GenResult(response_ids=[7, 8, 9, 10]))

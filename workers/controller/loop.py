@@ -3,10 +3,15 @@
 `run_steps` yields one metrics row per finished step; the caller (the local backend, later the
 controller pod) decides how to show them. The policy the engine samples from is the module the
 trainer updates, so every step's rollout uses the weights of the step before (off-policyness 0).
+With `rollout.replicas` > 1 the rollout runs on that many engine replicas placed by the
+`scheduling` policy (rollout_pool.py); the tokens are those one engine would produce, since a
+token depends only on the logits and (seed, sample id, position) (bit-exact in float64, where
+logits do not depend on batch shape; docs/scheduling.md).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Iterator
@@ -18,12 +23,15 @@ import torch
 from rhymerl.api import RLJob
 from rhymerl.workers import dumps
 from rhymerl.workers.controller.prompts import Prompt, epoch_order, load_prompts
+from rhymerl.workers.controller.rollout_pool import PoolReport, RolloutPool, table_profile
 from rhymerl.workers.controller.run_dir import LoopState, RunDir
-from rhymerl.workers.controller.speculation import Speculation
+from rhymerl.workers.controller.speculation import Speculation, reachable_batches
 from rhymerl.workers.model.registry import load_policy
 from rhymerl.workers.reward.verifiers import reward_function
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, TorchEngine
+from rhymerl.workers.rollout.profile import load_or_measure
 from rhymerl.workers.rollout.sampling import sample_key
+from rhymerl.workers.scheduling.factory import make_scheduler
 from rhymerl.workers.train import objectives as obj
 from rhymerl.workers.train.trainer import Trainer, TrainSample
 
@@ -51,12 +59,19 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False) -> Iterator[dict[st
     speculation = Speculation.for_job(job, model, run.path if resume else None)
     params = SamplingParams(spec.rollout.temperature, spec.rollout.top_p, spec.rollout.seed, algo.max_response_length)
     assert algo.dynamic_sampling is not None
+    pool = rollout_pool(job, engine, params, speculation, run, resume) if spec.rollout.replicas > 1 else None
+    reports: list[PoolReport] = []
 
     def rollout(batch: list[Prompt], epoch: int, clock: dict[str, float]) -> list[Group]:
         reqs = [GenRequest(encoded[p.prompt_id], sample_key(p.prompt_id, epoch, k), p.prompt_id)
                 for p in batch for k in range(algo.group_size)]
+        prompt_ids = [p.prompt_id for p in batch]
         t0 = time.perf_counter()
-        results = engine.generate(reqs, params, speculation.drafts(epoch, [p.prompt_id for p in batch]))
+        if pool is None:
+            results = engine.generate(reqs, params, speculation.drafts(epoch, prompt_ids))
+        else:
+            results, report = pool.run(reqs, speculation.replica_drafts(epoch, prompt_ids, pool.replicas))
+            reports.append(report)
         t1 = time.perf_counter()
         groups = []
         for i, p in enumerate(batch):
@@ -70,6 +85,7 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False) -> Iterator[dict[st
     while state.epoch <= algo.epochs:
         order = epoch_order(len(prompts), spec.data.seed, state.epoch, spec.data.shuffle)
         clock = {"rollout": 0.0, "reward": 0.0, "train": 0.0}
+        reports.clear()
         groups: list[Group] = []
         kept: list[Group] = []
         rounds = 0
@@ -99,12 +115,37 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False) -> Iterator[dict[st
         speculation.remember(step_records)
         state.policy_version += 1 if samples else 0
         row = step_metrics(groups, state, clock, train_stats, rounds) | speculation.metrics(groups)
+        if reports:
+            row |= functools.reduce(PoolReport.merged, reports).metrics()
         if state.cursor >= len(order):
             state.epoch, state.cursor = state.epoch + 1, 0
         run.append_metrics(row)
         if state.step % spec.checkpoint.every_steps == 0 or state.epoch > algo.epochs:
             run.save_checkpoint(state, model, trainer.optimizer, spec.checkpoint.keep_last)
         yield row
+
+
+def rollout_pool(job: RLJob, engine: TorchEngine, params: SamplingParams, speculation: Speculation, run: RunDir,
+                 resume: bool) -> RolloutPool:
+    """The replicas and their scheduler. The cost model is the engine's measured pass times (the
+    profile speculation uses, measured now if speculation is off). The scheduler learns lengths as
+    groups finish; a resumed run first replays its dumps into that history and continues the
+    batch numbering (HistoPipe alternates its layout on odd and even batches), so it makes the
+    decisions the uninterrupted run would have made."""
+    spec = job.spec
+    cost = speculation.control.profile or load_or_measure(engine.model, batches=reachable_batches(job))
+    sched = make_scheduler(spec.scheduling, spec.rollout.replicas, seed=spec.rollout.seed, max_off_policy=0,
+                           profile=table_profile(cost, engine.max_batch_size))
+    first_step = 1
+    if resume:
+        first_step += sum(int(r.get("gen_rounds", 1)) for r in run.metrics())
+        for path in dumps.step_files(run.path):
+            groups: dict[str, list[int]] = {}
+            for rec in dumps.read_file(path):
+                groups.setdefault(rec.prompt_id, []).append(len(rec.response_ids))
+            for prompt_id, lengths in groups.items():
+                sched.prime(prompt_id, lengths)
+    return RolloutPool(engine, sched, params, first_step)
 
 
 def shaped_rewards(group: Group, job: RLJob) -> list[float]:

@@ -24,6 +24,12 @@ if TYPE_CHECKING:
     from rhymerl.workers.controller.loop import Group
 
 
+def reachable_batches(job: RLJob) -> tuple[int, ...]:
+    """The profile's batch sizes: those this job can reach (a batch never runs more sequences)."""
+    busiest = min(job.spec.rollout.max_batch_size, job.spec.algorithm.prompts_per_step * job.spec.algorithm.group_size)
+    return (*(b for b in BATCHES if b < busiest), busiest)
+
+
 @dataclass
 class Speculation:
     method: str
@@ -38,10 +44,7 @@ class Speculation:
                              "the torch engine supports none, history and ngram")
         profile = None
         if spec.method != "none" and spec.disable_above_batch is None:
-            # profile only the batch sizes this job can reach: a step never runs more sequences
-            busiest = min(job.spec.rollout.max_batch_size,
-                          job.spec.algorithm.prompts_per_step * job.spec.algorithm.group_size)
-            profile = load_or_measure(model, batches=(*(b for b in BATCHES if b < busiest), busiest))
+            profile = load_or_measure(model, batches=reachable_batches(job))
         out = cls(spec.method, SpecController(spec, profile), MemoryHistoryStore(spec.reward_weighted))
         if resume_from is not None and spec.method == "history":
             out.store.update(r for path in dumps.step_files(resume_from) for r in dumps.read_file(path))
@@ -55,6 +58,16 @@ class Speculation:
         if self.method == "ngram":
             return NgramDrafts(spec, self.control)
         return None
+
+    def replica_drafts(self, epoch: int, prompt_ids: Sequence[str], replicas: int) -> list[DraftSource | None]:
+        """One draft source per rollout replica (each keeps per-slot state), every one able to draft
+        for every prompt of the batch, since the scheduler may move any sample anywhere; history
+        indexes are built once and shared (they are immutable)."""
+        spec = self.control.spec
+        if self.method == "history":
+            indexes = self.store.indexes_before(epoch, prompt_ids)
+            return [HistoryDrafts(spec, indexes, self.control) if indexes else None for _ in range(replicas)]
+        return [self.drafts(epoch, prompt_ids) for _ in range(replicas)]
 
     def remember(self, records: Iterable[dumps.RolloutRecord]) -> None:
         if self.method == "history":

@@ -10,11 +10,19 @@ slot's cache length. With no drafts this is plain decoding, through the same cod
 
 When the queue is empty and at most half the slots still run (the long tail), running sequences
 are packed into the lowest slots so later passes only touch live rows.
+
+`EngineSession` exposes this loop pass by pass, so a scheduler can drive several engines
+(workers/controller/rollout_pool.py): requests are added and taken out between passes, and a
+request can resume from tokens generated elsewhere. A resumed sample is prefilled with prompt +
+generated tokens and continues at position len(generated); because a token depends only on the
+logits and (seed, sample id, position), it continues exactly as it would have where it started.
+`TorchEngine.generate` is a loop over one session.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -69,10 +77,10 @@ class DraftSource(Protocol):
 
 
 class _Batch:
-    """Mutable per-slot state of one generate() call."""
+    """Mutable per-slot state of one session."""
 
     def __init__(self, n_slots: int, device: torch.device) -> None:
-        self.owner = [-1] * n_slots  # request index per slot, -1 when free
+        self.owner = [-1] * n_slots  # key of the request in the slot, -1 when free
         self.lens = torch.zeros(n_slots, dtype=torch.int64, device=device)       # tokens in the cache
         self.last = torch.zeros(n_slots, dtype=torch.int64, device=device)       # sampled, not yet cached
         self.sample_ids = torch.zeros(n_slots, dtype=torch.int64, device=device)
@@ -91,69 +99,52 @@ class TorchEngine:
         self.device = torch.device(device)
         self.dtype = next(model.parameters()).dtype
 
+    def session(self, params: SamplingParams, drafts: DraftSource | None = None, *, slots: int | None = None,
+                max_prompt_len: int) -> EngineSession:
+        """A session of at most `slots` running sequences (default max_batch_size) whose prompts
+        have at most `max_prompt_len` tokens."""
+        return EngineSession(self, params, drafts, slots=min(self.max_batch_size, slots or self.max_batch_size),
+                             max_prompt_len=max_prompt_len)
+
     @torch.inference_mode()
     def generate(self, requests: list[GenRequest], params: SamplingParams,
                  drafts: DraftSource | None = None) -> list[GenResult]:
         if not requests:
             return []
-        longest_prompt = max(len(r.prompt_ids) for r in requests)
-        max_len = longest_prompt + params.max_response_length + 1
-        if max_len > self.model.cfg.max_position_embeddings:
-            raise ValueError(f"prompt ({longest_prompt}) + max_response_length ({params.max_response_length}) "
-                             f"exceeds the model's {self.model.cfg.max_position_embeddings} positions")
-        n_slots = min(self.max_batch_size, len(requests))
-        cache = KVCache(self.model.cfg, n_slots, max_len, self.dtype, self.device)
-        results = [GenResult() for _ in requests]
-        queue = deque(range(len(requests)))
-        b = _Batch(n_slots, self.device)
-
-        def emit(slot: int, tokens: list[int]) -> list[int]:
-            """Append sampled tokens to the slot's response; stop at EOS or the length limit."""
-            res = results[b.owner[slot]]
-            room = params.max_response_length - len(res.response_ids)
-            kept = tokens[:room]
-            if self.eos_id in kept:
-                kept = kept[: kept.index(self.eos_id) + 1]
-                res.finish_reason = "stop"
-            res.response_ids += kept
-            if kept[-1] == self.eos_id or len(res.response_ids) >= params.max_response_length:
-                b.owner[slot] = -1
-                if drafts is not None:
-                    drafts.end(slot)
-            return kept
-
-        while queue or b.running():
-            free = [s for s in range(b.rows) if b.owner[s] < 0]
-            if queue and free:
-                self._prefill(requests, queue, free, b, cache, params, results, emit, drafts)
-            running = b.running()
-            if not running:
-                continue
-            if not queue and len(running) <= b.rows // 2:
-                self._pack(b, cache, running, drafts)
-                running = list(range(b.rows))
-            proposals = drafts.propose(running, len(running)) if drafts is not None else [[] for _ in running]
-            self._verify(b, cache, running, proposals, params, results, emit, drafts)
-        return results
+        session = self.session(params, drafts, slots=len(requests),
+                               max_prompt_len=max(len(r.prompt_ids) for r in requests))
+        for i, r in enumerate(requests):
+            session.add(i, r)
+        results: dict[int, GenResult] = {}
+        while session.busy:
+            results.update(session.step())
+        return [results[i] for i in range(len(requests))]
 
     def _verify(self, b: _Batch, cache: KVCache, running: list[int], proposals: list[list[int]],
-                params: SamplingParams, results: list[GenResult], emit: _Emit, drafts: DraftSource | None) -> None:
+                params: SamplingParams, results: Mapping[int, GenResult], emit: _Emit,
+                drafts: DraftSource | None) -> None:
         rows = b.rows
         width = 1 + max((len(p) for p in proposals), default=0)
         draft_len = [0] * rows
+        counts = [0] * rows
         tokens = b.last[:rows, None]
+        for s, prop in zip(running, proposals, strict=True):
+            draft_len[s] = len(prop)
+            counts[s] = 1 + len(prop)
         if width > 1:
             padded = [[0] * (width - 1) for _ in range(rows)]
             for s, prop in zip(running, proposals, strict=True):
                 padded[s][: len(prop)] = prop
-                draft_len[s] = len(prop)
             tokens = torch.cat([tokens, torch.tensor(padded, dtype=torch.int64, device=self.device)], dim=1)
-        logits = self.model.forward_cached(tokens, b.lens[:rows], cache)
+        real = torch.arange(width, device=self.device)[None, :] < torch.tensor(counts, device=self.device)[:, None]
+        logits = self.model.forward_cached(tokens, b.lens[:rows], cache, real.sum(dim=1))
         done = torch.tensor([len(results[b.owner[s]].response_ids) if b.owner[s] >= 0 else 0 for s in range(rows)],
                             device=self.device)
         positions = done[:, None] + torch.arange(width, device=self.device)[None, :]
-        target = sample_tokens(logits, params.seed, b.sample_ids[:rows, None].expand(-1, width), positions,
-                               params.temperature, params.top_p)
+        # only the real cells are sampled; padding gets -1, which no draft token equals
+        target = torch.full((rows, width), -1, dtype=torch.int64, device=self.device)
+        target[real] = sample_tokens(logits[real], params.seed, b.sample_ids[:rows, None].expand(-1, width)[real],
+                                     positions[real], params.temperature, params.top_p)
         # accepted prefix: leading positions where the draft equals the target sampled before it
         match = (tokens[:, 1:] == target[:, :-1]).to(torch.int64)
         accepted_all = match.cumprod(dim=1).sum(dim=1) if width > 1 else torch.zeros(rows, dtype=torch.int64)
@@ -178,39 +169,173 @@ class TorchEngine:
             drafts.settle([x[0] for x in settled], [x[1] for x in settled], [x[2] for x in settled],
                           [x[3] for x in settled])
 
-    def _pack(self, b: _Batch, cache: KVCache, running: list[int], drafts: DraftSource | None) -> None:
-        src = torch.tensor(running, device=self.device)
-        dst = torch.arange(len(running), device=self.device)
-        cache.move(src, dst)
+
+class EngineSession:
+    """One engine's rollout, driven pass by pass.
+
+    `add` queues a request under a caller-chosen key (an int >= 0, unique in the session),
+    optionally resuming from a partial result; `step` admits queued requests into free slots and
+    runs one pass, returning what finished; `take` removes a waiting or running request and
+    returns its partial result (to resume it elsewhere). The draft source's per-slot state
+    follows: `begin` when a request is admitted (a resumed one is then fed its generated tokens
+    through `settle` with nothing drafted), `end` when it finishes or is taken.
+    """
+
+    def __init__(self, engine: TorchEngine, params: SamplingParams, drafts: DraftSource | None, *, slots: int,
+                 max_prompt_len: int) -> None:
+        max_len = max_prompt_len + params.max_response_length + 1
+        if max_len > engine.model.cfg.max_position_embeddings:
+            raise ValueError(f"prompt ({max_prompt_len}) + max_response_length ({params.max_response_length}) "
+                             f"exceeds the model's {engine.model.cfg.max_position_embeddings} positions")
+        if slots < 1:
+            raise ValueError("slots: at least 1")
+        self.engine = engine
+        self.params = params
+        self.drafts = drafts
+        self.max_prompt_len = max_prompt_len
+        self.slots = slots
+        with torch.inference_mode():  # the state is only ever touched by passes, which run in inference mode
+            self._cache = KVCache(engine.model.cfg, slots, max_len, engine.dtype, engine.device)
+            self._b = _Batch(slots, engine.device)
+        self._b.rows = 0  # grows as slots are taken, so a session sized for many requests pays for the live ones
+        self._requests: dict[int, GenRequest] = {}
+        self._results: dict[int, GenResult] = {}
+        self._queue: deque[int] = deque()
+        self._finished: list[tuple[int, GenResult]] = []
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def busy(self) -> bool:
+        """Whether anything is waiting or running."""
+        return bool(self._queue) or any(o >= 0 for o in self._b.owner)
+
+    def waiting(self) -> list[int]:
+        """Keys not admitted yet, in admission order."""
+        return list(self._queue)
+
+    def running(self) -> list[int]:
+        return [o for o in self._b.owner if o >= 0]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._requests
+
+    def generated(self, key: int) -> int:
+        """Response tokens a waiting or running request has so far."""
+        return len(self._results[key].response_ids)
+
+    # ------------------------------------------------------------------ changes
+    def add(self, key: int, request: GenRequest, resume: GenResult | None = None, *, first: bool = False) -> None:
+        """Queue `request`; `resume` carries tokens (and counters) generated elsewhere; `first` puts it
+        at the head of the queue."""
+        if key < 0 or key in self._requests:
+            raise ValueError(f"key {key}: must be >= 0 and not already in the session")
+        if len(request.prompt_ids) > self.max_prompt_len:
+            raise ValueError(f"key {key}: prompt of {len(request.prompt_ids)} tokens exceeds the session's "
+                             f"{self.max_prompt_len}")
+        res = resume if resume is not None else GenResult()
+        ids = res.response_ids
+        if ids and (ids[-1] == self.engine.eos_id or len(ids) >= self.params.max_response_length):
+            raise ValueError(f"key {key}: cannot resume a finished response")
+        self._requests[key] = request
+        self._results[key] = res
+        if first:
+            self._queue.appendleft(key)
+        else:
+            self._queue.append(key)
+
+    def take(self, key: int) -> GenResult:
+        """Remove a waiting or running request; returns its partial result (resume it with `add`)."""
+        if key not in self._requests:
+            raise KeyError(f"key {key}: not in the session")
+        b = self._b
+        if key in self._queue:
+            self._queue.remove(key)
+        else:
+            slot = b.owner.index(key)
+            b.owner[slot] = -1
+            if self.drafts is not None:
+                self.drafts.end(slot)
+        del self._requests[key]
+        return self._results.pop(key)
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[int, GenResult]]:
+        """Admit waiting requests into free slots, then run one pass; returns the requests that
+        finished (key, result), in the order they finished."""
+        b, cache, drafts = self._b, self._cache, self.drafts
+        free = [s for s in range(self.slots) if b.owner[s] < 0]
+        if self._queue and free:
+            self._prefill(free)
+        running = b.running()
+        if running:
+            if not self._queue and len(running) <= b.rows // 2:
+                self._pack(running)
+                running = list(range(b.rows))
+            proposals = drafts.propose(running, len(running)) if drafts is not None else [[] for _ in running]
+            self.engine._verify(b, cache, running, proposals, self.params, self._results, self._emit, drafts)
+        done, self._finished = self._finished, []
+        return done
+
+    # ------------------------------------------------------------------ internals
+    def _emit(self, slot: int, tokens: list[int]) -> list[int]:
+        """Append sampled tokens to the slot's response; stop at EOS or the length limit."""
+        b, eos, limit = self._b, self.engine.eos_id, self.params.max_response_length
+        key = b.owner[slot]
+        res = self._results[key]
+        room = limit - len(res.response_ids)
+        kept = tokens[:room]
+        if eos in kept:
+            kept = kept[: kept.index(eos) + 1]
+            res.finish_reason = "stop"
+        res.response_ids += kept
+        if kept[-1] == eos or len(res.response_ids) >= limit:
+            b.owner[slot] = -1
+            if self.drafts is not None:
+                self.drafts.end(slot)
+            del self._requests[key]
+            self._finished.append((key, self._results.pop(key)))
+        return kept
+
+    def _pack(self, running: list[int]) -> None:
+        b, device = self._b, self.engine.device
+        src = torch.tensor(running, device=device)
+        dst = torch.arange(len(running), device=device)
+        self._cache.move(src, dst)
         b.lens[dst], b.last[dst], b.sample_ids[dst] = b.lens[src].clone(), b.last[src].clone(), b.sample_ids[src].clone()
         owners = [b.owner[s] for s in running]
         b.owner = owners + [-1] * (len(b.owner) - len(owners))
         b.rows = len(running)
-        if drafts is not None:
-            drafts.move(running, list(range(len(running))))
+        if self.drafts is not None:
+            self.drafts.move(running, list(range(len(running))))
 
-    def _prefill(self, requests: list[GenRequest], queue: deque[int], free: list[int], b: _Batch, cache: KVCache,
-                 params: SamplingParams, results: list[GenResult], emit: _Emit, drafts: DraftSource | None) -> None:
-        taken = [(slot, queue.popleft()) for slot in free[: len(queue)]]
-        width = max(len(requests[i].prompt_ids) for _, i in taken)
-        tokens = torch.zeros(len(taken), width, dtype=torch.int64, device=self.device)
-        for row, (_, i) in enumerate(taken):
-            ids = requests[i].prompt_ids
-            tokens[row, : len(ids)] = torch.tensor(ids, device=self.device)
-        slots = torch.tensor([s for s, _ in taken], device=self.device)
-        ends = torch.tensor([len(requests[i].prompt_ids) - 1 for _, i in taken], device=self.device)
-        logits = self.model.prefill(tokens, slots, cache)[torch.arange(len(taken)), ends]
-        sids = torch.tensor([requests[i].sample_id for _, i in taken], device=self.device)
-        first = sample_tokens(logits, params.seed, sids, torch.zeros_like(sids), params.temperature, params.top_p)
+    def _prefill(self, free: list[int]) -> None:
+        """Prefill prompt + already generated tokens of waiting requests into free slots and sample
+        each one's next token at its response position."""
+        b, device, params, drafts = self._b, self.engine.device, self.params, self.drafts
+        taken = [(slot, self._queue.popleft()) for slot in free[: len(self._queue)]]
+        seqs = [self._requests[k].prompt_ids + self._results[k].response_ids for _, k in taken]
+        width = max(len(ids) for ids in seqs)
+        tokens = torch.zeros(len(taken), width, dtype=torch.int64, device=device)
+        for row, ids in enumerate(seqs):
+            tokens[row, : len(ids)] = torch.tensor(ids, device=device)
+        slots = torch.tensor([s for s, _ in taken], device=device)
+        ends = torch.tensor([len(ids) - 1 for ids in seqs], device=device)
+        logits = self.engine.model.prefill(tokens, slots, self._cache)[torch.arange(len(taken)), ends]
+        sids = torch.tensor([self._requests[k].sample_id for _, k in taken], device=device)
+        positions = torch.tensor([len(self._results[k].response_ids) for _, k in taken], device=device)
+        first = sample_tokens(logits, params.seed, sids, positions, params.temperature, params.top_p)
         b.lens[slots], b.last[slots], b.sample_ids[slots] = ends + 1, first, sids
-        for (slot, i), tok in zip(taken, first.tolist(), strict=True):
-            b.owner[slot] = i
-            results[i].forward_passes += 1
+        b.rows = max(b.rows, max(s for s, _ in taken) + 1)
+        for (slot, key), tok in zip(taken, first.tolist(), strict=True):
+            b.owner[slot] = key
+            res = self._results[key]
+            prefix = list(res.response_ids)
+            res.forward_passes += 1
             if drafts is not None:
-                drafts.begin(slot, requests[i])
-            kept = emit(slot, [tok])
+                drafts.begin(slot, self._requests[key])
+            kept = self._emit(slot, [tok])
             if drafts is not None and b.owner[slot] >= 0:
-                drafts.settle([slot], [0], [0], [kept])
+                drafts.settle([slot], [0], [0], [prefix + kept])
 
 
 class _Emit(Protocol):
