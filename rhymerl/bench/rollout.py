@@ -145,6 +145,8 @@ def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str,
                 t0 = time.perf_counter()
                 results = [r for chunk in chunks for r in engine.generate(chunk, params, source)]
                 times[method].append(time.perf_counter() - t0)
+                console.print(f"    [dim]run {len(times[method])}/{cfg.repeats} batch {batch} {method}: "
+                              f"{times[method][-1]:.2f}s[/]", highlight=False)
                 last[method] = (results, dict(sorted(control.caps_chosen.items())))
         reference = last[cfg.methods[0]][0]
         base = 0.0

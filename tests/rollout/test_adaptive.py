@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rhymerl.workers.rollout.adaptive import AcceptanceTracker, CostProfile, choose_cap
+from rhymerl.workers.rollout.adaptive import AcceptanceTracker, CostCalibration, CostProfile, choose_cap
 
 
 def test_expected_tokens_with_certain_acceptance_is_one_plus_k() -> None:
@@ -28,7 +28,16 @@ def test_tracker_counts_only_positions_that_were_tested() -> None:
     p = t.conditional()
     assert p[0] == pytest.approx(1.0, abs=1e-3) and p[1] == pytest.approx(1.0, abs=1e-3)
     assert p[2] == pytest.approx(0.0, abs=1e-3)
-    assert t.offered[3] == pytest.approx(0.0001)
+    assert t.offered[3] == 0.0 and p[3] == pytest.approx(p[2], abs=1e-3)
+
+
+def test_an_untested_position_leans_on_the_one_before_not_on_the_prior() -> None:
+    t = AcceptanceTracker(decay=1.0, prior=0.5, prior_weight=2.0)
+    for _ in range(50):
+        t.observe([2], [2])  # positions 0 and 1 always accepted, position 2 never offered
+    p = t.conditional()
+    assert p[1] > 0.95 and p[2] == pytest.approx(p[1])
+    assert t.expected_tokens(4) > 4.5  # a longer cap is judged on the evidence, not on 0.5
 
 
 def _flat_profile(per_token: float, base: float) -> CostProfile:
@@ -69,11 +78,41 @@ def test_a_disturbed_profile_is_made_monotone() -> None:
     assert monotone([[1.0, 0.5, 2.0], [0.8, 3.0, 1.0]]) == ((1.0, 1.0, 2.0), (1.0, 3.0, 3.0))
 
 
-def test_the_drafters_own_cost_can_tip_the_balance_to_plain_decoding() -> None:
+def test_costs_the_profile_does_not_see_can_tip_the_balance_to_plain_decoding() -> None:
     t = AcceptanceTracker(prior=0.4)
     prof = _flat_profile(per_token=1e-5, base=0.004)
     assert choose_cap(prof, batch=8, tracker=t) > 0
-    assert choose_cap(prof, batch=8, tracker=t, draft_overhead=0.002) == 0
+    dear = CostCalibration(spec=0.004, plain=0.0)  # drafting and sampling add 4 ms to a speculative pass
+    assert choose_cap(prof, batch=8, tracker=t, calibration=dear) == 0
+
+
+def test_a_fixed_cost_per_pass_makes_longer_drafts_pay() -> None:
+    # verifying costs in proportion to tokens: p = 0.6 drafts do not pay on the profile alone ...
+    t = AcceptanceTracker(prior=0.6)
+    prof = _flat_profile(per_token=1e-3, base=0.0)
+    assert choose_cap(prof, batch=4, tracker=t) == 0
+    # ... but they do once every real pass is known to cost 20 ms more than its forward
+    fixed = CostCalibration(spec=0.02, plain=0.02)
+    assert choose_cap(prof, batch=4, tracker=t, calibration=fixed) > 0
+
+
+def test_calibration_tracks_the_excess_of_measured_over_predicted_per_kind() -> None:
+    c = CostCalibration(alpha=0.5)
+    assert c.extra(True) == 0.0 and c.extra(False) == 0.0
+    c.observe(True, measured=0.03, predicted=0.02)
+    assert c.extra(True) == pytest.approx(0.01)
+    assert c.extra(False) == pytest.approx(0.01)  # not seen yet: borrows the other side
+    c.observe(False, measured=0.012, predicted=0.01)
+    c.observe(False, measured=0.01, predicted=0.01)  # EMA: 0.5 * 0.002 + 0.5 * 0.0
+    assert c.extra(False) == pytest.approx(0.001)
+    assert c.extra(True) == pytest.approx(0.01)
+
+
+def test_a_gap_between_rollouts_is_not_taken_for_a_pass() -> None:
+    c = CostCalibration()
+    c.observe(True, measured=2.0, predicted=0.01)  # 200x: the trainer ran in between
+    c.observe(False, measured=0.001, predicted=0.01)
+    assert c.spec is None and c.plain is None
 
 
 def test_the_cap_stops_at_the_longest_draft_on_offer() -> None:
@@ -93,8 +132,9 @@ def test_sequences_without_a_draft_are_priced_at_one_token() -> None:
     t = AcceptanceTracker(prior=0.5)
     prof = _flat_profile(per_token=1e-3, base=0.02)
     assert choose_cap(prof, batch=4, tracker=t, lengths=[4, 0, 0, 0]) == 2
-    # with 1 ms of drafting per sequence (4 ms a pass) it no longer pays
-    assert choose_cap(prof, batch=4, tracker=t, lengths=[4, 0, 0, 0], draft_overhead=0.001) == 0
+    # with speculative passes measured 5 ms dearer than predicted it no longer pays (cap 2: 150 per s)
+    assert choose_cap(prof, batch=4, tracker=t, lengths=[4, 0, 0, 0],
+                      calibration=CostCalibration(spec=0.005, plain=0.0)) == 0
 
 
 @given(lengths=st.lists(st.integers(0, 40), min_size=1, max_size=12), extra=st.integers(0, 6),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 import torch
@@ -96,12 +97,14 @@ def test_a_sequence_without_history_is_generated_plainly(model: TinyLlama) -> No
     assert torch.tensor([len(r.response_ids) for r in out]).min() >= 1
 
 
-def test_drafter_overhead_adds_up_over_a_pass() -> None:
-    control = SpecController(SpeculationSpec())
-    control.charge(0.002, 4)  # propose
-    control.charge(0.002, 4)  # settle
-    control.cap(4)
-    assert control.draft_overhead == pytest.approx(0.001)
+def test_the_time_between_choices_calibrates_the_cost_model() -> None:
+    prof = CostProfile((1, 64), (1, 33), ((0.02, 0.02), (0.02, 0.02)))  # every pass predicted at 20 ms
+    control = SpecController(SpeculationSpec(), prof, AcceptanceTracker(prior=0.9))
+    control.cap(4, [3, 3, 3, 3])  # a speculative pass ...
+    time.sleep(0.04)              # ... that took 20 ms more than its prediction
+    control.cap(4, [0, 0, 0, 0])  # nothing on offer: a plain pass
+    assert control.calibration.spec is not None and 0.015 <= control.calibration.spec <= 0.08
+    assert control.calibration.plain is None
 
 
 def _steep_profile() -> CostProfile:

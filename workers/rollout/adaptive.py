@@ -11,13 +11,13 @@ tokens per pass (the 1 is the token the target model samples anyway). Each pass 
 proposes at every sequence's own AIMD window (draft length n_i, cheap); the cap k then truncates
 the drafts to min(n_i, k), and is chosen to maximise
 
-    sum_i E(min(n_i, k)) / (t(B, 1 + sum_i min(n_i, k) / B) + B * o)
+    sum_i E(min(n_i, k)) / (t(B, 1 + sum_i min(n_i, k) / B) + c)
 
-where o is the drafter's own measured cost per sequence and pass. The engine computes only the
-real tokens of a ragged block, so a pass is priced at its mean tokens per sequence (the padded
-attention queries make this a slight underestimate). k = 0 (plain decoding, no drafter cost)
-wins when drafts are poor or the batch is so large that verifying extra tokens costs more than
-it returns.
+(the engine computes only the real tokens of a ragged block, so a pass is priced at its mean
+tokens per sequence). c is measured online: what real passes cost beyond the profile's
+prediction, with drafts and without (CostCalibration; the profile times the forward pass alone,
+not the engine's bookkeeping, sampling and drafting). k = 0 (plain decoding) wins when drafts are poor or the batch is so large that
+verifying extra tokens costs more than it returns.
 """
 
 from __future__ import annotations
@@ -31,7 +31,13 @@ CAPS = (0, 1, 2, 4, 8, 16, 32)
 
 @dataclass
 class AcceptanceTracker:
-    """Online estimate of p_j = P(draft token j accepted | tokens 1..j-1 accepted)."""
+    """Online estimate of p_j = P(draft token j accepted | tokens 1..j-1 accepted).
+
+    Counts decay per pass, so the estimate follows the policy and the batch as they change. A
+    position with few tests leans on its predecessor's estimate (weight `prior_weight`), the first
+    one on `prior`: positions beyond the caps chosen lately are rarely tested, and shrinking them
+    to a fixed prior would make longer caps look worse than the evidence says and keep them unused.
+    """
 
     max_len: int = 32
     decay: float = 0.98
@@ -41,8 +47,8 @@ class AcceptanceTracker:
     taken: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.offered = [self.prior_weight] * self.max_len
-        self.taken = [self.prior * self.prior_weight] * self.max_len
+        self.offered = [0.0] * self.max_len
+        self.taken = [0.0] * self.max_len
 
     def observe(self, drafted: Sequence[int], accepted: Sequence[int]) -> None:
         """One verify pass: per sequence, draft tokens proposed and how many were accepted."""
@@ -56,7 +62,11 @@ class AcceptanceTracker:
                     self.taken[j] += 1.0
 
     def conditional(self) -> list[float]:
-        return [t / o for t, o in zip(self.taken, self.offered, strict=True)]
+        out, lean = [], self.prior
+        for t, o in zip(self.taken, self.offered, strict=True):
+            lean = (t + self.prior_weight * lean) / (o + self.prior_weight)
+            out.append(lean)
+        return out
 
     def expected_tokens(self, k: int) -> float:
         """E(k): tokens a sequence emits per pass with a draft of k tokens."""
@@ -103,16 +113,20 @@ def _interp2(bs: Sequence[int], ts: Sequence[int], grid: Sequence[Sequence[float
     return max(_interp1(bs, per_batch, b), 1e-9)
 
 
+def pass_seconds(profile: CostProfile, batch: int, drafts: Sequence[int]) -> float:
+    """Profiled time of a pass over `batch` sequences, of which these append 1 + draft tokens and
+    the rest 1: the engine computes real tokens only, so the pass is priced at its mean per row."""
+    return profile.cost(batch, (batch + sum(drafts)) / batch)
+
+
 def choose_cap(profile: CostProfile, batch: int, tracker: AcceptanceTracker, lengths: Sequence[int] | None = None,
-               caps: Sequence[int] = CAPS, limit: int = 32, draft_overhead: float = 0.0) -> int:
+               caps: Sequence[int] = CAPS, limit: int = 32, calibration: CostCalibration | None = None) -> int:
     """The draft cap with the highest expected tokens per second for `batch` running sequences.
 
     `lengths` are the drafts the sequences have on offer this pass (the drafter's AIMD windows and
     index matches decide them; sequences without a draft source are left out). A cap k truncates
-    each to min(length, k); the engine computes only real tokens, so the pass is priced at its
-    mean tokens per sequence, t(batch, 1 + sum(min(length, k)) / batch). Without `lengths` every
-    sequence is assumed to draft the full cap. `draft_overhead` is the drafter's own cost per
-    sequence and pass (proposing, bookkeeping), paid only when speculating.
+    each to min(length, k). Without `lengths` every sequence is assumed to draft the full cap.
+    `calibration` adds what real passes cost beyond the profile, with drafts and without.
     """
     offered = list(lengths) if lengths is not None else None
     longest = max(offered, default=0) if offered is not None else limit
@@ -122,13 +136,47 @@ def choose_cap(profile: CostProfile, batch: int, tracker: AcceptanceTracker, len
         if k > limit:
             break
         drafts = [min(n, k) for n in offered] if offered is not None else [k] * batch
-        plain = batch - len(drafts)
-        tokens = plain + sum(gain[min(d, len(gain) - 1)] for d in drafts)
-        appended = batch + sum(drafts)
-        seconds = profile.cost(batch, appended / batch) + (batch * draft_overhead if k and sum(drafts) else 0.0)
+        tokens = batch - len(drafts) + sum(gain[min(d, len(gain) - 1)] for d in drafts)
+        seconds = pass_seconds(profile, batch, drafts)
+        if calibration is not None:
+            seconds += calibration.extra(sum(drafts) > 0)
         rate = tokens / seconds
         if rate > best_rate * (1 + 1e-9):
             best, best_rate = k, rate
         if offered is not None and k >= longest:
             break
     return best
+
+
+@dataclass
+class CostCalibration:
+    """What a real pass costs beyond the profile's prediction, tracked apart for passes with
+    drafts and without.
+
+    The profile times the model's forward pass alone. A real pass also runs the engine's
+    bookkeeping and prefills, samples every appended token, asks the drafter for drafts and feeds
+    it what was emitted. Much of that is paid once per pass whatever its size, so it is tracked as
+    seconds added to a pass (an EMA of measured minus predicted) rather than as a factor: a fixed
+    per-pass cost makes appending tokens relatively cheaper, which a factor would hide. Drafting
+    and sampling more tokens make the speculative side dearer than the plain one.
+    """
+
+    alpha: float = 0.05
+    spec: float | None = None
+    plain: float | None = None
+
+    def observe(self, speculative: bool, measured: float, predicted: float) -> None:
+        if not 0.25 * predicted <= measured <= 5.0 * predicted:  # a gap between rollouts or a stall, not a pass
+            return
+        excess = measured - predicted
+        old = self.spec if speculative else self.plain
+        new = excess if old is None else (1 - self.alpha) * old + self.alpha * excess
+        if speculative:
+            self.spec = new
+        else:
+            self.plain = new
+
+    def extra(self, speculative: bool) -> float:
+        """Seconds to add to a predicted pass; a side not seen yet borrows the other's."""
+        mine, other = (self.spec, self.plain) if speculative else (self.plain, self.spec)
+        return mine if mine is not None else other if other is not None else 0.0

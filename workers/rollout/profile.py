@@ -3,12 +3,13 @@
 The adaptive speculation policy needs to know what appending 1 + k tokens per sequence costs at
 each batch size. That depends on the model, the device, the dtype and the torch build, so it is
 measured once at start-up (a few seconds for the embedded model) and cached under
-``$RHYMERL_CACHE`` (default ``~/.cache/rhymerl``), keyed by all four.
+``$RHYMERL_CACHE`` (default ``~/.cache/rhymerl``), keyed by all four and by the model code.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import time
@@ -29,8 +30,10 @@ def cache_dir() -> Path:
 
 def profile_key(model: TinyLlama, context: int, batches: tuple[int, ...], tokens: tuple[int, ...]) -> str:
     param = next(model.parameters())
+    # the forward pass's own code is part of the key: a changed implementation costs differently
+    code = hashlib.sha256(Path(inspect.getfile(TinyLlama)).read_bytes()).hexdigest()
     parts = [model.cfg.to_json(), str(param.device), str(param.dtype), torch.__version__,
-             str(torch.get_num_threads()), str(context), str(batches), str(tokens)]
+             str(torch.get_num_threads()), str(context), str(batches), str(tokens), code]
     if param.device.type == "cuda":
         parts.append(torch.cuda.get_device_name(param.device))
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]

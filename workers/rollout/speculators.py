@@ -16,7 +16,13 @@ import numpy as np
 from rhymerl.api.spec import SpeculationSpec
 from rhymerl.workers.history import _suffix_index as native
 from rhymerl.workers.history.index import HistoryDrafter, HistoryIndex
-from rhymerl.workers.rollout.adaptive import AcceptanceTracker, CostProfile, choose_cap
+from rhymerl.workers.rollout.adaptive import (
+    AcceptanceTracker,
+    CostCalibration,
+    CostProfile,
+    choose_cap,
+    pass_seconds,
+)
 from rhymerl.workers.rollout.engine import GenRequest
 
 PROBE_EVERY = 16
@@ -26,34 +32,27 @@ PROBE_EVERY = 16
 class SpecController:
     """Chooses each pass's draft cap from the cost profile and the acceptance seen so far.
 
-    While the cap is 0 every PROBE_EVERY-th pass still drafts at the initial window, so the
-    acceptance estimate stays current and speculation can switch itself back on.
+    The time from one pass's choice to the next is that pass's real cost; set against the profile's
+    prediction it calibrates the cost model (adaptive.CostCalibration). While the cap is 0 every
+    PROBE_EVERY-th pass still drafts at the initial window, so the acceptance estimate and the
+    speculative side of the calibration stay current and speculation can switch itself back on.
     """
 
     spec: SpeculationSpec
     profile: CostProfile | None = None
     tracker: AcceptanceTracker = field(default_factory=AcceptanceTracker)
+    calibration: CostCalibration = field(default_factory=CostCalibration)
     passes: int = 0
     off_passes: int = 0
     caps_chosen: dict[int, int] = field(default_factory=dict)
-    draft_overhead: float = 0.0  # EMA of the drafter's seconds per sequence and drafting pass
-    _pending: float = 0.0        # drafter time charged during the current pass
-    _pending_seqs: int = 0
-
-    def charge(self, seconds: float, sequences: int) -> None:
-        """Time a draft source spent proposing or settling for `sequences` sequences in this pass."""
-        self._pending += seconds
-        self._pending_seqs = max(self._pending_seqs, sequences)
-
-    def _close_pass(self) -> None:
-        if self._pending_seqs:
-            per_seq = self._pending / self._pending_seqs
-            self.draft_overhead = per_seq if not self.draft_overhead else 0.9 * self.draft_overhead + 0.1 * per_seq
-        self._pending, self._pending_seqs = 0.0, 0
+    _last: tuple[float, float, bool] | None = None  # previous choice: clock, predicted seconds, speculative
 
     def cap(self, batch_size: int, lengths: Sequence[int] | None = None) -> int:
         """This pass's cap; `lengths` are the drafts on offer (see adaptive.choose_cap)."""
-        self._close_pass()
+        now = time.perf_counter()
+        if self._last is not None:
+            start, predicted, speculative = self._last
+            self.calibration.observe(speculative, now - start, predicted)
         self.passes += 1
         limit = self.spec.window.max
         if self.spec.disable_above_batch is not None and batch_size > self.spec.disable_above_batch:
@@ -62,12 +61,15 @@ class SpecController:
             cap = limit
         else:
             cap = choose_cap(self.profile, batch_size, self.tracker, lengths, limit=limit,
-                             draft_overhead=self.draft_overhead)
+                             calibration=self.calibration)
         self.caps_chosen[cap] = self.caps_chosen.get(cap, 0) + 1
         if cap == 0:
             self.off_passes += 1
             if self.off_passes % PROBE_EVERY == 0:
-                return self.spec.window.initial
+                cap = self.spec.window.initial
+        if self.profile is not None:
+            drafts = [min(n, cap) for n in lengths] if lengths is not None else [cap] * batch_size
+            self._last = (now, pass_seconds(self.profile, batch_size, drafts), sum(drafts) > 0)
         return cap
 
     def observe(self, drafted: list[int], accepted: list[int]) -> None:
@@ -95,7 +97,6 @@ class HistoryDrafts:
         if not live:
             self.control.cap(batch_size, [])
             return [[] for _ in slots]
-        t0 = time.perf_counter()
         handles = np.array([self.handle[s] for s in live], dtype=np.int64)
         offsets, tokens = self.drafter.draft(handles)  # at each sequence's own AIMD window
         lengths = np.diff(offsets)
@@ -103,7 +104,6 @@ class HistoryDrafts:
         if cap < int(lengths.max()):  # drafting again at the cap also tells the drafter what was offered
             offsets, tokens = self.drafter.draft(handles, np.full(len(live), cap, dtype=np.int32))
         drafts = {s: tokens[offsets[i]: offsets[i + 1]].tolist() for i, s in enumerate(live)}
-        self.control.charge(time.perf_counter() - t0, len(live))
         return [drafts.get(s, []) for s in slots]
 
     def settle(self, slots: list[int], drafted: list[int], accepted: list[int], emitted: list[list[int]]) -> None:
@@ -111,7 +111,6 @@ class HistoryDrafts:
         rows = [i for i, s in enumerate(slots) if s in self.handle]
         if not rows:
             return
-        t0 = time.perf_counter()
         handles = np.array([self.handle[slots[i]] for i in rows], dtype=np.int64)
         lengths = [len(emitted[i]) for i in rows]
         offsets = np.zeros(len(rows) + 1, dtype=np.int64)
@@ -119,8 +118,6 @@ class HistoryDrafts:
         flat = np.fromiter((t for i in rows for t in emitted[i]), dtype=np.int32, count=int(offsets[-1]))
         self.drafter.report(handles, np.array([accepted[i] for i in rows], dtype=np.int32))
         self.drafter.feed(handles, offsets, flat)
-        if any(drafted[i] for i in rows):
-            self.control.charge(time.perf_counter() - t0, len(rows))
 
     def end(self, slot: int) -> None:
         handle = self.handle.pop(slot, None)
@@ -155,7 +152,6 @@ class NgramDrafts:
         self.window[slot] = self.spec.window.initial
 
     def propose(self, slots: list[int], batch_size: int) -> list[list[int]]:
-        t0 = time.perf_counter()
         rows = np.array(slots, dtype=np.int64)
         windows = np.array([self.window[s] for s in slots], dtype=np.int32)
         lengths = np.array([self.length[s] for s in slots], dtype=np.int64)
@@ -163,12 +159,10 @@ class NgramDrafts:
                                              self.spec.prefix.min, self.spec.prefix.max)
         cap = self.control.cap(batch_size, np.diff(offsets).tolist())
         out = [tokens[offsets[i]: min(offsets[i + 1], offsets[i] + cap)].tolist() for i in range(len(slots))]
-        self.control.charge(time.perf_counter() - t0, len(slots))
         return out
 
     def settle(self, slots: list[int], drafted: list[int], accepted: list[int], emitted: list[list[int]]) -> None:
         self.control.observe(drafted, accepted)
-        t0 = time.perf_counter()
         w = self.spec.window
         for s, d, a, toks in zip(slots, drafted, accepted, emitted, strict=True):
             if d > 0:
@@ -177,8 +171,6 @@ class NgramDrafts:
             room = self.context.shape[1] - n
             self.context[s, n: n + min(room, len(toks))] = toks[:room]
             self.length[s] = n + min(room, len(toks))
-        if any(drafted):
-            self.control.charge(time.perf_counter() - t0, len(slots))
 
     def end(self, slot: int) -> None:
         self.length.pop(slot, None)
