@@ -101,6 +101,8 @@ class HistoryDrafts:
         offsets, tokens = self.drafter.draft(handles)  # at each sequence's own AIMD window
         lengths = np.diff(offsets)
         cap = self.control.cap(batch_size, lengths.tolist())
+        if cap == 0:  # nothing offered: settle() leaves these windows alone
+            return [[] for _ in slots]
         if cap < int(lengths.max()):  # drafting again at the cap also tells the drafter what was offered
             offsets, tokens = self.drafter.draft(handles, np.full(len(live), cap, dtype=np.int32))
         drafts = {s: tokens[offsets[i]: offsets[i + 1]].tolist() for i, s in enumerate(live)}
@@ -116,7 +118,9 @@ class HistoryDrafts:
         offsets = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         flat = np.fromiter((t for i in rows for t in emitted[i]), dtype=np.int32, count=int(offsets[-1]))
-        self.drafter.report(handles, np.array([accepted[i] for i in rows], dtype=np.int32))
+        verified = [j for j, i in enumerate(rows) if drafted[i] > 0]  # the AIMD windows that were tested
+        if verified:
+            self.drafter.report(handles[verified], np.array([accepted[rows[j]] for j in verified], dtype=np.int32))
         self.drafter.feed(handles, offsets, flat)
 
     def end(self, slot: int) -> None:
