@@ -16,8 +16,8 @@ the drafts to min(n_i, k), and is chosen to maximise
 (the engine computes only the real tokens of a ragged block, so a pass is priced at its mean
 tokens per sequence). c is measured online: what real passes cost beyond the profile's
 prediction, with drafts and without (CostCalibration; the profile times the forward pass alone,
-not the engine's bookkeeping, sampling and drafting). k = 0 (plain decoding) wins when drafts are poor or the batch is so large that
-verifying extra tokens costs more than it returns.
+not the engine's bookkeeping, sampling and drafting). k = 0 (plain decoding) wins when drafts
+are poor or the batch is so large that verifying extra tokens costs more than it returns.
 """
 
 from __future__ import annotations
