@@ -3,17 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
-SCRIPT = Path(sys.executable).parent / "rhymerl"
-
-
-def rhymerl(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [str(SCRIPT)] if SCRIPT.is_file() else [sys.executable, "-P", "-m", "rhymerl.cli.main"]
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=600)
+from cli_runner import rhymerl
 
 
 def test_bench_rollout_compares_methods_on_the_jobs_steps_and_on_a_pool(repo: Path, tmp_path: Path) -> None:

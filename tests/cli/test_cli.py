@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import yaml
+from cli_runner import rhymerl
 
 from rhymerl.api.crd import crd_yaml
 
@@ -23,13 +23,6 @@ spec:
 """
 
 
-SCRIPT = Path(sys.executable).parent / "rhymerl"
-
-
-def rhymerl(*args: str) -> subprocess.CompletedProcess[str]:
-    """The installed console script, run from a neutral directory, as a user would."""
-    cmd = [str(SCRIPT)] if SCRIPT.is_file() else [sys.executable, "-P", "-m", "rhymerl.cli.main"]
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=300)
 
 
 def test_validate_accepts_the_quickstart(repo: Path) -> None:

@@ -3,19 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
+from cli_runner import rhymerl
+
 from rhymerl.workers import dumps
-
-SCRIPT = Path(sys.executable).parent / "rhymerl"
-
-
-def rhymerl(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [str(SCRIPT)] if SCRIPT.is_file() else [sys.executable, "-P", "-m", "rhymerl.cli.main"]
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=300)
 
 # a short, hot job: arithmetic chains of 2-10 steps, so some answers are right and some wrong
 SMALL = ["--set", "data.num_prompts=3", "--set", "data.min_ops=2", "--set", "data.median_ops=5",
