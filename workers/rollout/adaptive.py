@@ -136,7 +136,7 @@ def choose_cap(profile: CostProfile, batch: int, tracker: AcceptanceTracker, len
         if k > limit:
             break
         drafts = [min(n, k) for n in offered] if offered is not None else [k] * batch
-        tokens = batch - len(drafts) + sum(gain[min(d, len(gain) - 1)] for d in drafts)
+        tokens = batch - len(drafts) + sum(gain[d] for d in drafts)
         seconds = pass_seconds(profile, batch, drafts)
         if calibration is not None:
             seconds += calibration.extra(sum(drafts) > 0)

@@ -136,8 +136,9 @@ class TorchEngine:
             for s, prop in zip(running, proposals, strict=True):
                 padded[s][: len(prop)] = prop
             tokens = torch.cat([tokens, torch.tensor(padded, dtype=torch.int64, device=self.device)], dim=1)
-        real = torch.arange(width, device=self.device)[None, :] < torch.tensor(counts, device=self.device)[:, None]
-        logits = self.model.forward_cached(tokens, b.lens[:rows], cache, real.sum(dim=1))
+        per_row = torch.tensor(counts, device=self.device)
+        real = torch.arange(width, device=self.device)[None, :] < per_row[:, None]
+        logits = self.model.forward_cached(tokens, b.lens[:rows], cache, per_row)
         done = torch.tensor([len(results[b.owner[s]].response_ids) if b.owner[s] >= 0 else 0 for s in range(rows)],
                             device=self.device)
         positions = done[:, None] + torch.arange(width, device=self.device)[None, :]
