@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import random
 import time
+from typing import Any
 
 import pytest
 import torch
 
 from rhymerl.api.spec import SpeculationSpec
-from rhymerl.workers.history.index import HistoryIndex
+from rhymerl.workers.history.index import HistoryDrafter, HistoryIndex
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.rollout.adaptive import AcceptanceTracker, CostProfile
 from rhymerl.workers.rollout.engine import GenRequest, SamplingParams, TorchEngine
@@ -73,13 +74,50 @@ def test_ngram_drafts_change_nothing(model: TinyLlama, temperature: float) -> No
     assert sum(r.drafted for r in spec) > 0
 
 
-def test_the_controller_switches_off_for_poor_drafts_but_keeps_probing() -> None:
+def _drive(control: SpecController, batches: list[int]) -> list[int | None]:
+    """What a draft source does each pass: ask whether speculation is parked, else for a cap
+    (None = parked: the drafter was not asked)."""
+    return [None if control.parked(b) else control.cap(b) for b in batches]
+
+
+def test_the_controller_parks_speculation_for_poor_drafts_but_keeps_probing() -> None:
     # verifying costs in proportion to tokens appended: poor drafts never pay
     prof = CostProfile((1, 64), (1, 33), ((1.0, 33.0), (64.0, 64.0 * 33)))
     control = SpecController(SpeculationSpec(), prof, AcceptanceTracker(prior=0.05))
-    caps = [control.cap(64) for _ in range(2 * PROBE_EVERY)]
-    assert caps.count(0) == 2 * PROBE_EVERY - 2
-    assert caps[PROBE_EVERY - 1] == SpeculationSpec().window.initial
+    # choose off and park 1, 2, 4, 8 passes (backing off), then PROBE_EVERY - 1; then probe at
+    # the initial window, choose off again, park PROBE_EVERY - 1, probe ...
+    ramp = [x for n in (1, 2, 4, 8) for x in [0] + [None] * n]
+    cycle = [0] + [None] * (PROBE_EVERY - 1) + [SpeculationSpec().window.initial]
+    caps = _drive(control, [64] * (len(ramp) + 2 * len(cycle)))
+    assert caps == ramp + cycle + cycle
+    assert control.probes == 2
+
+
+def test_nothing_on_offer_is_plain_decoding_without_parking() -> None:
+    prof = CostProfile((1, 64), (1, 33), ((1.0, 1.0), (1.0, 1.0)))
+    control = SpecController(SpeculationSpec(), prof, AcceptanceTracker(prior=0.9))
+    # young sequences, not matching their history yet, then matching
+    caps = [None if control.parked(4) else control.cap(4, lengths) for lengths in ([0] * 4, [0] * 4, [3] * 4)]
+    assert caps == [0, 0, 4]
+
+
+def test_a_passing_dip_costs_a_short_park() -> None:
+    prof = CostProfile((1, 64), (1, 33), ((1.0, 1.0), (1.0, 1.0)))  # drafts are free: any acceptance pays
+    control = SpecController(SpeculationSpec(), prof, AcceptanceTracker(prior=0.9))
+    assert _drive(control, [8, 8]) == [32, 32]
+    control.spec.disable_above_batch = 7  # a moment where the rules say off ...
+    assert _drive(control, [8, 8, 8]) == [0, None, 0]
+    control.spec.disable_above_batch = None  # ... is over after a park of one pass, then two
+    assert _drive(control, [8, 8, 8]) == [None, None, 32]
+
+
+def test_a_halved_batch_ends_the_park_early() -> None:
+    prof = CostProfile((1, 64), (1, 33), ((1.0, 33.0), (64.0, 64.0 * 33)))
+    control = SpecController(SpeculationSpec(), prof, AcceptanceTracker(prior=0.05))
+    caps = _drive(control, [64, 64, 64, 64, 64, 64, 40, 32, 32])
+    # off, park 1, off, park 2, off, park 4 ... but 32 is half of 64: chosen afresh, parked again
+    assert caps == [0, None, 0, None, None, 0, None, 0, None]
+    assert control.probes == 0
 
 
 def test_disable_above_batch_overrides_the_profile() -> None:
@@ -139,3 +177,54 @@ def test_ngram_drafts_cut_to_the_chosen_cap_change_nothing(model: TinyLlama) -> 
     # a cap of 2 pays only when few sequences offer 2 tokens (a pass is priced by its real tokens)
     assert set(control.caps_chosen) <= {0, 1, 2}
     assert max(r.drafted / r.forward_passes for r in spec) <= 2.0
+
+
+def test_a_drafter_catching_up_after_a_park_drafts_what_an_always_fed_one_drafts() -> None:
+    rng = random.Random(5)
+    history = [[rng.randrange(3, 12) for _ in range(60)] for _ in range(4)]
+    index = HistoryIndex.build([(r, 1.0) for r in history])
+    eager = HistoryDrafts(SpeculationSpec(), {"p": index}, SpecController(SpeculationSpec()))
+    lazy = HistoryDrafts(SpeculationSpec(), {"p": index}, SpecController(SpeculationSpec()))
+    for d in (eager, lazy):
+        d.begin(0, GenRequest([1, 4], 7, "p"))
+    stream = history[1][:40]
+    for pos in range(0, 40, 4):
+        emitted = stream[pos: pos + 4]
+        assert eager.propose([0], 1)  # fed (and asked) every pass
+        eager.settle([0], [0], [0], [emitted])  # nothing verified: the AIMD window stays
+        lazy.settle([0], [0], [0], [emitted])   # never asked: tokens wait in `pending`
+    assert lazy.pending[0] == stream
+    assert lazy.propose([0], 1) == eager.propose([0], 1) != [[]]
+    assert lazy.pending[0] == []
+
+
+class _CountingDrafter:
+    def __init__(self, inner: HistoryDrafter) -> None:
+        self.inner, self.draft_calls = inner, 0
+
+    def draft(self, *args: Any) -> Any:
+        self.draft_calls += 1
+        return self.inner.draft(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_parked_speculation_does_not_ask_the_drafter(model: TinyLlama) -> None:
+    reqs = _requests(3)
+    params = SamplingParams(temperature=0.0, seed=3, max_response_length=60)
+    engine = TorchEngine(model, EOS, max_batch_size=12)
+    plain = engine.generate(reqs, params)
+    # right drafts on offer, but the profile says no draft token is ever worth its cost
+    indexes = {f"p{i}": HistoryIndex.build([(r.response_ids, 1.0) for r in plain[4 * i: 4 * i + 4]])
+               for i in range(3)}
+    prohibitive = CostProfile((1, 64), (1, 2, 33), ((1.0, 1000.0, 2000.0), (1.0, 1000.0, 2000.0)))
+    control = SpecController(SpeculationSpec(), prohibitive, AcceptanceTracker(prior=0.99))
+    source = HistoryDrafts(SpeculationSpec(), indexes, control)
+    counting = _CountingDrafter(source.drafter)
+    source.drafter = counting  # type: ignore[assignment]
+    spec = engine.generate(reqs, params, source)
+    assert [r.response_ids for r in spec] == [r.response_ids for r in plain]
+    assert control.off_passes > 0.7 * control.passes
+    assert sum(r.drafted for r in spec) > 0  # probes
+    assert counting.draft_calls < 0.35 * control.passes

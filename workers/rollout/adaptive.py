@@ -26,6 +26,9 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+from numpy.typing import NDArray
+
 CAPS = (0, 1, 2, 4, 8, 16, 32)
 
 
@@ -43,38 +46,47 @@ class AcceptanceTracker:
     decay: float = 0.98
     prior: float = 0.5
     prior_weight: float = 2.0
-    offered: list[float] = field(default_factory=list)
-    taken: list[float] = field(default_factory=list)
+    offered: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    taken: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
 
     def __post_init__(self) -> None:
-        self.offered = [0.0] * self.max_len
-        self.taken = [0.0] * self.max_len
+        self.offered = np.zeros(self.max_len)
+        self.taken = np.zeros(self.max_len)
 
     def observe(self, drafted: Sequence[int], accepted: Sequence[int]) -> None:
         """One verify pass: per sequence, draft tokens proposed and how many were accepted."""
-        self.offered = [o * self.decay for o in self.offered]
-        self.taken = [t * self.decay for t in self.taken]
-        for d, a in zip(drafted, accepted, strict=True):
-            # position j (0-based) was tested when all earlier ones were accepted: j <= a, j < d
-            for j in range(min(a + 1, d, self.max_len)):
-                self.offered[j] += 1.0
-                if j < a:
-                    self.taken[j] += 1.0
+        d = np.asarray(drafted, dtype=np.int64)
+        a = np.asarray(accepted, dtype=np.int64)
+        if d.shape != a.shape:
+            raise ValueError("drafted and accepted must have one entry per sequence")
+        self.offered *= self.decay
+        self.taken *= self.decay
+        # position j (0-based) was tested when all earlier ones were accepted (j <= a, j < d) and
+        # accepted when j < a: counts of sequences reaching past j, by reverse cumulative sums
+        tested = np.bincount(np.minimum(np.minimum(a + 1, d), self.max_len), minlength=self.max_len + 1)
+        taken = np.bincount(np.minimum(a, self.max_len), minlength=self.max_len + 1)
+        self.offered += tested[::-1].cumsum()[::-1][1:]
+        self.taken += taken[::-1].cumsum()[::-1][1:]
 
     def conditional(self) -> list[float]:
         out, lean = [], self.prior
-        for t, o in zip(self.taken, self.offered, strict=True):
+        for t, o in zip(self.taken.tolist(), self.offered.tolist(), strict=True):
             lean = (t + self.prior_weight * lean) / (o + self.prior_weight)
             out.append(lean)
         return out
 
-    def expected_tokens(self, k: int) -> float:
-        """E(k): tokens a sequence emits per pass with a draft of k tokens."""
-        total, run = 1.0, 1.0
+    def gains(self, k: int) -> list[float]:
+        """[E(0), ..., E(k)] from one pass over the conditional chain."""
+        out, total, run = [1.0], 1.0, 1.0
         for p in self.conditional()[:k]:
             run *= p
             total += run
-        return total
+            out.append(total)
+        return out + [total] * (k + 1 - len(out))  # positions past max_len add nothing
+
+    def expected_tokens(self, k: int) -> float:
+        """E(k): tokens a sequence emits per pass with a draft of k tokens."""
+        return self.gains(k)[k]
 
 
 @dataclass(frozen=True)
@@ -128,18 +140,25 @@ def choose_cap(profile: CostProfile, batch: int, tracker: AcceptanceTracker, len
     each to min(length, k). Without `lengths` every sequence is assumed to draft the full cap.
     `calibration` adds what real passes cost beyond the profile, with drafts and without.
     """
-    offered = list(lengths) if lengths is not None else None
-    longest = max(offered, default=0) if offered is not None else limit
-    gain = [tracker.expected_tokens(d) for d in range(min(longest, limit) + 1)]
+    if lengths is None:
+        offered = None
+        longest = limit
+    else:
+        offered = np.asarray(lengths, dtype=np.int64)
+        longest = int(offered.max()) if offered.size else 0
+    gain = np.asarray(tracker.gains(min(longest, limit)))
     best, best_rate = 0, -1.0
     for k in caps:
         if k > limit:
             break
-        drafts = [min(n, k) for n in offered] if offered is not None else [k] * batch
-        tokens = batch - len(drafts) + sum(gain[d] for d in drafts)
-        seconds = pass_seconds(profile, batch, drafts)
+        if offered is None:
+            drafted, tokens = k * batch, batch * float(gain[k])
+        else:
+            drafts = np.minimum(offered, k)
+            drafted, tokens = int(drafts.sum()), batch - offered.size + float(gain[drafts].sum())
+        seconds = profile.cost(batch, (batch + drafted) / batch)
         if calibration is not None:
-            seconds += calibration.extra(sum(drafts) > 0)
+            seconds += calibration.extra(drafted > 0)
         rate = tokens / seconds
         if rate > best_rate * (1 + 1e-9):
             best, best_rate = k, rate

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import NDArray
 
 from rhymerl.api.spec import SpeculationSpec
 from rhymerl.workers.history import _suffix_index as native
@@ -33,9 +34,20 @@ class SpecController:
     """Chooses each pass's draft cap from the cost profile and the acceptance seen so far.
 
     The time from one pass's choice to the next is that pass's real cost; set against the profile's
-    prediction it calibrates the cost model (adaptive.CostCalibration). While the cap is 0 every
-    PROBE_EVERY-th pass still drafts at the initial window, so the acceptance estimate and the
-    speculative side of the calibration stay current and speculation can switch itself back on.
+    prediction it calibrates the cost model (adaptive.CostCalibration).
+
+    Switching off parks speculation: for the next few passes the draft source asks `parked()`
+    first and, while it says so, runs the pass plain without drafting or choosing, so "off" costs
+    what plain decoding costs (and the plain side of the calibration measures exactly that). Parks
+    back off exponentially, 1, 2, 4, ... up to PROBE_EVERY - 1 passes while the choice stays 0, so
+    a passing dip costs a pass or two and a lasting one costs almost nothing. A pass with no draft on
+    offer chooses 0 without parking: sequences too young to match their history, or briefly off
+    its paths, say nothing about whether drafts pay, and drafting resumes as soon as a match is
+    back. A park ends early when the batch has halved or doubled, as
+    the profile then prices drafts differently. A full-length park that ran its course is followed
+    by a probe: if the choice is still 0, that pass drafts at the initial window anyway, so the
+    acceptance estimate and the speculative side of the calibration stay current and speculation
+    can switch itself back on.
     """
 
     spec: SpeculationSpec
@@ -44,16 +56,30 @@ class SpecController:
     calibration: CostCalibration = field(default_factory=CostCalibration)
     passes: int = 0
     off_passes: int = 0
+    probes: int = 0
     caps_chosen: dict[int, int] = field(default_factory=dict)
-    _last: tuple[float, float, bool] | None = None  # previous choice: clock, predicted seconds, speculative
+    _last: tuple[float, float, bool] | None = None  # previous pass: clock, predicted seconds, speculative
+    _parked: int = 0        # passes left to run plain without asking the drafter
+    _parked_at: int = 0     # the batch size when speculation was parked
+    _park_len: int = 0      # length of the current park
+    _backoff: int = 1       # length of the next park
+    _probe_due: bool = False
+
+    def parked(self, batch_size: int) -> bool:
+        """Whether this pass runs plain without drafting; if so it is counted as an off pass."""
+        if self._parked <= 0:
+            return False
+        if not self._parked_at / 2 < batch_size < self._parked_at * 2:
+            self._parked = 0
+            return False
+        self._parked -= 1
+        if self._parked == 0 and self._park_len == PROBE_EVERY - 1:
+            self._probe_due = True
+        self._record(batch_size, 0, [])
+        return True
 
     def cap(self, batch_size: int, lengths: Sequence[int] | None = None) -> int:
         """This pass's cap; `lengths` are the drafts on offer (see adaptive.choose_cap)."""
-        now = time.perf_counter()
-        if self._last is not None:
-            start, predicted, speculative = self._last
-            self.calibration.observe(speculative, now - start, predicted)
-        self.passes += 1
         limit = self.spec.window.max
         if self.spec.disable_above_batch is not None and batch_size > self.spec.disable_above_batch:
             cap = 0
@@ -62,15 +88,32 @@ class SpecController:
         else:
             cap = choose_cap(self.profile, batch_size, self.tracker, lengths, limit=limit,
                              calibration=self.calibration)
-        self.caps_chosen[cap] = self.caps_chosen.get(cap, 0) + 1
-        if cap == 0:
-            self.off_passes += 1
-            if self.off_passes % PROBE_EVERY == 0:
-                cap = self.spec.window.initial
-        if self.profile is not None:
-            drafts = [min(n, cap) for n in lengths] if lengths is not None else [cap] * batch_size
-            self._last = (now, pass_seconds(self.profile, batch_size, drafts), sum(drafts) > 0)
+        offered = lengths is None or any(lengths)
+        if cap == 0 and self._probe_due:
+            cap = self.spec.window.initial
+            self.probes += 1
+        elif cap == 0 and offered:
+            self._parked = self._park_len = self._backoff
+            self._parked_at = batch_size
+            self._backoff = min(2 * self._backoff, PROBE_EVERY - 1)
+        elif cap > 0:
+            self._backoff = 1
+        self._probe_due = False
+        drafts = [min(n, cap) for n in lengths] if lengths is not None else [cap] * batch_size
+        self._record(batch_size, cap, drafts)
         return cap
+
+    def _record(self, batch_size: int, cap: int, drafts: list[int]) -> None:
+        """Count the pass and time the previous one against its prediction."""
+        now = time.perf_counter()
+        if self._last is not None:
+            start, predicted, speculative = self._last
+            self.calibration.observe(speculative, now - start, predicted)
+        self.passes += 1
+        self.caps_chosen[cap] = self.caps_chosen.get(cap, 0) + 1
+        self.off_passes += cap == 0
+        if self.profile is not None:
+            self._last = (now, pass_seconds(self.profile, batch_size, drafts), sum(drafts) > 0)
 
     def observe(self, drafted: list[int], accepted: list[int]) -> None:
         pairs = [(d, a) for d, a in zip(drafted, accepted, strict=True) if d > 0]
@@ -79,25 +122,35 @@ class SpecController:
 
 
 class HistoryDrafts:
-    """HistoSpec: drafts from the previous epoch's responses to the same prompt (native index)."""
+    """HistoSpec: drafts from the previous epoch's responses to the same prompt (native index).
+
+    Emitted tokens are fed to the drafter lazily, in one native call just before it next drafts:
+    while speculation is parked nothing is drafted, and the matcher catches up on the way back.
+    """
 
     def __init__(self, spec: SpeculationSpec, indexes: dict[str, HistoryIndex], control: SpecController) -> None:
         self.drafter = HistoryDrafter.from_spec(spec)
         self.indexes = indexes
         self.control = control
         self.handle: dict[int, int] = {}  # slot -> drafter handle (only prompts that have history)
+        self.pending: dict[int, list[int]] = {}  # slot -> emitted tokens the drafter has not seen
 
     def begin(self, slot: int, request: GenRequest) -> None:
         index = self.indexes.get(request.prompt_id)
         if index is not None:
             self.handle[slot] = self.drafter.add(index)
+            self.pending[slot] = []
 
     def propose(self, slots: list[int], batch_size: int) -> list[list[int]]:
         live = [s for s in slots if s in self.handle]
         if not live:
-            self.control.cap(batch_size, [])
+            if not self.control.parked(batch_size):
+                self.control.cap(batch_size, [])
+            return [[] for _ in slots]
+        if self.control.parked(batch_size):
             return [[] for _ in slots]
         handles = np.array([self.handle[s] for s in live], dtype=np.int64)
+        self._flush(live, handles)
         offsets, tokens = self.drafter.draft(handles)  # at each sequence's own AIMD window
         lengths = np.diff(offsets)
         cap = self.control.cap(batch_size, lengths.tolist())
@@ -108,28 +161,35 @@ class HistoryDrafts:
         drafts = {s: tokens[offsets[i]: offsets[i + 1]].tolist() for i, s in enumerate(live)}
         return [drafts.get(s, []) for s in slots]
 
+    def _flush(self, live: list[int], handles: NDArray[np.int64]) -> None:
+        chunks = [self.pending[s] for s in live]
+        offsets = np.zeros(len(live) + 1, dtype=np.int64)
+        np.cumsum([len(c) for c in chunks], out=offsets[1:])
+        if offsets[-1]:
+            flat = np.fromiter((t for c in chunks for t in c), dtype=np.int32, count=int(offsets[-1]))
+            self.drafter.feed(handles, offsets, flat)
+            for s in live:
+                self.pending[s] = []
+
     def settle(self, slots: list[int], drafted: list[int], accepted: list[int], emitted: list[list[int]]) -> None:
         self.control.observe(drafted, accepted)
-        rows = [i for i, s in enumerate(slots) if s in self.handle]
-        if not rows:
-            return
-        handles = np.array([self.handle[slots[i]] for i in rows], dtype=np.int64)
-        lengths = [len(emitted[i]) for i in rows]
-        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        flat = np.fromiter((t for i in rows for t in emitted[i]), dtype=np.int32, count=int(offsets[-1]))
-        verified = [j for j, i in enumerate(rows) if drafted[i] > 0]  # the AIMD windows that were tested
+        verified = [i for i, s in enumerate(slots) if drafted[i] > 0 and s in self.handle]  # windows tested
         if verified:
-            self.drafter.report(handles[verified], np.array([accepted[rows[j]] for j in verified], dtype=np.int32))
-        self.drafter.feed(handles, offsets, flat)
+            self.drafter.report(np.array([self.handle[slots[i]] for i in verified], dtype=np.int64),
+                                np.array([accepted[i] for i in verified], dtype=np.int32))
+        for s, toks in zip(slots, emitted, strict=True):
+            if s in self.handle:
+                self.pending[s] += toks
 
     def end(self, slot: int) -> None:
         handle = self.handle.pop(slot, None)
+        self.pending.pop(slot, None)
         if handle is not None:
             self.drafter.remove(handle)
 
     def move(self, src: list[int], dst: list[int]) -> None:
         self.handle = {d: self.handle[s] for s, d in zip(src, dst, strict=True) if s in self.handle}
+        self.pending = {d: self.pending[s] for s, d in zip(src, dst, strict=True) if s in self.pending}
 
 
 class NgramDrafts:
@@ -156,6 +216,8 @@ class NgramDrafts:
         self.window[slot] = self.spec.window.initial
 
     def propose(self, slots: list[int], batch_size: int) -> list[list[int]]:
+        if self.control.parked(batch_size):
+            return [[] for _ in slots]
         rows = np.array(slots, dtype=np.int64)
         windows = np.array([self.window[s] for s in slots], dtype=np.int32)
         lengths = np.array([self.length[s] for s in slots], dtype=np.int64)
