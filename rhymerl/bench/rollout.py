@@ -30,16 +30,11 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from rhymerl.workers import dumps
-from rhymerl.workers.controller.prompts import epoch_order, load_prompts
-from rhymerl.workers.controller.run_dir import RunDir
+from rhymerl.bench.workload import load_run_workload
 from rhymerl.workers.history.store import MemoryHistoryStore
-from rhymerl.workers.model.registry import load_policy
-from rhymerl.workers.model.transformer import load_model
 from rhymerl.workers.rollout.adaptive import CostProfile
-from rhymerl.workers.rollout.engine import DraftSource, GenRequest, GenResult, SamplingParams, TorchEngine
+from rhymerl.workers.rollout.engine import DraftSource, GenResult, TorchEngine
 from rhymerl.workers.rollout.profile import measure
-from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.rollout.speculators import HistoryDrafts, NgramDrafts, SpecController
 
 METHODS = ("none", "ngram", "history", "history-unweighted", "history-mismatched", "history-mismatched-fixed")
@@ -95,41 +90,23 @@ def _sources(method: str, job_spec: Any, store: dict[bool, MemoryHistoryStore], 
 
 
 def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str, Any]], CostProfile]:
-    run = RunDir(cfg.run)
-    job = run.load_job()
-    ckpts = run.checkpoint_dirs()
-    if not ckpts:
-        raise ValueError(f"{cfg.run}: no checkpoint to take the policy from")
-    model, tok = load_policy(job.spec.model)
-    model.load_state_dict(load_model(ckpts[-1]).state_dict())
-    model.eval()
-    records = dumps.read_run(cfg.run)
-    last_epoch = max(r.epoch for r in records)
-    store = {w: MemoryHistoryStore(reward_weighted=w) for w in (True, False)}
+    w = load_run_workload(cfg.run)
+    job, model, tok, reqs, params, per_step = w.job, w.model, w.tokenizer, w.requests, w.params, w.per_step
+    store = {weighted: MemoryHistoryStore(reward_weighted=weighted) for weighted in (True, False)}
     for s in store.values():
-        s.update(r for r in records if r.epoch == last_epoch)
-    prompts = load_prompts(job.spec.data)
-    epoch = last_epoch + 1
-    g = job.spec.algorithm.group_size
-    order = epoch_order(len(prompts), job.spec.data.seed, epoch, job.spec.data.shuffle)
-    reqs = [GenRequest([tok.bos_id, *tok.encode(prompts[i].text)], sample_key(prompts[i].prompt_id, epoch, k),
-                       prompts[i].prompt_id) for i in order for k in range(g)]
-    per_step = job.spec.algorithm.prompts_per_step * g
-    params = SamplingParams(job.spec.rollout.temperature, job.spec.rollout.top_p, job.spec.rollout.seed,
-                            job.spec.algorithm.max_response_length)
+        s.update(r for r in w.records if r.epoch == w.last_epoch)
     sizes = [b if isinstance(b, int) else min(per_step, job.spec.rollout.max_batch_size) for b in cfg.batch_sizes]
     # measured afresh (not the start-up cache) so the committed profile is this run's machine state;
     # up to the largest batch a workload runs at
     grid = {b for b in (1, 4, 16, 64, 128, 256) if b < max(sizes)} | set(sizes)
     profile = measure(model, batches=tuple(sorted(grid)))
-    ids = [p.prompt_id for p in prompts]
-    console.print(f"policy {ckpts[-1].name}, history from epoch {last_epoch}, {len(reqs)} samples, "
+    console.print(f"policy {w.checkpoint}, history from epoch {w.last_epoch}, {len(reqs)} samples, "
                   f"torch threads {torch.get_num_threads()}")
     out: list[dict[str, Any]] = []
     for batch in cfg.batch_sizes:
         if batch == JOB:  # the job's rollout: each step's prompts x group_size, decoded together
             engine = TorchEngine(model, tok.eos_id, max_batch_size=job.spec.rollout.max_batch_size)
-            chunks = [reqs[i: i + per_step] for i in range(0, len(reqs), per_step)]
+            chunks = w.steps()
         else:  # one pool of all samples, continuously batched at `batch`
             engine = TorchEngine(model, tok.eos_id, max_batch_size=int(batch))
             chunks = [reqs]
@@ -141,7 +118,7 @@ def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str,
                 if method.endswith("-fixed"):
                     spec.disable_above_batch = 10**9
                 control = SpecController(spec, None if method.endswith("-fixed") else profile)
-                source = _sources(method, job.spec, store, epoch, ids, control)
+                source = _sources(method, job.spec, store, w.epoch, w.prompt_ids, control)
                 t0 = time.perf_counter()
                 results = [r for chunk in chunks for r in engine.generate(chunk, params, source)]
                 times[method].append(time.perf_counter() - t0)

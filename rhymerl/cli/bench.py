@@ -148,3 +148,27 @@ def rollout(
     except ValueError as exc:
         Console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False)
         raise typer.Exit(2) from None
+
+
+@bench_app.command("replicas")
+def replicas(
+    run: Annotated[Path, typer.Option("--run", help="finished run folder (policy, prompts and length history "
+                                      "come from it)")],
+    replicas: Annotated[int, typer.Option("--replicas", min=2, help="engine replicas")] = 4,
+    policies: Annotated[str | None, typer.Option("--policies", help="comma-separated scheduling policies "
+                                                 "(default: all)")] = None,
+    groups: Annotated[int, typer.Option("--groups", min=1, help="HistoPipe ranking groups K")] = 4,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="runs per policy; medians are reported")] = 1,
+    out: Annotated[Path | None, typer.Option("--out", help="folder for results.json, table.md, makespan.png")] = None,
+) -> None:
+    """Scheduling policies placing a run's next epoch on N real engine replicas: measured makespans."""
+    from rich.console import Console
+
+    from rhymerl.bench.replicas import ReplicaBenchConfig, main
+
+    try:
+        chosen = tuple(p.strip() for p in policies.split(",")) if policies else ReplicaBenchConfig.policies
+        main(ReplicaBenchConfig(run, replicas, chosen, groups, repeats), out, Console())
+    except ValueError as exc:
+        Console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None

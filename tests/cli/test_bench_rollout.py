@@ -8,15 +8,9 @@ from pathlib import Path
 from cli_runner import rhymerl
 
 
-def test_bench_rollout_compares_methods_on_the_jobs_steps_and_on_a_pool(repo: Path, tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    res = rhymerl("run", str(repo / "examples" / "quickstart.yaml"), "--out", str(run),
-                  "--set", "data.num_prompts=4", "--set", "algorithm.prompts_per_step=2",
-                  "--set", "algorithm.group_size=4", "--set", "algorithm.epochs=1",
-                  "--set", "algorithm.max_response_length=96")
-    assert res.returncode == 0, res.stderr
+def test_bench_rollout_compares_methods_on_the_jobs_steps_and_on_a_pool(tiny_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench"
-    res = rhymerl("bench", "rollout", "--run", str(run), "--batch-sizes", "job,4",
+    res = rhymerl("bench", "rollout", "--run", str(tiny_run), "--batch-sizes", "job,4",
                   "--methods", "none,history,history-mismatched-fixed", "--out", str(out))
     assert res.returncode == 0, res.stderr
     rows = json.loads((out / "results.json").read_text())

@@ -128,15 +128,19 @@ class RolloutPool:
         """The last scheduler step planned: one per batch of requests (a training step may run several)."""
         self._next_sid = 0
 
-    def run(self, requests: list[GenRequest],
-            drafts: Sequence[DraftSource | None] | None = None) -> tuple[list[GenResult], PoolReport]:
+    def run(self, requests: list[GenRequest], drafts: Sequence[DraftSource | None] | None = None,
+            oracle: Sequence[int] | None = None) -> tuple[list[GenResult], PoolReport]:
         """Generate `requests` on the replicas; results in request order and what the replicas did.
 
         drafts: one draft source per replica (each keeps per-slot state), or None.
+        oracle: each request's true response length, for a policy that plans with perfect
+        knowledge (lpt); only a benchmark that ran the requests before knows them.
         """
         n, workers = len(requests), self.replicas
         if drafts is not None and len(drafts) != workers:
             raise ValueError(f"drafts: {len(drafts)} sources for {workers} replicas")
+        if oracle is not None and len(oracle) != n:
+            raise ValueError(f"oracle: {len(oracle)} lengths for {n} requests")
         self.step += 1
         step = self.step
         sids = list(range(self._next_sid, self._next_sid + n))
@@ -148,7 +152,9 @@ class RolloutPool:
                                         max_prompt_len=longest) for w in range(workers)]
         b = _Batch(step, dict(zip(sids, requests, strict=True)), sessions, clock=[0.0] * workers,
                    busy=[0.0] * workers)
-        samples = [Sample(sid, r.prompt_id or str(sid), len(r.prompt_ids)) for sid, r in b.requests.items()]
+        samples = [Sample(sid, r.prompt_id or str(sid), len(r.prompt_ids),
+                          oracle_len=oracle[i] if oracle is not None else None)
+                   for i, (sid, r) in enumerate(b.requests.items())]
         self.sched.final_step = step  # nothing runs after this batch before it trains: no inter-step moves
         plan = self.sched.plan_step(step, samples)
         if plan.carried:

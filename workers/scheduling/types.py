@@ -32,7 +32,8 @@ class Sample:
     input_len: int
     generated: int = 0
     oracle_len: int | None = None
-    """True output length; only a simulator knows it, and only the `lpt` reference policy reads it."""
+    """True output length; only a simulator or a benchmark replaying known requests knows it, and only
+    the `lpt` reference policy reads it."""
 
 
 @dataclass(slots=True)
