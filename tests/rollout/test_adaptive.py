@@ -152,3 +152,18 @@ def test_the_cap_maximises_expected_tokens_per_second(lengths: list[int], extra:
 
     chosen = choose_cap(prof, batch, t, lengths=lengths)
     assert rate(chosen) >= max(rate(k) for k in (0, 1, 2, 4, 8, 16, 32)) * (1 - 1e-9)
+
+
+@given(passes=st.lists(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=8), max_size=5))
+def test_the_tracker_counts_as_a_per_position_loop_would(passes: list[list[tuple[int, int]]]) -> None:
+    t = AcceptanceTracker(max_len=8, decay=0.9)
+    offered, taken = [0.0] * 8, [0.0] * 8
+    for rows in passes:
+        rows = [(d, min(a, d)) for d, a in rows]  # accepted never exceeds drafted
+        t.observe([d for d, _ in rows], [a for _, a in rows])
+        offered, taken = [o * 0.9 for o in offered], [x * 0.9 for x in taken]
+        for d, a in rows:  # position j was tested when all before it were accepted, taken when j < a
+            for j in range(min(a + 1, d, 8)):
+                offered[j] += 1.0
+                taken[j] += j < a
+    assert t.offered.tolist() == pytest.approx(offered) and t.taken.tolist() == pytest.approx(taken)

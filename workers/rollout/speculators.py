@@ -36,18 +36,17 @@ class SpecController:
     The time from one pass's choice to the next is that pass's real cost; set against the profile's
     prediction it calibrates the cost model (adaptive.CostCalibration).
 
-    Switching off parks speculation: for the next few passes the draft source asks `parked()`
-    first and, while it says so, runs the pass plain without drafting or choosing, so "off" costs
-    what plain decoding costs (and the plain side of the calibration measures exactly that). Parks
-    back off exponentially, 1, 2, 4, ... up to PROBE_EVERY - 1 passes while the choice stays 0, so
-    a passing dip costs a pass or two and a lasting one costs almost nothing. A pass with no draft on
-    offer chooses 0 without parking: sequences too young to match their history, or briefly off
-    its paths, say nothing about whether drafts pay, and drafting resumes as soon as a match is
-    back. A park ends early when the batch has halved or doubled, as
-    the profile then prices drafts differently. A full-length park that ran its course is followed
-    by a probe: if the choice is still 0, that pass drafts at the initial window anyway, so the
-    acceptance estimate and the speculative side of the calibration stay current and speculation
-    can switch itself back on.
+    Switching off parks speculation: for the next few passes the draft source asks `parked()` first
+    and, while it says so, runs the pass plain without drafting or choosing, so "off" costs what
+    plain decoding costs (and the plain side of the calibration measures exactly that). Parks back
+    off exponentially, 1, 2, 4, ... up to PROBE_EVERY - 1 passes while the choice stays 0, so a
+    passing dip costs a pass or two and a lasting one costs almost nothing. A pass with no draft on
+    offer chooses 0 without parking: sequences too young to match their history, or briefly off its
+    paths, say nothing about whether drafts pay, and drafting resumes as soon as a match is back. A
+    park ends early when the batch has halved or doubled, as the profile then prices drafts
+    differently. A full-length park that ran its course is followed by a probe: if the choice is
+    still 0, that pass drafts at the initial window anyway, so the acceptance estimate and the
+    speculative side of the calibration stay current and speculation can switch itself back on.
     """
 
     spec: SpeculationSpec
