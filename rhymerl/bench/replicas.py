@@ -10,9 +10,10 @@ What is measured: each replica's passes are timed with a real clock while it run
 replicas share one process and are stepped in turn), a replica's timeline is its passes back to
 back, and a step's makespan is the latest timeline end: the rollout time N devices running these
 passes would see, not this machine's wall time. `lpt` is given the true lengths (the reference
-run's), as an upper reference. With repeats, the policies run interleaved; each step's makespan
-and each policy's bubble ratio (idle share of replicas x makespan) are medians over the repeats;
-migrations and steals are the last repeat's (they vary only through `realloc`'s clock).
+run's), as an upper reference. With repeats, the policies run interleaved (the order reversed every
+other repeat); each step's makespan and each policy's bubble ratio (idle share of replicas x
+makespan) are medians over the repeats; migrations and steals are the last repeat's (they vary only
+through `realloc`'s clock).
 """
 
 from __future__ import annotations
@@ -87,8 +88,10 @@ def run_bench(cfg: ReplicaBenchConfig, console: Console) -> dict[str, Any]:
     makespans: dict[str, list[list[float]]] = {p: [] for p in cfg.policies}
     bubbles: dict[str, list[float]] = {p: [] for p in cfg.policies}
     last: dict[str, tuple[list[GenResult], list[PoolReport]]] = {}
-    for rep in range(cfg.repeats):  # policies interleaved, so drift on a shared machine hits them alike
-        for policy in cfg.policies:
+    for rep in range(cfg.repeats):
+        # interleaved, the order reversed every other repeat: drift on a shared machine, and a
+        # policy's position in the round, hit every policy alike
+        for policy in cfg.policies if rep % 2 == 0 else cfg.policies[::-1]:
             last[policy] = _scheduler_run(w, engine, policy, cfg, profile, oracle)
             reports = last[policy][1]
             makespans[policy].append([r.makespan_s for r in reports])

@@ -6,7 +6,8 @@ that run (same sample keys, the run's prompt order) for each workload, and every
 are checked identical to plain decoding's. Workloads: `job`, the run's own rollout (one engine
 call per training step of prompts_per_step x group_size samples, so each step ends in its long
 tail, as in `rhymerl run`), and integer batch sizes (all samples as one pool, continuously
-batched). With repeats, the methods run interleaved and the median is reported. Methods:
+batched). With repeats, the methods run interleaved (the order reversed every other repeat) and
+the median is reported. Methods:
 
 - none: plain decoding (the reference)
 - ngram: drafts from the sequence's own context (vLLM's prompt-lookup)
@@ -112,8 +113,10 @@ def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str,
             chunks = [reqs]
         times: dict[str, list[float]] = {m: [] for m in cfg.methods}
         last: dict[str, tuple[list[GenResult], dict[int, int]]] = {}
-        for _ in range(cfg.repeats):  # methods interleaved, so drift on a shared machine hits them alike
-            for method in cfg.methods:
+        for rep in range(cfg.repeats):
+            # interleaved, the order reversed every other repeat: drift on a shared machine, and
+            # a method's position in the round, hit every method alike
+            for method in cfg.methods if rep % 2 == 0 else cfg.methods[::-1]:
                 spec = job.spec.rollout.speculation.model_copy(deep=True)
                 if method.endswith("-fixed"):
                     spec.disable_above_batch = 10**9
@@ -122,7 +125,7 @@ def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str,
                 t0 = time.perf_counter()
                 results = [r for chunk in chunks for r in engine.generate(chunk, params, source)]
                 times[method].append(time.perf_counter() - t0)
-                console.print(f"    [dim]run {len(times[method])}/{cfg.repeats} batch {batch} {method}: "
+                console.print(f"    [dim]run {rep + 1}/{cfg.repeats} batch {batch} {method}: "
                               f"{times[method][-1]:.2f}s[/]", highlight=False)
                 last[method] = (results, dict(sorted(control.caps_chosen.items())))
         reference = last[cfg.methods[0]][0]
