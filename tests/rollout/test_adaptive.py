@@ -6,13 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rhymerl.workers.rollout.adaptive import (
-    AcceptanceTracker,
-    CostCalibration,
-    CostProfile,
-    RealisedYield,
-    choose_cap,
-)
+from rhymerl.workers.rollout.adaptive import AcceptanceTracker, CostCalibration, CostProfile, choose_cap
 
 
 def test_expected_tokens_with_certain_acceptance_is_one_plus_k() -> None:
@@ -173,26 +167,3 @@ def test_the_tracker_counts_as_a_per_position_loop_would(passes: list[list[tuple
                 offered[j] += 1.0
                 taken[j] += j < a
     assert t.offered.tolist() == pytest.approx(offered) and t.taken.tolist() == pytest.approx(taken)
-
-
-def test_realised_yield_judges_only_once_both_kinds_of_pass_were_seen() -> None:
-    y = RealisedYield(min_passes=2)
-    for _ in range(2):
-        y.observe(False, 1.0, 0.012, 0.010)  # plain: 1 token per sequence in 1.2 one-token passes
-    assert y.pays() is None
-    y.observe(True, 1.3, 0.016, 0.010)
-    assert y.pays() is None
-    y.observe(True, 1.3, 0.016, 0.010)
-    # plain 1 / 1.2 = 0.833 per pass-time; speculative 1.3 / 1.6 = 0.8125: drafts did not pay
-    assert y.plain == pytest.approx(1 / 1.2) and y.spec == pytest.approx(1.3 / 1.6)
-    assert y.pays() is False
-    for _ in range(60):
-        y.observe(True, 2.5, 0.016, 0.010)  # better drafts: 2.5 tokens for 1.6 passes' time
-    assert y.pays() is True
-
-
-def test_realised_yield_ignores_stalls_and_gaps() -> None:
-    y = RealisedYield()
-    y.observe(False, 1.0, 0.5, 0.010)  # 50 passes' time: a gap between rollouts, not a pass
-    y.observe(False, 1.0, 0.0, 0.010)
-    assert y.seen_plain == 0

@@ -12,7 +12,7 @@ import torch
 from rhymerl.api.spec import SpeculationSpec
 from rhymerl.workers.history.index import HistoryDrafter, HistoryIndex
 from rhymerl.workers.model.transformer import TinyLlama
-from rhymerl.workers.rollout.adaptive import AcceptanceTracker, CostProfile, RealisedYield
+from rhymerl.workers.rollout.adaptive import AcceptanceTracker, CostProfile
 from rhymerl.workers.rollout.engine import GenRequest, SamplingParams, TorchEngine
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.rollout.speculators import PROBE_EVERY, HistoryDrafts, NgramDrafts, SpecController
@@ -109,17 +109,6 @@ def test_a_passing_dip_costs_a_short_park() -> None:
     assert _drive(control, [8, 8, 8]) == [0, None, 0]
     control.spec.disable_above_batch = None  # ... is over after a park of one pass, then two
     assert _drive(control, [8, 8, 8]) == [None, None, 32]
-
-
-def test_drafts_that_delivered_less_than_plain_passes_are_switched_off() -> None:
-    free = CostProfile((1, 64), (1, 33), ((1.0, 1.0), (1.0, 1.0)))  # the model: any draft pays
-    control = SpecController(SpeculationSpec(), free, AcceptanceTracker(prior=0.5))
-    assert control.cap(8, [4] * 8) == 4
-    control.realised = RealisedYield(spec=0.9, plain=1.0, seen_spec=8, seen_plain=8)  # measured: they did not
-    assert control.cap(8, [4] * 8) == 0
-    control.realised = RealisedYield(spec=1.4, plain=1.0, seen_spec=8, seen_plain=8)
-    assert control.parked(8)  # the 0 above parked speculation for a pass ...
-    assert control.cap(8, [4] * 8) == 4  # ... and now the passes say drafts pay
 
 
 def test_a_halved_batch_ends_the_park_early() -> None:

@@ -18,8 +18,6 @@ tokens per sequence). c is measured online: what real passes cost beyond the pro
 prediction, with drafts and without (CostCalibration; the profile times the forward pass alone,
 not the engine's bookkeeping, sampling and drafting). k = 0 (plain decoding) wins when drafts
 are poor or the batch is so large that verifying extra tokens costs more than it returns.
-A last check is on the result (RealisedYield): if passes with drafts have delivered fewer tokens
-per unit of time than passes without, drafts are refused whatever the model expects.
 """
 
 from __future__ import annotations
@@ -201,39 +199,3 @@ class CostCalibration:
         """Seconds to add to a predicted pass; a side not seen yet borrows the other's."""
         mine, other = (self.spec, self.plain) if speculative else (self.plain, self.spec)
         return mine if mine is not None else other if other is not None else 0.0
-
-
-@dataclass
-class RealisedYield:
-    """What passes with drafts and without actually delivered: tokens per sequence per plain-pass time.
-
-    The cost model can be wrong in ways its calibration does not see (the gain side: acceptance
-    estimated on some positions and used on others; the cost side: a few passes that run long).
-    This is the check on the result: each pass's emitted tokens per sequence, divided by its
-    measured seconds in units of the profile's one-token pass at its batch size. Plain decoding
-    yields about 1 / (1 + its overhead); speculation pays only if its passes yield more. Both
-    sides are EMAs; `pays()` is None until each has `min_passes` observations.
-    """
-
-    alpha: float = 0.05
-    min_passes: int = 8
-    spec: float = 0.0
-    plain: float = 0.0
-    seen_spec: int = 0
-    seen_plain: int = 0
-
-    def observe(self, speculative: bool, tokens_per_seq: float, measured: float, plain_predicted: float) -> None:
-        if measured <= 0 or not 0.25 * plain_predicted <= measured <= 20.0 * plain_predicted:
-            return  # a gap between rollouts or a stall, not a pass
-        value = tokens_per_seq * plain_predicted / measured
-        if speculative:
-            self.spec = value if not self.seen_spec else (1 - self.alpha) * self.spec + self.alpha * value
-            self.seen_spec += 1
-        else:
-            self.plain = value if not self.seen_plain else (1 - self.alpha) * self.plain + self.alpha * value
-            self.seen_plain += 1
-
-    def pays(self) -> bool | None:
-        if self.seen_spec < self.min_passes or self.seen_plain < self.min_passes:
-            return None
-        return self.spec > self.plain

@@ -21,7 +21,6 @@ from rhymerl.workers.rollout.adaptive import (
     AcceptanceTracker,
     CostCalibration,
     CostProfile,
-    RealisedYield,
     choose_cap,
     pass_seconds,
 )
@@ -54,13 +53,11 @@ class SpecController:
     profile: CostProfile | None = None
     tracker: AcceptanceTracker = field(default_factory=AcceptanceTracker)
     calibration: CostCalibration = field(default_factory=CostCalibration)
-    realised: RealisedYield = field(default_factory=RealisedYield)
     passes: int = 0
     off_passes: int = 0
     probes: int = 0
     caps_chosen: dict[int, int] = field(default_factory=dict)
-    _last: tuple[float, float, bool, int] | None = None  # previous pass: clock, predicted s, speculative, batch
-    _emitted: tuple[int, int] = (0, 0)  # since the previous choice: tokens emitted, sequences settled
+    _last: tuple[float, float, bool] | None = None  # previous pass: clock, predicted seconds, speculative
     _parked: int = 0        # passes left to run plain without asking the drafter
     _parked_at: int = 0     # the batch size when speculation was parked
     _park_len: int = 0      # length of the current park
@@ -90,8 +87,6 @@ class SpecController:
         else:
             cap = choose_cap(self.profile, batch_size, self.tracker, lengths, limit=limit,
                              calibration=self.calibration)
-            if cap > 0 and self.realised.pays() is False:
-                cap = 0  # the model says drafts pay; what the passes delivered says they do not
         offered = lengths is None or any(lengths)
         if cap == 0 and self._probe_due:
             cap = self.spec.window.initial
@@ -110,23 +105,16 @@ class SpecController:
     def _record(self, batch_size: int, cap: int, drafts: list[int]) -> None:
         """Count the pass and time the previous one against its prediction."""
         now = time.perf_counter()
-        if self._last is not None and self.profile is not None:
-            start, predicted, speculative, batch = self._last
+        if self._last is not None:
+            start, predicted, speculative = self._last
             self.calibration.observe(speculative, now - start, predicted)
-            tokens, rows = self._emitted
-            if rows:
-                self.realised.observe(speculative, tokens / rows, now - start, self.profile.cost(batch, 1.0))
-        self._emitted = (0, 0)
         self.passes += 1
         self.caps_chosen[cap] = self.caps_chosen.get(cap, 0) + 1
         self.off_passes += cap == 0
         if self.profile is not None:
-            self._last = (now, pass_seconds(self.profile, batch_size, drafts), sum(drafts) > 0, batch_size)
+            self._last = (now, pass_seconds(self.profile, batch_size, drafts), sum(drafts) > 0)
 
     def observe(self, drafted: list[int], accepted: list[int]) -> None:
-        """Sequences settled (a verify pass, or a prefill's first token): drafts offered and accepted."""
-        tokens, rows = self._emitted
-        self._emitted = (tokens + len(drafted) + sum(accepted), rows + len(drafted))
         pairs = [(d, a) for d, a in zip(drafted, accepted, strict=True) if d > 0]
         if pairs:
             self.tracker.observe([d for d, _ in pairs], [a for _, a in pairs])
