@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import statistics
 from dataclasses import dataclass
+from functools import reduce
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,8 @@ from rich.table import Table
 
 from rhymerl.api.spec import SchedulingSpec
 from rhymerl.bench.workload import RunWorkload, load_run_workload
-from rhymerl.workers.controller.rollout_pool import PoolReport, RolloutPool, table_profile
+from rhymerl.workers.controller.rollout_pool import PoolReport, RolloutPool, prime_history, table_profile
+from rhymerl.workers.controller.speculation import reachable_batches
 from rhymerl.workers.rollout.adaptive import CostProfile
 from rhymerl.workers.rollout.engine import GenResult, TorchEngine
 from rhymerl.workers.rollout.profile import measure
@@ -57,11 +59,7 @@ def _scheduler_run(w: RunWorkload, engine: TorchEngine, policy: str, cfg: Replic
     spec = SchedulingSpec(policy=policy, ranking_groups=cfg.groups)
     sched = make_scheduler(spec, cfg.replicas, seed=w.job.spec.rollout.seed, max_off_policy=0,
                            profile=table_profile(profile, engine.max_batch_size))
-    groups: dict[tuple[int, str], list[int]] = {}
-    for rec in w.records:  # history as a resumed run replays it: per step, per prompt
-        groups.setdefault((rec.step, rec.prompt_id), []).append(len(rec.response_ids))
-    for (_, prompt_id), lengths in groups.items():
-        sched.prime(prompt_id, lengths)
+    prime_history(sched, w.records)  # the length history a resumed run replays
     done = max(rec.step for rec in w.records)
     pool = RolloutPool(engine, sched, w.params, first_step=done + 1)
     results: list[GenResult] = []
@@ -75,11 +73,9 @@ def _scheduler_run(w: RunWorkload, engine: TorchEngine, policy: str, cfg: Replic
 
 def run_bench(cfg: ReplicaBenchConfig, console: Console) -> dict[str, Any]:
     w = load_run_workload(cfg.run)
-    max_batch = w.job.spec.rollout.max_batch_size
-    engine = TorchEngine(w.model, w.tokenizer.eos_id, max_batch_size=max_batch)
-    # the scheduler's cost model, as `rhymerl run` gives it: measured one-token passes by batch size
-    profile = measure(w.model, batches=tuple(sorted({b for b in (1, 4, 16, 64, 128, 256) if b < max_batch}
-                                                    | {max_batch})))
+    engine = TorchEngine(w.model, w.tokenizer.eos_id, max_batch_size=w.job.spec.rollout.max_batch_size)
+    # the scheduler's cost model, as `rhymerl run` gives it: measured passes at the batch sizes it reaches
+    profile = measure(w.model, batches=reachable_batches(w.job))
     console.print(f"policy {w.checkpoint}, {len(w.requests)} samples in {len(w.steps())} steps of {w.per_step}, "
                   f"{cfg.replicas} replicas, history from {len(w.records)} dumped responses", highlight=False)
     reference = [r for chunk in w.steps() for r in engine.generate(chunk, w.params)]
@@ -95,8 +91,7 @@ def run_bench(cfg: ReplicaBenchConfig, console: Console) -> dict[str, Any]:
             last[policy] = _scheduler_run(w, engine, policy, cfg, profile, oracle)
             reports = last[policy][1]
             makespans[policy].append([r.makespan_s for r in reports])
-            busy = sum(sum(r.busy_s) for r in reports)
-            bubbles[policy].append(max(0.0, 1 - busy / (cfg.replicas * sum(r.makespan_s for r in reports))))
+            bubbles[policy].append(reduce(PoolReport.merged, reports).bubble_ratio)
             console.print(f"    [dim]run {rep + 1}/{cfg.repeats} {policy}: makespan "
                           f"{sum(makespans[policy][-1]):.2f}s, bubble {100 * bubbles[policy][-1]:.1f}%[/]",
                           highlight=False)

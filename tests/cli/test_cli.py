@@ -23,8 +23,6 @@ spec:
 """
 
 
-
-
 def test_validate_accepts_the_quickstart(repo: Path) -> None:
     res = rhymerl("validate", str(repo / "examples" / "quickstart.yaml"))
     assert res.returncode == 0, res.stderr

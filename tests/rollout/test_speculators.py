@@ -13,7 +13,7 @@ from rhymerl.api.spec import SpeculationSpec
 from rhymerl.workers.history.index import HistoryDrafter, HistoryIndex
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.rollout.adaptive import AcceptanceTracker, CostProfile
-from rhymerl.workers.rollout.engine import GenRequest, SamplingParams, TorchEngine
+from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, TorchEngine
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.rollout.speculators import PROBE_EVERY, HistoryDrafts, NgramDrafts, SpecController
 
@@ -29,6 +29,12 @@ def _requests(n: int, group: int = 4) -> list[GenRequest]:
     return out
 
 
+def _history(results: list[GenResult], group: int = 4) -> dict[str, HistoryIndex]:
+    """Each prompt's index built from these responses (as `_requests` orders them), equally weighted."""
+    return {f"p{i}": HistoryIndex.build([(r.response_ids, 1.0) for r in results[group * i: group * (i + 1)]])
+            for i in range(len(results) // group)}
+
+
 @pytest.fixture
 def model(tiny_model: TinyLlama) -> TinyLlama:
     return tiny_model.double()
@@ -40,8 +46,7 @@ def test_history_drafts_from_last_epoch_are_accepted_and_change_nothing(model: T
     engine = TorchEngine(model, EOS, max_batch_size=5)
     plain = engine.generate(reqs, params)
     # last epoch's responses: the same greedy continuations, so history drafts are right
-    indexes = {f"p{i}": HistoryIndex.build([(r.response_ids, 1.0) for r in plain[4 * i: 4 * i + 4]])
-               for i in range(3)}
+    indexes = _history(plain)
     control = SpecController(SpeculationSpec())
     spec = engine.generate(reqs, params, HistoryDrafts(SpeculationSpec(), indexes, control))
     assert [r.response_ids for r in spec] == [r.response_ids for r in plain]
@@ -155,8 +160,7 @@ def test_drafts_cut_to_the_chosen_cap_still_change_nothing(model: TinyLlama) -> 
     params = SamplingParams(temperature=0.0, seed=1, max_response_length=48)
     engine = TorchEngine(model, EOS, max_batch_size=12)
     plain = engine.generate(reqs, params)
-    indexes = {f"p{i}": HistoryIndex.build([(r.response_ids, 1.0) for r in plain[4 * i: 4 * i + 4]])
-               for i in range(3)}
+    indexes = _history(plain)
     control = SpecController(SpeculationSpec(), _steep_profile(), AcceptanceTracker(prior=0.99))
     spec = engine.generate(reqs, params, HistoryDrafts(SpeculationSpec(), indexes, control))
     assert [r.response_ids for r in spec] == [r.response_ids for r in plain]
@@ -216,8 +220,7 @@ def test_parked_speculation_does_not_ask_the_drafter(model: TinyLlama) -> None:
     engine = TorchEngine(model, EOS, max_batch_size=12)
     plain = engine.generate(reqs, params)
     # right drafts on offer, but the profile says no draft token is ever worth its cost
-    indexes = {f"p{i}": HistoryIndex.build([(r.response_ids, 1.0) for r in plain[4 * i: 4 * i + 4]])
-               for i in range(3)}
+    indexes = _history(plain)
     prohibitive = CostProfile((1, 64), (1, 2, 33), ((1.0, 1000.0, 2000.0), (1.0, 1000.0, 2000.0)))
     control = SpecController(SpeculationSpec(), prohibitive, AcceptanceTracker(prior=0.99))
     source = HistoryDrafts(SpeculationSpec(), indexes, control)

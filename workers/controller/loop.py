@@ -23,7 +23,7 @@ import torch
 from rhymerl.api import RLJob
 from rhymerl.workers import dumps
 from rhymerl.workers.controller.prompts import Prompt, epoch_order, load_prompts
-from rhymerl.workers.controller.rollout_pool import PoolReport, RolloutPool, table_profile
+from rhymerl.workers.controller.rollout_pool import PoolReport, RolloutPool, prime_history, table_profile
 from rhymerl.workers.controller.run_dir import LoopState, RunDir
 from rhymerl.workers.controller.speculation import Speculation, reachable_batches
 from rhymerl.workers.model.registry import load_policy
@@ -139,12 +139,7 @@ def rollout_pool(job: RLJob, engine: TorchEngine, params: SamplingParams, specul
     first_step = 1
     if resume:
         first_step += sum(int(r.get("gen_rounds", 1)) for r in run.metrics())
-        for path in dumps.step_files(run.path):
-            groups: dict[str, list[int]] = {}
-            for rec in dumps.read_file(path):
-                groups.setdefault(rec.prompt_id, []).append(len(rec.response_ids))
-            for prompt_id, lengths in groups.items():
-                sched.prime(prompt_id, lengths)
+        prime_history(sched, dumps.read_run(run.path))
     return RolloutPool(engine, sched, params, first_step)
 
 

@@ -28,10 +28,11 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rhymerl.workers.dumps import RolloutRecord
 from rhymerl.workers.rollout.adaptive import CostProfile
 from rhymerl.workers.rollout.engine import (
     DraftSource,
@@ -83,6 +84,16 @@ class PoolReport:
             "rollout_stolen": self.stolen,
             "schedule_ranking": self.ranking,
         }
+
+
+def prime_history(sched: Scheduler, records: Iterable[RolloutRecord]) -> None:
+    """Replay dumped responses (in step order) into the scheduler's length history, one GRPO group
+    per (step, prompt), as the groups finished in the run that dumped them."""
+    groups: dict[tuple[int, str], list[int]] = {}
+    for rec in records:
+        groups.setdefault((rec.step, rec.prompt_id), []).append(len(rec.response_ids))
+    for (_, prompt_id), lengths in groups.items():
+        sched.prime(prompt_id, lengths)
 
 
 def table_profile(cost: CostProfile, max_batch: int) -> TableProfile:

@@ -141,12 +141,11 @@ class HistoryDrafts:
             self.pending[slot] = []
 
     def propose(self, slots: list[int], batch_size: int) -> list[list[int]]:
+        if self.control.parked(batch_size):
+            return [[] for _ in slots]
         live = [s for s in slots if s in self.handle]
         if not live:
-            if not self.control.parked(batch_size):
-                self.control.cap(batch_size, [])
-            return [[] for _ in slots]
-        if self.control.parked(batch_size):
+            self.control.cap(batch_size, [])
             return [[] for _ in slots]
         handles = np.array([self.handle[s] for s in live], dtype=np.int64)
         self._flush(live, handles)
