@@ -19,6 +19,7 @@ def _packages() -> list[str]:
 
 
 HISTORY_NATIVE = "workers/history/native"
+MODEL_NATIVE = "workers/model/native"
 
 setup(
     packages=_packages(),
@@ -30,6 +31,14 @@ setup(
             depends=[f"{HISTORY_NATIVE}/suffix_index.hpp"],
             cxx_std=17,
             extra_compile_args=["-O3"],
-        )
+        ),
+        Pybind11Extension(
+            "rhymerl.workers.model._cached_attention",
+            [f"{MODEL_NATIVE}/cached_attention.cpp"],
+            cxx_std=17,
+            # -Wno-psabi: the 64-byte vector helpers are inlined into per-ISA clones (avx512f, avx2,
+            # default) chosen at load time, so no vector crosses an ABI boundary
+            extra_compile_args=["-O3", "-Wno-psabi"],
+        ),
     ],
 )

@@ -10,6 +10,7 @@ Parameter names follow Hugging Face's LlamaForCausalLM so a checkpoint maps onto
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
+
+from rhymerl.workers.model import cached_attention
 
 
 @dataclass(frozen=True)
@@ -46,14 +49,49 @@ class ModelConfig:
 
 
 class KVCache:
-    """Per-slot key/value storage: [layers, slots, heads, max_len, head_dim] for keys and values."""
+    """Per-slot keys and values of every layer.
+
+    Values are [layers, slots, heads, max_len, head_dim]. Keys are the same, except where the
+    native kernel runs attention (`native`: CPU, float32): there they are stored transposed,
+    [layers, slots, heads, head_dim, max_len], and max_len is rounded up to the kernel's 16 lanes.
+    `keys(layer, slots, span)` gives the [slots, heads, span, head_dim] view either way.
+    """
 
     def __init__(self, cfg: ModelConfig, slots: int, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.native = cached_attention.usable(device, dtype, cfg.head_dim)
+        if self.native:
+            max_len = -(-max_len // cached_attention.LANES) * cached_attention.LANES
         shape = (cfg.num_hidden_layers, slots, cfg.num_attention_heads, max_len, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        key_shape = (*shape[:3], shape[4], shape[3]) if self.native else shape
+        self.k = torch.zeros(key_shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
         self.slots = slots
+
+    def keys(self, layer: int, slots: int, span: int) -> Tensor:
+        """Keys of positions 0..span-1, [slots, heads, span, head_dim]."""
+        if self.native:
+            return self.k[layer, :slots, :, :, :span].transpose(-1, -2)
+        return self.k[layer, :slots, :, :span]
+
+    def write_prefix(self, layer: int, slots: Tensor, ks: Tensor, vs: Tensor) -> None:
+        """Keys and values [n, heads, L, head_dim] of positions 0..L-1 into `slots`."""
+        length = ks.shape[2]
+        if self.native:
+            self.k[layer, slots, :, :, :length] = ks.transpose(-1, -2)
+        else:
+            self.k[layer, slots, :, :length] = ks
+        self.v[layer, slots, :, :length] = vs
+
+    def write_cells(self, layer: int, cells: Cells, ks: Tensor, vs: Tensor) -> None:
+        """Keys and values [T, heads, head_dim] of a block's real cells at their positions (for torch's
+        attention; the native kernel stores them itself)."""
+        slot, head, pos = cells.write
+        if self.native:
+            self.k[layer, slot, head, :, pos] = ks
+        else:
+            self.k[layer, slot, head, pos] = ks
+        self.v[layer, slot, head, pos] = vs
 
     def move(self, src: Tensor, dst: Tensor) -> None:
         """Copy slots src[i] -> dst[i] (all layers), e.g. to pack running sequences to the front."""
@@ -65,15 +103,17 @@ class Cells:
     """Where the real tokens of a ragged block [S, W] sit: row-major cells, their cache positions.
 
     `pad` scatters per-cell values back into the [S, W, ...] block (zeros elsewhere), `unpad`
-    gathers them out; both are views when every cell is real. `bias` is the additive attention
-    mask [S, 1, W, span], built once per pass and shared by all layers: a cell sees its slot's
-    keys up to its own position.
+    gathers them out; both are views when every cell is real. `start` and `counts` are each slot's
+    first position and number of real cells. `bias` is the additive attention mask [S, 1, W, span]
+    for torch's attention, built on first use and shared by all layers: a cell sees its slot's keys
+    up to its own position (the native kernel needs no mask).
     """
 
-    def __init__(self, rows: Tensor | None, cols: Tensor | None, positions: Tensor, shape: tuple[int, int],
-                 bias: Tensor, write: tuple[Tensor, Tensor, Tensor]) -> None:
-        self.rows, self.cols, self.positions, self.shape = rows, cols, positions, shape
-        self.bias, self.write = bias, write
+    def __init__(self, rows: Tensor | None, cols: Tensor | None, positions: Tensor, grid: Tensor,
+                 start: Tensor, counts: Tensor, write: tuple[Tensor, Tensor, Tensor], dtype: torch.dtype) -> None:
+        self.rows, self.cols, self.positions, self.grid = rows, cols, positions, grid
+        self.shape = (grid.shape[0], grid.shape[1])
+        self.start, self.counts, self.write, self.dtype = start, counts, write, dtype
 
     @classmethod
     def build(cls, start: Tensor, width: int, max_len: int, counts: Tensor | None, heads: int,
@@ -89,12 +129,20 @@ class Cells:
         else:
             positions = grid.reshape(-1)
             slot_of = torch.arange(slots, device=device).repeat_interleave(width)
-        span = int(positions.max().item()) + 1 if positions.numel() else 1
-        keys = torch.arange(span, device=device)
-        bias = torch.zeros(slots, 1, width, span, device=device, dtype=dtype)
-        bias.masked_fill_(keys[None, None, None, :] > grid[:, None, :, None], float("-inf"))
+            counts = torch.full((slots,), width, dtype=torch.int64, device=device)
         write = (slot_of[:, None], torch.arange(heads, device=device)[None, :], positions[:, None])
-        return cls(rows, cols, positions, (slots, width), bias, write)
+        return cls(rows, cols, positions, grid, start, counts, write, dtype)
+
+    @functools.cached_property
+    def span(self) -> int:
+        """Cache positions the block's attention reads: up to the furthest cell."""
+        return int(self.positions.max().item()) + 1 if self.positions.numel() else 1
+
+    @functools.cached_property
+    def bias(self) -> Tensor:
+        keys = torch.arange(self.span, device=self.grid.device)
+        bias = torch.zeros(*self.shape[:1], 1, self.shape[1], self.span, device=self.grid.device, dtype=self.dtype)
+        return bias.masked_fill_(keys[None, None, None, :] > self.grid[:, None, :, None], float("-inf"))
 
     def pad(self, values: Tensor) -> Tensor:
         if self.rows is None:
@@ -144,29 +192,32 @@ class Attention(nn.Module):
         return qs, ks, vs
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor,
-                store: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
-        """Causal self-attention over x alone; `store` = (k_cache rows, v_cache rows) and their length."""
+                store: tuple[KVCache, int, Tensor] | None = None) -> Tensor:
+        """Causal self-attention over x alone; `store` = (cache, layer, slots) keeps its keys/values."""
         qs, ks, vs = self._qkv(x, cos, sin)
         if store is not None:
-            k_rows, v_rows, slots = store
-            k_rows[slots, :, : ks.shape[2]] = ks
-            v_rows[slots, :, : vs.shape[2]] = vs
+            cache, layer, slots = store
+            cache.write_prefix(layer, slots, ks, vs)
         out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
         return self.o_proj(out.transpose(1, 2).reshape(x.shape))
 
-    def forward_cached(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+    def forward_cached(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int,
                        cells: Cells) -> Tensor:
         """Attention of the block's real cells x [T, d] over their slots' cached keys; returns [T, d]."""
-        t = x.shape[0]
+        t, slots = x.shape[0], cells.shape[0]
         qs, ks, vs = (proj(x).view(t, self.h, self.hd) for proj in (self.q_proj, self.k_proj, self.v_proj))
         qs, ks = _rotate(qs, cos, sin), _rotate(ks, cos, sin)
-        k_cache[cells.write] = ks
-        v_cache[cells.write] = vs
+        if cache.native and cells.shape[1] > 1:  # verify passes; the kernel stores keys and values itself
+            out = cached_attention.attend(qs, ks, vs, cache.k[layer, :slots], cache.v[layer, :slots], cells.start,
+                                          cells.counts)
+            return self.o_proj(out.reshape(t, -1))
+        cache.write_cells(layer, cells, ks, vs)
         queries = cells.pad(qs).transpose(1, 2)  # [S, heads, W, head_dim]
-        span = cells.bias.shape[-1]
-        keys, values = k_cache[:, :, :span], v_cache[:, :, :span]
+        span = cells.span
+        keys, values = cache.keys(layer, slots, span), cache.v[layer, :slots, :, :span]
         if queries.shape[2] == 1:
-            # one query per slot: plain matmuls read the cache faster than the fused kernel on CPU
+            # one query per slot (plain decoding): torch's matmuls read the cache faster than the
+            # native kernel or the fused SDPA kernel on CPU
             scores = (queries * self.hd**-0.5) @ keys.transpose(-1, -2) + cells.bias
             out = torch.softmax(scores, dim=-1) @ values
         else:
@@ -245,7 +296,7 @@ class TinyLlama(nn.Module):
         x = self.embed_tokens(tokens)
         cos, sin = self._rope(torch.arange(tokens.shape[1], device=tokens.device), x.dtype)
         for i, layer in enumerate(self.blocks):
-            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, (cache.k[i], cache.v[i], slots))
+            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, (cache, i, slots))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self._logits(x)
 
@@ -262,10 +313,8 @@ class TinyLlama(nn.Module):
         x = self.embed_tokens(cells.unpad(tokens))
         cos = self.rope_cos[cells.positions].to(x.dtype).unsqueeze(1)
         sin = self.rope_sin[cells.positions].to(x.dtype).unsqueeze(1)
-        slots = tokens.shape[0]
         for i, layer in enumerate(self.blocks):
-            x = x + layer.self_attn.forward_cached(layer.input_layernorm(x), cos, sin, cache.k[i, :slots],
-                                                   cache.v[i, :slots], cells)
+            x = x + layer.self_attn.forward_cached(layer.input_layernorm(x), cos, sin, cache, i, cells)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return cells.pad(self._logits(x))
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from rhymerl.workers.model import cached_attention
 from rhymerl.workers.model.transformer import KVCache, TinyLlama
 from rhymerl.workers.rollout.adaptive import CostProfile
 
@@ -30,10 +31,13 @@ def cache_dir() -> Path:
 
 def profile_key(model: TinyLlama, context: int, batches: tuple[int, ...], tokens: tuple[int, ...]) -> str:
     param = next(model.parameters())
-    # the forward pass's own code is part of the key: a changed implementation costs differently
-    code = hashlib.sha256(Path(inspect.getfile(TinyLlama)).read_bytes()).hexdigest()
+    # the forward pass's own code (and its native attention kernel) is part of the key: a changed
+    # implementation costs differently
+    code = hashlib.sha256(b"".join(Path(f).read_bytes() for f in (inspect.getfile(TinyLlama),
+                                                                   cached_attention.native.__file__))).hexdigest()
     parts = [model.cfg.to_json(), str(param.device), str(param.dtype), torch.__version__,
-             str(torch.get_num_threads()), str(context), str(batches), str(tokens), code]
+             str(torch.get_num_threads()), str(context), str(batches), str(tokens), code,
+             str(cached_attention.usable(param.device, param.dtype, model.cfg.head_dim))]
     if param.device.type == "cuda":
         parts.append(torch.cuda.get_device_name(param.device))
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]

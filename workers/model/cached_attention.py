@@ -1,0 +1,84 @@
+"""Typed front of the native cached-attention kernel (workers/model/native/cached_attention.cpp).
+
+The engine's decode and verify passes spend most of their time in attention over the KV cache on
+CPU. torch's attention materialises a [slots, heads, W, span] score block and walks it several
+times, so verifying W drafted tokens per slot costs about twice a one-token pass; the kernel reads
+each slot's cache once for all of its W queries, which keeps verification close to the cost of
+plain decoding (the reason speculation pays on a GPU, where decode is bound by memory reads).
+It needs keys stored transposed, [slots, heads, head_dim, max_len]: `KVCache` does that whenever
+`usable` says the kernel applies (CPU, float32, head_dim a multiple of 16), and falls back to
+torch's attention otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from rhymerl.workers.model import _cached_attention as native
+
+LANES = 16
+"""Keys are scored 16 at a time: caches for the kernel round their length up to a multiple."""
+
+
+def _torch_openmp() -> str | None:
+    """Path of the OpenMP runtime torch loaded (Linux), so the kernel can share its threads."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        path = line.split(maxsplit=5)[-1]
+        if any(name in Path(path).name for name in ("libgomp", "libiomp", "libomp")):
+            return path
+    return None
+
+
+SHARED_THREADS = bool((library := _torch_openmp()) and native.use_openmp(library))
+"""Whether parallel regions run on torch's OpenMP workers (else on threads of the kernel's own)."""
+
+
+def usable(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """CPU, float32, head_dim a multiple of 16, and not switched off (RHYMERL_NATIVE_ATTENTION=0)."""
+    return (device.type == "cpu" and dtype == torch.float32 and head_dim % LANES == 0
+            and os.environ.get(SWITCH, "1") != "0")
+
+
+SWITCH = "RHYMERL_NATIVE_ATTENTION"
+
+
+def attend(q: Tensor, k_new: Tensor, v_new: Tensor, keys: Tensor, values: Tensor, start: Tensor,
+           counts: Tensor) -> Tensor:
+    """Store a ragged block's keys and values in their slots' caches; return its attention.
+
+    q, k_new, v_new [T, heads, dim]: the block's tokens slot by slot, counts[s] of them for slot s,
+    at positions start[s] .. start[s] + counts[s] - 1; keys [S, heads, dim, max_len] and values
+    [S, heads, max_len, dim] are the caches of slots 0..S-1. Each token attends to its slot's
+    positions up to its own. Returns [T, heads, dim].
+    """
+    slots, heads, dim, max_len = keys.shape
+    if any(t.dtype != torch.float32 for t in (q, k_new, v_new, keys, values)):
+        raise TypeError("cached attention: float32 tensors only")
+    if (q.shape[1:] != (heads, dim) or k_new.shape != q.shape or v_new.shape != q.shape
+            or values.shape != (slots, heads, max_len, dim)):
+        raise ValueError(f"cached attention: q {tuple(q.shape)}, new keys {tuple(k_new.shape)}, new values "
+                         f"{tuple(v_new.shape)}, keys {tuple(keys.shape)} and values {tuple(values.shape)} disagree")
+    if keys.stride(-1) != 1 or values.stride(-1) != 1:
+        raise ValueError("cached attention: keys and values need a unit stride in their last dimension")
+    q, k_new, v_new = q.contiguous(), k_new.contiguous(), v_new.contiguous()
+    start = start.to(torch.int64).contiguous()
+    counts = counts.to(torch.int64).contiguous()
+    if start.shape != (slots,) or counts.shape != (slots,):
+        raise ValueError(f"cached attention: start and counts need one entry per slot ({slots})")
+    ends = torch.cumsum(counts, 0)
+    if q.shape[0] != (int(ends[-1]) if slots else 0):
+        raise ValueError(f"cached attention: {q.shape[0]} queries for {int(counts.sum())} counted tokens")
+    offsets = ends - counts
+    out = torch.empty_like(q)
+    native.attend(q.data_ptr(), k_new.data_ptr(), v_new.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr(), start.data_ptr(),
+                  counts.data_ptr(), offsets.data_ptr(), slots, heads, dim, max_len, *keys.stride()[:3],
+                  *values.stride()[:3], dim**-0.5, torch.get_num_threads())
+    return out
