@@ -64,6 +64,7 @@ class Row:
     accepted: int
     identical: bool
     caps: dict[int, int] = field(default_factory=dict)
+    runs: list[float] = field(default_factory=list)  # every repeat's seconds, in run order
 
     def as_dict(self, base_seconds: float) -> dict[str, Any]:
         return {"method": self.method, "batch": self.batch, "seconds": round(self.seconds, 3),
@@ -72,7 +73,7 @@ class Row:
                 "tokens_per_pass": round(self.tokens / max(self.passes, 1), 3),
                 "acceptance": round(self.accepted / self.drafted, 4) if self.drafted else None,
                 "spec_rate": round(self.accepted / max(self.tokens, 1), 4),
-                "identical": self.identical, "caps": self.caps}
+                "identical": self.identical, "caps": self.caps, "runs": [round(t, 3) for t in self.runs]}
 
 
 def _sources(method: str, job_spec: Any, store: dict[bool, MemoryHistoryStore], epoch: int,
@@ -135,7 +136,8 @@ def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str,
             row = Row(method, batch, statistics.median(times[method]), sum(len(r.response_ids) for r in results),
                       sum(r.forward_passes for r in results), sum(r.drafted for r in results),
                       sum(r.accepted for r in results),
-                      [r.response_ids for r in results] == [r.response_ids for r in reference], caps)
+                      [r.response_ids for r in results] == [r.response_ids for r in reference], caps,
+                      times[method])
             base = base or row.seconds
             out.append(row.as_dict(base))
             console.print(f"  batch {batch!s:>4} {method:<26} {row.seconds:7.2f}s  x{base / row.seconds:5.2f}  "

@@ -1,13 +1,13 @@
 """Typed front of the native cached-attention kernel (workers/model/native/cached_attention.cpp).
 
-The engine's decode and verify passes spend most of their time in attention over the KV cache on
-CPU. torch's attention materialises a [slots, heads, W, span] score block and walks it several
-times, so verifying W drafted tokens per slot costs about twice a one-token pass; the kernel reads
-each slot's cache once for all of its W queries, which keeps verification close to the cost of
-plain decoding (the reason speculation pays on a GPU, where decode is bound by memory reads).
-It needs keys stored transposed, [slots, heads, head_dim, max_len]: `KVCache` does that whenever
-`usable` says the kernel applies (CPU, float32, head_dim a multiple of 16), and falls back to
-torch's attention otherwise.
+Verifying drafts appends W tokens per slot, and on CPU torch's attention then materialises a
+[slots, heads, W, span] score block and walks it several times, so a verify pass costs about
+twice a one-token pass. The kernel reads each slot's cache once for all of its W tokens, which
+keeps verification close to the cost of plain decoding: the property that makes speculation pay
+on a GPU, where decoding is bound by memory reads. `TinyLlama.forward_cached` uses it for passes
+with more than one token per row when `usable` says so (CPU, float32, head_dim a multiple of 16);
+`KVCache` then stores keys transposed, [slots, heads, head_dim, max_len]. One-token passes keep
+torch's matmuls, which read the cache faster than the kernel there.
 """
 
 from __future__ import annotations
