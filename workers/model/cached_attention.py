@@ -41,13 +41,14 @@ SHARED_THREADS = bool((library := _torch_openmp()) and native.use_openmp(library
 """Whether parallel regions run on torch's OpenMP workers (else on threads of the kernel's own)."""
 
 
+SWITCH = "RHYMERL_NATIVE_ATTENTION"
+"""Set to 0 to run torch's attention instead (for comparisons)."""
+
+
 def usable(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
-    """CPU, float32, head_dim a multiple of 16, and not switched off (RHYMERL_NATIVE_ATTENTION=0)."""
+    """CPU, float32, head_dim a multiple of 16, and not switched off by SWITCH=0."""
     return (device.type == "cpu" and dtype == torch.float32 and head_dim % LANES == 0
             and os.environ.get(SWITCH, "1") != "0")
-
-
-SWITCH = "RHYMERL_NATIVE_ATTENTION"
 
 
 def attend(q: Tensor, k_new: Tensor, v_new: Tensor, keys: Tensor, values: Tensor, start: Tensor,
@@ -78,7 +79,7 @@ def attend(q: Tensor, k_new: Tensor, v_new: Tensor, keys: Tensor, values: Tensor
         raise ValueError(f"cached attention: {q.shape[0]} queries for {int(counts.sum())} counted tokens")
     offsets = ends - counts
     out = torch.empty_like(q)
-    native.attend(q.data_ptr(), k_new.data_ptr(), v_new.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr(), start.data_ptr(),
-                  counts.data_ptr(), offsets.data_ptr(), slots, heads, dim, max_len, *keys.stride()[:3],
-                  *values.stride()[:3], dim**-0.5, torch.get_num_threads())
+    native.attend(q.data_ptr(), k_new.data_ptr(), v_new.data_ptr(), keys.data_ptr(), values.data_ptr(),
+                  out.data_ptr(), start.data_ptr(), counts.data_ptr(), offsets.data_ptr(), slots, heads, dim,
+                  max_len, *keys.stride()[:3], *values.stride()[:3], dim**-0.5, torch.get_num_threads())
     return out
