@@ -1,5 +1,6 @@
 """The native cached-attention kernel computes causal attention over each slot's own prefix, the
-same bits for a token whatever block it is verified in, and the model agrees with torch's path."""
+same bits for a token whatever block it is verified in and however many threads run it, and the
+model agrees with torch's path."""
 
 from __future__ import annotations
 
@@ -61,6 +62,23 @@ def test_a_token_gets_the_same_bits_alone_or_inside_a_verify_block() -> None:
         alone = cached_attention.attend(q[w::9], k_new[w::9], v_new[w::9], keys, values, start + w,
                                         torch.tensor([1, 1, 1]))
         assert torch.equal(alone, block[w::9])
+
+
+def test_a_call_big_enough_for_threads_matches_the_reference_and_the_single_threaded_bits() -> None:
+    # 8 slots x ~1,000 keys x 5 queries x 2 heads: past the kernel's threshold for a second thread
+    keys, values = _cache(8, 2, 32, 1024, seed=5)
+    start, counts = [1000 - 7 * s for s in range(8)], [5] * 8
+    q, k_new, v_new = torch.randn(3, 40, 2, 32, generator=torch.Generator().manual_seed(6))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = cached_attention.attend(q, k_new, v_new, keys, values, torch.tensor(start), torch.tensor(counts))
+        torch.set_num_threads(1)
+        one = cached_attention.attend(q, k_new, v_new, keys, values, torch.tensor(start), torch.tensor(counts))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+    torch.testing.assert_close(two, _reference(q, keys, values, start, counts), rtol=1e-5, atol=1e-5)
 
 
 def test_positions_beyond_the_cache_and_miscounted_queries_are_refused() -> None:

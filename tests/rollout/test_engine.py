@@ -6,6 +6,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from rhymerl.workers.model import cached_attention
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.rollout.engine import EngineSession, GenRequest, GenResult, SamplingParams, TorchEngine
 from rhymerl.workers.rollout.sampling import sample_key, sample_tokens
@@ -155,6 +156,23 @@ def test_wrong_drafts_cost_passes_but_never_change_tokens(tiny_model: TinyLlama)
     spec = engine.generate(reqs, params, OracleDrafts(wrong, 5))
     assert [r.response_ids for r in spec] == [r.response_ids for r in plain]
     assert sum(r.forward_passes for r in spec) == sum(r.forward_passes for r in plain)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_drafts_reaching_past_the_length_limit_are_cut_to_fit_the_cache(
+        tiny_model: TinyLlama, monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
+    # float32 and head_dim 16: verify passes run the native kernel, which refuses positions past the cache
+    monkeypatch.setattr(cached_attention, "usable", lambda *_: native)
+    reqs = _requests(4, seed=5)
+    params = SamplingParams(temperature=1.0, seed=4, max_response_length=24)
+    engine = TorchEngine(tiny_model.float(), EOS, max_batch_size=4)
+    plain = engine.generate(reqs, params)
+    # the true continuation, then far more than any response has room for
+    truth = {r.sample_id: res.response_ids + [5] * 64 for r, res in zip(reqs, plain, strict=True)}
+    spec = engine.generate(reqs, params, OracleDrafts(truth, 40))
+    assert any(len(r.response_ids) == params.max_response_length for r in plain)  # the limit is reached
+    assert [r.response_ids for r in spec] == [r.response_ids for r in plain]
+    assert sum(r.forward_passes for r in spec) < sum(r.forward_passes for r in plain)
 
 
 def _drain(session: EngineSession) -> dict[int, GenResult]:

@@ -25,16 +25,16 @@ LANES = 16
 
 
 def _torch_openmp() -> str | None:
-    """Path of the OpenMP runtime torch loaded (Linux), so the kernel can share its threads."""
+    """Path of the OpenMP runtime torch loaded (Linux), so the kernel can share its threads; one
+    shipped inside torch's own folder first, should another copy be loaded too."""
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         return None
-    for line in maps.splitlines():
-        path = line.split(maxsplit=5)[-1]
-        if any(name in Path(path).name for name in ("libgomp", "libiomp", "libomp")):
-            return path
-    return None
+    paths = {line.split(maxsplit=5)[-1] for line in maps.splitlines()}
+    found = sorted(p for p in paths if any(n in Path(p).name for n in ("libgomp", "libiomp", "libomp")))
+    home = str(Path(torch.__file__).parent)
+    return next((p for p in found if p.startswith(home)), found[0] if found else None)
 
 
 SHARED_THREADS = bool((library := _torch_openmp()) and native.use_openmp(library))

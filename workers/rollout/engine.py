@@ -272,7 +272,13 @@ class EngineSession:
             if not self._queue and len(running) <= b.rows // 2:
                 self._pack(running)
                 running = list(range(b.rows))
-            proposals = drafts.propose(running, len(running)) if drafts is not None else [[] for _ in running]
+            proposals = [[] for _ in running]
+            if drafts is not None:
+                # tokens past the length limit would be dropped by _emit; cut their drafts so every
+                # position a pass appends fits the cache (max_prompt_len + max_response_length + 1)
+                limit = self.params.max_response_length
+                proposals = [p[: limit - len(self._results[b.owner[s]].response_ids) - 1]
+                             for s, p in zip(running, drafts.propose(running, len(running)), strict=True)]
             self.engine._verify(b, cache, running, proposals, self.params, self._results, self._emit, drafts)
         done, self._finished = self._finished, []
         return done

@@ -9,14 +9,17 @@
 // no horizontal reductions. Each query sees exactly its own prefix (no mask tensor, no padding to
 // the batch's longest slot).
 //
-// Exactness: every query's arithmetic (sums in dimension order, then key order; a softmax over its
-// own prefix) is the same whatever W is and whichever tile it shares loads with, so a token's
-// attention output is identical bit for bit in a one-token pass and inside a verify pass.
+// Determinism: every query's arithmetic (sums in dimension order, then key order; a softmax over
+// its own prefix) is the same whatever W is and whichever tile it shares loads with, so the kernel
+// gives a token the same bits whether it is verified alone or among others. (The model sends
+// one-token passes to torch's matmuls, so plain and speculative decoding still agree only to
+// rounding, as before.)
 #include <dlfcn.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -228,26 +231,31 @@ void attend(uintptr_t q, uintptr_t k_new, uintptr_t v_new, uintptr_t keys, uintp
     pairs += end * g.counts[s];
   }
   const int64_t tasks = slots * heads;
-  auto run = [&g, heads](int64_t lo, int64_t hi) {
-    Scratch sc;
-    for (int64_t t = lo; t < hi; ++t) attend_one(g, t / heads, t % heads, sc);
+  std::atomic<bool> failed{false};  // an exception must not leave a parallel region (std::terminate)
+  auto run = [&g, &failed, heads](int64_t lo, int64_t hi) {
+    try {
+      Scratch sc;
+      for (int64_t t = lo; t < hi && !failed.load(std::memory_order_relaxed); ++t)
+        attend_one(g, t / heads, t % heads, sc);
+    } catch (...) {
+      failed = true;
+    }
   };
   const int64_t n_threads = std::clamp<int64_t>(std::min<int64_t>(threads, pairs * heads / kPairsPerThread), 1, tasks);
   if (n_threads <= 1) {
     run(0, tasks);
-    return;
-  }
-  if (omp.parallel != nullptr) {
+  } else if (omp.parallel != nullptr) {
     Region<decltype(run)> region{&run, tasks};
     omp.parallel(&Region<decltype(run)>::body, &region, static_cast<unsigned>(n_threads), 0);
-    return;
+  } else {
+    std::vector<std::thread> pool;
+    const int64_t per = (tasks + n_threads - 1) / n_threads;
+    for (int64_t i = 1; i < n_threads; ++i)
+      pool.emplace_back(run, std::min(tasks, i * per), std::min(tasks, (i + 1) * per));
+    run(0, std::min(tasks, per));
+    for (auto& t : pool) t.join();
   }
-  std::vector<std::thread> pool;
-  const int64_t per = (tasks + n_threads - 1) / n_threads;
-  for (int64_t i = 1; i < n_threads; ++i)
-    pool.emplace_back(run, std::min(tasks, i * per), std::min(tasks, (i + 1) * per));
-  run(0, std::min(tasks, per));
-  for (auto& t : pool) t.join();
+  if (failed) throw std::runtime_error("cached attention: out of memory for scratch buffers");
 }
 
 }  // namespace
