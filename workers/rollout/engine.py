@@ -272,7 +272,7 @@ class EngineSession:
             if not self._queue and len(running) <= b.rows // 2:
                 self._pack(running)
                 running = list(range(b.rows))
-            proposals = [[] for _ in running]
+            proposals: list[list[int]] = [[] for _ in running]
             if drafts is not None:
                 # tokens past the length limit would be dropped by _emit; cut their drafts so every
                 # position a pass appends fits the cache (max_prompt_len + max_response_length + 1)
