@@ -81,6 +81,11 @@ def test_a_call_big_enough_for_threads_matches_the_reference_and_the_single_thre
     torch.testing.assert_close(two, _reference(q, keys, values, start, counts), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.skipif(not torch.backends.openmp.is_available(), reason="torch built without OpenMP")
+def test_the_kernel_runs_on_torchs_own_openmp_threads() -> None:
+    assert cached_attention.SHARED_THREADS
+
+
 def test_positions_beyond_the_cache_and_miscounted_queries_are_refused() -> None:
     keys, values = _cache(2, 1, 16, 32, seed=0)
     q, q4 = torch.randn(3, 1, 16), torch.randn(4, 1, 16)

@@ -75,7 +75,7 @@ struct Args {
   const int64_t* start;   // [slots] cached tokens before the block (position of its first token)
   const int64_t* counts;  // [slots] the block's tokens in each slot (0 for none)
   const int64_t* offsets; // [slots] index of each slot's first cell
-  int64_t heads, dim, max_len;
+  int64_t heads, dim;
   int64_t ks0, ks1, ks2, vs0, vs1, vs2;
   float scale;
 };
@@ -220,7 +220,7 @@ void attend(uintptr_t q, uintptr_t k_new, uintptr_t v_new, uintptr_t keys, uintp
          reinterpret_cast<const float*>(v_new), reinterpret_cast<float*>(keys), reinterpret_cast<float*>(values),
          reinterpret_cast<float*>(out),
          reinterpret_cast<const int64_t*>(start), reinterpret_cast<const int64_t*>(counts),
-         reinterpret_cast<const int64_t*>(offsets), heads, dim, max_len, ks0, ks1, ks2, vs0, vs1, vs2, scale};
+         reinterpret_cast<const int64_t*>(offsets), heads, dim, ks0, ks1, ks2, vs0, vs1, vs2, scale};
   int64_t pairs = 0;
   for (int64_t s = 0; s < slots; ++s) {
     const int64_t end = g.start[s] + g.counts[s];
