@@ -195,10 +195,11 @@ def test_drafter_keeps_its_index_alive() -> None:
 
 def test_drafter_reads_its_knobs_from_the_speculation_spec() -> None:
     spec = SpeculationSpec.model_validate(
-        {"window": {"initial": 3, "step": 1, "max": 9}, "prefix": {"max": 5, "min": 2}, "reward_weighted": False}
+        {"window": {"initial": 3, "step": 1, "max": 9}, "prefix": {"max": 5, "min": 2}, "min_prob": 0.25,
+         "reward_weighted": False}
     )
     native = HistoryDrafter.from_spec(spec)._native
-    assert (native.prefix_max, native.prefix_min) == (5, 2)
+    assert (native.prefix_max, native.prefix_min, native.min_prob) == (5, 2, 0.25)
     assert (native.window_initial, native.window_step, native.window_max) == (3, 1, 9)
 
 

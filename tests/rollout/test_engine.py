@@ -56,6 +56,25 @@ def test_a_sample_does_not_depend_on_its_batch_neighbours(tiny_model: TinyLlama)
     assert alone.response_ids == together.response_ids
 
 
+def test_a_group_sharing_a_prompt_is_prefilled_once_and_samples_as_if_alone(
+        tiny_model: TinyLlama, monkeypatch: pytest.MonkeyPatch) -> None:
+    prompts = [r.prompt_ids for r in _requests(3, seed=8)]
+    reqs = [GenRequest(prompts[i], sample_key("g", i, k), f"p{i}") for i in range(3) for k in range(4)]
+    scored: list[int] = []
+    prefill = tiny_model.prefill
+
+    def counting(tokens: torch.Tensor, *args: object) -> torch.Tensor:
+        scored.append(tokens.shape[0])
+        return prefill(tokens, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tiny_model, "prefill", counting)
+    params = SamplingParams(temperature=1.0, seed=6, max_response_length=20)
+    results = TorchEngine(tiny_model, EOS, max_batch_size=12).generate(reqs, params)
+    assert scored == [3]
+    for req, res in zip(reqs, results, strict=True):
+        assert res.response_ids == naive_generate(tiny_model, req.prompt_ids, req.sample_id, params)
+
+
 def test_different_seeds_give_different_samples(tiny_model: TinyLlama) -> None:
     reqs = _requests(4, seed=0)
     a = TorchEngine(tiny_model, EOS).generate(reqs, SamplingParams(seed=1, max_response_length=30))

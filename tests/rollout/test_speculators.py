@@ -73,8 +73,8 @@ def test_ngram_drafts_change_nothing(model: TinyLlama, temperature: float) -> No
     params = SamplingParams(temperature=temperature, seed=2, max_response_length=40)
     engine = TorchEngine(model, EOS, max_batch_size=6)
     plain = engine.generate(reqs, params)
-    spec = engine.generate(reqs, params, NgramDrafts(SpeculationSpec(prefix={"min": 1, "max": 3}),
-                                                     SpecController(SpeculationSpec())))
+    spec = engine.generate(reqs, params, NgramDrafts(SpeculationSpec(), SpecController(SpeculationSpec()),
+                                                     match=(1, 3)))
     assert [r.response_ids for r in spec] == [r.response_ids for r in plain]
     assert sum(r.drafted for r in spec) > 0
 

@@ -195,10 +195,11 @@ class HistoryDrafter:
     tokens of each sequence's last draft were accepted (AIMD update), feed the tokens appended to
     each sequence (accepted draft tokens plus the one the model produced), get the next drafts.
 
-    Defaults are the paper's rule. One option goes beyond it (off by default): `min_prob` ends a
-    draft before a token whose path probability under the branch priorities (priority of the
-    chosen child over its parent's, multiplied along the draft) drops below it: fewer rejections,
-    so the AIMD window resets less often.
+    The constructor's defaults are the paper's rule. One option goes beyond it (off here; on in an
+    RLJob's defaults, `SpeculationSpec.min_prob`): `min_prob` ends a draft before a token whose
+    path probability under the branch priorities (priority of the chosen child over its parent's,
+    multiplied along the draft) drops below it: fewer rejections, so the AIMD window resets less
+    often.
     """
 
     __slots__ = ("_native",)
@@ -224,6 +225,7 @@ class HistoryDrafter:
             window_initial=spec.window.initial,
             window_step=spec.window.step,
             window_max=spec.window.max,
+            min_prob=spec.min_prob,
         )
 
     def add(self, index: HistoryIndex, context: Tokens | None = None) -> int:

@@ -74,8 +74,11 @@ class KVCache:
             return self.k[layer, :slots, :, :, :span].transpose(-1, -2)
         return self.k[layer, :slots, :, :span]
 
-    def write_prefix(self, layer: int, slots: Tensor, ks: Tensor, vs: Tensor) -> None:
-        """Keys and values [n, heads, L, head_dim] of positions 0..L-1 into `slots`."""
+    def write_prefix(self, layer: int, slots: Tensor, ks: Tensor, vs: Tensor, rows: Tensor | None = None) -> None:
+        """Keys and values [n, heads, L, head_dim] of positions 0..L-1 into `slots`; with `rows`,
+        slot i takes row rows[i] (several slots may share one row)."""
+        if rows is not None:
+            ks, vs = ks[rows], vs[rows]
         length = ks.shape[2]
         if self.native:
             self.k[layer, slots, :, :, :length] = ks.transpose(-1, -2)
@@ -93,10 +96,15 @@ class KVCache:
             self.k[layer, slot, head, pos] = ks
         self.v[layer, slot, head, pos] = vs
 
-    def move(self, src: Tensor, dst: Tensor) -> None:
-        """Copy slots src[i] -> dst[i] (all layers), e.g. to pack running sequences to the front."""
-        self.k[:, dst] = self.k[:, src]
-        self.v[:, dst] = self.v[:, src]
+    def move(self, src: Tensor, dst: Tensor, length: int | None = None) -> None:
+        """Copy slots src[i] -> dst[i] (all layers), e.g. to pack running sequences to the front;
+        with `length`, only positions 0..length-1 (nothing past a slot's length is ever read)."""
+        n = self.max_len if length is None else min(length, self.max_len)
+        if self.native:
+            self.k[:, dst, :, :, :n] = self.k[:, src, :, :, :n]
+        else:
+            self.k[:, dst, :, :n] = self.k[:, src, :, :n]
+        self.v[:, dst, :, :n] = self.v[:, src, :, :n]
 
 
 class Cells:
@@ -192,12 +200,13 @@ class Attention(nn.Module):
         return qs, ks, vs
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor,
-                store: tuple[KVCache, int, Tensor] | None = None) -> Tensor:
-        """Causal self-attention over x alone; `store` = (cache, layer, slots) keeps its keys/values."""
+                store: tuple[KVCache, int, Tensor, Tensor | None] | None = None) -> Tensor:
+        """Causal self-attention over x alone; `store` = (cache, layer, slots, rows) keeps its
+        keys/values (KVCache.write_prefix)."""
         qs, ks, vs = self._qkv(x, cos, sin)
         if store is not None:
-            cache, layer, slots = store
-            cache.write_prefix(layer, slots, ks, vs)
+            cache, layer, slots, rows = store
+            cache.write_prefix(layer, slots, ks, vs, rows)
         out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
         return self.o_proj(out.transpose(1, 2).reshape(x.shape))
 
@@ -291,12 +300,13 @@ class TinyLlama(nn.Module):
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self._logits(x)
 
-    def prefill(self, tokens: Tensor, slots: Tensor, cache: KVCache) -> Tensor:
-        """Score right-padded prompts [n, L] from position 0 and store their keys/values in `slots`."""
+    def prefill(self, tokens: Tensor, slots: Tensor, cache: KVCache, rows: Tensor | None = None) -> Tensor:
+        """Score right-padded prompts [n, L] from position 0 and store their keys/values in `slots`;
+        with `rows`, slot i gets prompt rows[i], so a prompt shared by several slots is scored once."""
         x = self.embed_tokens(tokens)
         cos, sin = self._rope(torch.arange(tokens.shape[1], device=tokens.device), x.dtype)
         for i, layer in enumerate(self.blocks):
-            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, (cache, i, slots))
+            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, (cache, i, slots, rows))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self._logits(x)
 

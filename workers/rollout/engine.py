@@ -307,7 +307,7 @@ class EngineSession:
         b, device = self._b, self.engine.device
         src = torch.tensor(running, device=device)
         dst = torch.arange(len(running), device=device)
-        self._cache.move(src, dst)
+        self._cache.move(src, dst, int(b.lens[src].max()))
         b.lens[dst], b.last[dst], b.sample_ids[dst] = b.lens[src].clone(), b.last[src].clone(), b.sample_ids[src].clone()
         owners = [b.owner[s] for s in running]
         b.owner = owners + [-1] * (len(b.owner) - len(owners))
@@ -320,14 +320,21 @@ class EngineSession:
         each one's next token at its response position."""
         b, device, params, drafts = self._b, self.engine.device, self.params, self.drafts
         taken = [(slot, self._queue.popleft()) for slot in free[: len(self._queue)]]
-        seqs = [self._requests[k].prompt_ids + self._results[k].response_ids for _, k in taken]
-        width = max(len(ids) for ids in seqs)
-        tokens = torch.zeros(len(taken), width, dtype=torch.int64, device=device)
-        for row, ids in enumerate(seqs):
+        # a GRPO group's samples share their prompt: each distinct sequence is scored once and its
+        # keys/values written to every slot that holds it (on CPU a row's numbers do not depend on
+        # the rows scored beside it, so the cache gets the same bits: tests/rollout/test_engine.py)
+        distinct: dict[tuple[int, ...], int] = {}
+        row_of = [distinct.setdefault(tuple(self._requests[k].prompt_ids + self._results[k].response_ids),
+                                      len(distinct)) for _, k in taken]
+        width = max(len(ids) for ids in distinct)
+        tokens = torch.zeros(len(distinct), width, dtype=torch.int64, device=device)
+        for row, ids in enumerate(distinct):
             tokens[row, : len(ids)] = torch.tensor(ids, device=device)
         slots = torch.tensor([s for s, _ in taken], device=device)
-        ends = torch.tensor([len(ids) - 1 for ids in seqs], device=device)
-        logits = self.engine.model.prefill(tokens, slots, self._cache)[torch.arange(len(taken)), ends]
+        rows = torch.tensor(row_of, device=device)
+        ends = torch.tensor([len(ids) - 1 for ids in distinct], device=device)
+        logits = self.engine.model.prefill(tokens, slots, self._cache, rows)[torch.arange(len(distinct)), ends][rows]
+        ends = ends[rows]
         sids = torch.tensor([self._requests[k].sample_id for _, k in taken], device=device)
         positions = torch.tensor([len(self._results[k].response_ids) for _, k in taken], device=device)
         first = sample_tokens(logits, params.seed, sids, positions, params.temperature, params.top_p)

@@ -190,12 +190,20 @@ class HistoryDrafts:
         self.pending = {d: self.pending[s] for s, d in zip(src, dst, strict=True) if s in self.pending}
 
 
+NGRAM_MATCH = (3, 7)
+"""Shortest and longest n-gram the prompt-lookup baseline matches (vLLM's prompt_lookup_min/max).
+Its own: the history knobs (`speculation.prefix`) fall back to 1-token matches, which pay only
+with `min_prob` over a history's branch priorities, and a sequence's own context has none."""
+
+
 class NgramDrafts:
     """vLLM-style n-gram (prompt lookup) drafts from each sequence's own context, AIMD window."""
 
-    def __init__(self, spec: SpeculationSpec, control: SpecController, max_len: int = 2048) -> None:
+    def __init__(self, spec: SpeculationSpec, control: SpecController, max_len: int = 2048,
+                 match: tuple[int, int] = NGRAM_MATCH) -> None:
         self.spec = spec
         self.control = control
+        self.match = match
         self.context = np.zeros((0, max_len), dtype=np.int32)
         self.length: dict[int, int] = {}
         self.window: dict[int, int] = {}
@@ -219,8 +227,7 @@ class NgramDrafts:
         rows = np.array(slots, dtype=np.int64)
         windows = np.array([self.window[s] for s in slots], dtype=np.int32)
         lengths = np.array([self.length[s] for s in slots], dtype=np.int64)
-        offsets, tokens = native.ngram_draft(self.context[rows], lengths, windows,
-                                             self.spec.prefix.min, self.spec.prefix.max)
+        offsets, tokens = native.ngram_draft(self.context[rows], lengths, windows, *self.match)
         cap = self.control.cap(batch_size, np.diff(offsets).tolist())
         out = [tokens[offsets[i]: min(offsets[i + 1], offsets[i] + cap)].tolist() for i in range(len(slots))]
         return out
