@@ -13,6 +13,8 @@ the median is reported. Methods:
 - ngram: drafts from the sequence's own context (vLLM's prompt-lookup)
 - history: HistoSpec, reward-weighted index of last epoch's responses
 - history-unweighted: the same index ranked by frequency only
+- history-paper: the same index drafted by the paper's rule (prefix 7 -> 3, no min_prob), to
+  show what the job's defaults (prefix 32 -> 1, min_prob 0.5) add
 - history-mismatched: each prompt drafts from another prompt's history — poor drafts, to show the
   adaptive cap switching speculation off where it would slow things down
 - history-mismatched-fixed: the same poor drafts with the cap pinned at window.max (no adaptation)
@@ -38,7 +40,8 @@ from rhymerl.workers.rollout.engine import DraftSource, GenResult, TorchEngine
 from rhymerl.workers.rollout.profile import measure
 from rhymerl.workers.rollout.speculators import HistoryDrafts, NgramDrafts, SpecController
 
-METHODS = ("none", "ngram", "history", "history-unweighted", "history-mismatched", "history-mismatched-fixed")
+METHODS = ("none", "ngram", "history", "history-unweighted", "history-paper", "history-mismatched",
+           "history-mismatched-fixed")
 
 
 JOB = "job"
@@ -121,6 +124,8 @@ def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str,
                 spec = job.spec.rollout.speculation.model_copy(deep=True)
                 if method.endswith("-fixed"):
                     spec.disable_above_batch = 10**9
+                if method == "history-paper":
+                    spec.prefix.max, spec.prefix.min, spec.min_prob = 7, 3, 0.0
                 control = SpecController(spec, None if method.endswith("-fixed") else profile)
                 source = _sources(method, job.spec, store, w.epoch, w.prompt_ids, control)
                 t0 = time.perf_counter()

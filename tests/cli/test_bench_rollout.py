@@ -11,14 +11,14 @@ from cli_runner import rhymerl
 def test_bench_rollout_compares_methods_on_the_jobs_steps_and_on_a_pool(tiny_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench"
     res = rhymerl("bench", "rollout", "--run", str(tiny_run), "--batch-sizes", "job,4",
-                  "--methods", "none,history,history-mismatched-fixed", "--out", str(out))
+                  "--methods", "none,history,history-paper,history-mismatched-fixed", "--out", str(out))
     assert res.returncode == 0, res.stderr
     rows = json.loads((out / "results.json").read_text())
     assert [(r["batch"], r["method"]) for r in rows] == [
-        (b, m) for b in ("job", 4) for m in ("none", "history", "history-mismatched-fixed")]
+        (b, m) for b in ("job", 4) for m in ("none", "history", "history-paper", "history-mismatched-fixed")]
     assert all(r["identical"] for r in rows)
     assert len({r["tokens"] for r in rows}) == 1  # 16 samples, the same tokens whatever the workload
-    history = [r for r in rows if r["method"] == "history"]
+    history = [r for r in rows if r["method"] in ("history", "history-paper")]
     assert all(r["spec_rate"] > 0 and r["tokens_per_pass"] > 1 for r in history)
     assert all(r["speedup"] == 1.0 for r in rows if r["method"] == "none")
     for name in ("table.md", "speedup.png", "verify_profile.png"):
