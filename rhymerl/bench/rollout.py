@@ -33,6 +33,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from rhymerl.api.spec import SpeculationSpec
 from rhymerl.bench.workload import load_run_workload
 from rhymerl.workers.history.store import MemoryHistoryStore
 from rhymerl.workers.rollout.adaptive import CostProfile
@@ -79,9 +80,18 @@ class Row:
                 "identical": self.identical, "caps": self.caps, "runs": [round(t, 3) for t in self.runs]}
 
 
-def _sources(method: str, job_spec: Any, store: dict[bool, MemoryHistoryStore], epoch: int,
+def method_spec(method: str, job_spec: SpeculationSpec) -> SpeculationSpec:
+    """The speculation block a method runs with: the job's, with what the method changes."""
+    spec = job_spec.model_copy(deep=True)
+    if method.endswith("-fixed"):
+        spec.disable_above_batch = 10**9
+    if method == "history-paper":
+        spec.prefix.max, spec.prefix.min, spec.min_prob = 7, 3, 0.0
+    return spec
+
+
+def _sources(method: str, spec: SpeculationSpec, store: dict[bool, MemoryHistoryStore], epoch: int,
              prompt_ids: list[str], control: SpecController) -> DraftSource | None:
-    spec = job_spec.rollout.speculation
     if method == "none":
         return None
     if method == "ngram":
@@ -121,13 +131,9 @@ def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str,
             # interleaved, the order reversed every other repeat: drift on a shared machine, and
             # a method's position in the round, hit every method alike
             for method in cfg.methods if rep % 2 == 0 else cfg.methods[::-1]:
-                spec = job.spec.rollout.speculation.model_copy(deep=True)
-                if method.endswith("-fixed"):
-                    spec.disable_above_batch = 10**9
-                if method == "history-paper":
-                    spec.prefix.max, spec.prefix.min, spec.min_prob = 7, 3, 0.0
+                spec = method_spec(method, job.spec.rollout.speculation)
                 control = SpecController(spec, None if method.endswith("-fixed") else profile)
-                source = _sources(method, job.spec, store, w.epoch, w.prompt_ids, control)
+                source = _sources(method, spec, store, w.epoch, w.prompt_ids, control)
                 t0 = time.perf_counter()
                 results = [r for chunk in chunks for r in engine.generate(chunk, params, source)]
                 times[method].append(time.perf_counter() - t0)

@@ -7,6 +7,11 @@ from pathlib import Path
 
 from cli_runner import rhymerl
 
+from rhymerl.api.spec import SpeculationSpec
+from rhymerl.bench.rollout import _sources, method_spec
+from rhymerl.workers.history.store import MemoryHistoryStore
+from rhymerl.workers.rollout.speculators import HistoryDrafts, SpecController
+
 
 def test_bench_rollout_compares_methods_on_the_jobs_steps_and_on_a_pool(tiny_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench"
@@ -29,3 +34,19 @@ def test_bench_rollout_names_a_bad_workload(tmp_path: Path) -> None:
     res = rhymerl("bench", "rollout", "--run", str(tmp_path), "--batch-sizes", "job,eight")
     assert res.returncode == 2
     assert "--batch-sizes: 'eight'" in res.stderr
+
+
+def test_each_history_method_drafts_with_its_own_knobs() -> None:
+    job = SpeculationSpec()
+    stores = {w: MemoryHistoryStore(reward_weighted=w) for w in (True, False)}
+    knobs = {}
+    for method in ("history", "history-paper", "history-mismatched-fixed"):
+        spec = method_spec(method, job)
+        source = _sources(method, spec, stores, 1, ["p"], SpecController(spec))
+        assert isinstance(source, HistoryDrafts)
+        native = source.drafter._native
+        knobs[method] = (native.prefix_max, native.prefix_min, native.min_prob, spec.disable_above_batch)
+    assert knobs["history"] == (job.prefix.max, job.prefix.min, job.min_prob, None)
+    assert knobs["history-paper"] == (7, 3, 0.0, None)
+    assert knobs["history-mismatched-fixed"][:3] == knobs["history"][:3]
+    assert knobs["history-mismatched-fixed"][3] is not None
