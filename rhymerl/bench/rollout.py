@@ -202,12 +202,14 @@ def plot_profile(profile: CostProfile, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for b, row in zip(profile.batch_sizes, profile.seconds, strict=True):
-        ax1.plot(profile.tokens, [1e3 * t for t in row], marker="o", label=f"batch {b}")
+    for i, (b, row) in enumerate(zip(profile.batch_sizes, profile.seconds, strict=True)):
+        line, = ax1.plot(profile.tokens, [1e3 * t for t in row], marker="o", label=f"batch {b}")
+        if profile.verify_one is not None:  # the verify path with no draft token: where drafting starts from
+            ax1.plot([1], [1e3 * profile.verify_one[i]], marker="x", color=line.get_color(), linestyle="none")
         ax2.plot(profile.tokens, [1e6 * t / (b * n) for t, n in zip(row, profile.tokens, strict=True)],
                  marker="o", label=f"batch {b}")
     ax1.set_xlabel("tokens appended per sequence (1 + draft length)")
-    ax1.set_ylabel("ms per forward pass")
+    ax1.set_ylabel("ms per forward pass (x: verify pass, 1 token per sequence)")
     ax2.set_xlabel("tokens appended per sequence (1 + draft length)")
     ax2.set_ylabel("µs per appended token")
     for ax in (ax1, ax2):
@@ -222,11 +224,13 @@ def plot_profile(profile: CostProfile, path: Path) -> None:
 
 
 def profile_table(profile: CostProfile) -> str:
-    head = "| batch \\ tokens/seq | " + " | ".join(str(t) for t in profile.tokens) + " |"
-    lines = [head, "|" + "---|" * (len(profile.tokens) + 1)]
-    for b, row in zip(profile.batch_sizes, profile.seconds, strict=True):
-        lines.append(f"| {b} | " + " | ".join(f"{1e3 * t:.2f}" for t in row) + " |")
-    return "ms per forward pass\n\n" + "\n".join(lines) + "\n"
+    verify = profile.verify_one or tuple(float("nan") for _ in profile.batch_sizes)
+    head = "| batch \\ tokens/seq | " + " | ".join(str(t) for t in profile.tokens) + " | verify, 1 token |"
+    lines = [head, "|" + "---|" * (len(profile.tokens) + 2)]
+    for b, row, v in zip(profile.batch_sizes, profile.seconds, verify, strict=True):
+        lines.append(f"| {b} | " + " | ".join(f"{1e3 * t:.2f}" for t in (*row, v)) + " |")
+    return ("ms per forward pass (the last column: a verify pass whose sequences carry no draft token, the cost "
+            "a pass starts from once any sequence drafts)\n\n" + "\n".join(lines) + "\n")
 
 
 def main(cfg: RolloutBenchConfig, out: Path | None, console: Console) -> None:

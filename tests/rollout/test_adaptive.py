@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.rollout.adaptive import AcceptanceTracker, CostCalibration, CostProfile, choose_cap
+from rhymerl.workers.rollout.profile import load_or_measure
 
 
 def test_expected_tokens_with_certain_acceptance_is_one_plus_k() -> None:
@@ -65,6 +70,30 @@ def test_profile_interpolates_between_grid_points() -> None:
     prof = CostProfile((1, 3), (1, 3), ((1.0, 3.0), (3.0, 5.0)))
     assert prof.cost(2, 2) == pytest.approx(3.0)
     assert prof.cost(1, 1) == pytest.approx(1.0)
+
+
+def test_a_pass_with_any_draft_is_priced_from_the_verify_path() -> None:
+    prof = CostProfile((1,), (1, 2), ((1.0, 2.0),), verify_one=(1.5,))
+    assert prof.cost(1, 1.0) == pytest.approx(1.0)   # plain decoding: the one-token path
+    assert prof.cost(1, 1.5) == pytest.approx(1.75)  # halfway from the verify path's 1.5 to 2 tokens' 2.0
+    assert CostProfile((1,), (1, 2), ((1.0, 2.0),)).cost(1, 1.5) == pytest.approx(1.5)
+    # a verify pass at one token never costs more than the 2-token column (a disturbed timing)
+    assert CostProfile((1,), (1, 2), ((1.0, 2.0),), verify_one=(3.0,)).cost(1, 1.5) == pytest.approx(2.0)
+
+
+def test_a_few_poor_drafts_do_not_pay_for_moving_the_pass_onto_the_verify_path() -> None:
+    # 64 sequences, 2 with a 1-token draft accepted half the time: 62 + 2 * 1.5 = 65 tokens
+    grid = ((1.0, 1.1),)
+    t = AcceptanceTracker(prior=0.5)
+    cheap = CostProfile((64,), (1, 2), grid)  # priced at 1 + (2/64) * 0.1: 65 / 1.003 > 64 / 1.0
+    assert choose_cap(cheap, batch=64, tracker=t, lengths=[1, 1] + [0] * 62) == 1
+    dear = CostProfile((64,), (1, 2), grid, verify_one=(1.08,))  # 65 / 1.0806 < 64 / 1.0
+    assert choose_cap(dear, batch=64, tracker=t, lengths=[1, 1] + [0] * 62) == 0
+
+
+def test_a_profile_needs_a_verify_cost_per_batch_size() -> None:
+    with pytest.raises(ValueError, match="verify_one"):
+        CostProfile((1, 4), (1, 2), ((1.0, 2.0), (2.0, 3.0)), verify_one=(1.5,))
 
 
 def test_a_profile_with_unsorted_axes_is_rejected() -> None:
@@ -167,3 +196,15 @@ def test_the_tracker_counts_as_a_per_position_loop_would(passes: list[list[tuple
                 offered[j] += 1.0
                 taken[j] += j < a
     assert t.offered.tolist() == pytest.approx(offered) and t.taken.tolist() == pytest.approx(taken)
+
+
+def test_a_measured_profile_is_cached_with_its_verify_costs_and_read_back(
+        tiny_model: TinyLlama, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RHYMERL_CACHE", str(tmp_path))
+    first = load_or_measure(tiny_model, context=8, batches=(1, 2), tokens=(1, 2))
+    assert first.verify_one is not None and len(first.verify_one) == 2 and min(first.verify_one) > 0
+    (entry,) = (tmp_path / "profiles").glob("*.json")
+    assert load_or_measure(tiny_model, context=8, batches=(1, 2), tokens=(1, 2)) == first
+    entry.write_text('{"batch_sizes": [1, 2]}')  # damaged: re-measured, not trusted
+    again = load_or_measure(tiny_model, context=8, batches=(1, 2), tokens=(1, 2))
+    assert again.verify_one is not None and json.loads(entry.read_text())["verify_one"] == list(again.verify_one)

@@ -14,7 +14,8 @@ the drafts to min(n_i, k), and is chosen to maximise
     sum_i E(min(n_i, k)) / (t(B, 1 + sum_i min(n_i, k) / B) + c)
 
 (the engine computes only the real tokens of a ragged block, so a pass is priced at its mean
-tokens per sequence). c is measured online: what real passes cost beyond the profile's
+tokens per sequence; any draft puts the whole pass on the verify path, so between 1 and 2 tokens
+t starts from a verify pass of one token per sequence, CostProfile.verify_one). c is measured online: what real passes cost beyond the profile's
 prediction, with drafts and without (CostCalibration; the profile times the forward pass alone,
 not the engine's bookkeeping, sampling and drafting). k = 0 (plain decoding) wins when drafts
 are poor or the batch is so large that verifying extra tokens costs more than it returns.
@@ -22,6 +23,7 @@ are poor or the batch is so large that verifying extra tokens costs more than it
 
 from __future__ import annotations
 
+import functools
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -91,20 +93,38 @@ class AcceptanceTracker:
 
 @dataclass(frozen=True)
 class CostProfile:
-    """Seconds per forward pass on a (batch sizes x tokens per sequence) grid; interpolated in between."""
+    """Seconds per forward pass on a (batch sizes x tokens per sequence) grid; interpolated in between.
+
+    `verify_one` (per batch size, optional) is a verify pass in which every sequence appends one
+    token: what a pass costs as soon as any sequence carries a draft. The engine runs such a pass
+    down its verify path (on CPU the native attention kernel, elsewhere a masked attention), which
+    costs more than the one-token path of plain decoding, so a pass with a few short drafts is
+    priced between verify_one and the grid's 2-token column, not between plain and 2 tokens.
+    """
 
     batch_sizes: tuple[int, ...]
     tokens: tuple[int, ...]
     seconds: tuple[tuple[float, ...], ...]  # [batch index][tokens index]
+    verify_one: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if list(self.batch_sizes) != sorted(set(self.batch_sizes)) or list(self.tokens) != sorted(set(self.tokens)):
             raise ValueError("profile grid axes must be strictly increasing")
         if len(self.seconds) != len(self.batch_sizes) or any(len(r) != len(self.tokens) for r in self.seconds):
             raise ValueError("profile seconds must be a batch_sizes x tokens grid")
+        if self.verify_one is not None and len(self.verify_one) != len(self.batch_sizes):
+            raise ValueError("profile verify_one needs one entry per batch size")
+
+    @functools.cached_property
+    def _verify_grid(self) -> tuple[tuple[float, ...], ...]:
+        """The grid with its 1-token column replaced by verify_one (capped by the 2-token column)."""
+        if self.verify_one is None or self.tokens[0] != 1 or len(self.tokens) < 2:
+            return self.seconds
+        return tuple((min(v, row[1]), *row[1:]) for v, row in zip(self.verify_one, self.seconds, strict=True))
 
     def cost(self, batch: int, tokens_per_seq: float) -> float:
-        return _interp2(self.batch_sizes, self.tokens, self.seconds, batch, tokens_per_seq)
+        grid = self._verify_grid if tokens_per_seq > 1 else self.seconds
+        return _interp2(self.batch_sizes, self.tokens, grid, batch, tokens_per_seq)
 
 
 def _interp1(xs: Sequence[int], ys: Sequence[float], x: float) -> float:

@@ -32,8 +32,8 @@ def cache_dir() -> Path:
 def profile_key(model: TinyLlama, context: int, batches: tuple[int, ...], tokens: tuple[int, ...]) -> str:
     param = next(model.parameters())
     # the forward pass's own code (and its native attention kernel) is part of the key: a changed
-    # implementation costs differently
-    code = hashlib.sha256(b"".join(Path(f).read_bytes() for f in (inspect.getfile(TinyLlama),
+    # implementation costs differently; so is this file, which decides what is measured
+    code = hashlib.sha256(b"".join(Path(f).read_bytes() for f in (inspect.getfile(TinyLlama), __file__,
                                                                    cached_attention.native.__file__))).hexdigest()
     parts = [model.cfg.to_json(), str(param.device), str(param.dtype), torch.__version__,
              str(torch.get_num_threads()), str(context), str(batches), str(tokens), code,
@@ -61,31 +61,38 @@ def monotone(grid: list[list[float]]) -> tuple[tuple[float, ...], ...]:
 @torch.inference_mode()
 def measure(model: TinyLlama, context: int = 256, batches: tuple[int, ...] = BATCHES,
             tokens: tuple[int, ...] = TOKENS, repeats: int = 5) -> CostProfile:
-    """Seconds of one forward_cached pass per (batch, tokens) at `context` tokens of cache.
+    """Seconds of one forward_cached pass per (batch, tokens) at `context` tokens of cache, and
+    per batch of a verify pass carrying one token per sequence (CostProfile.verify_one).
 
     Each cell is the fastest of `repeats` timings (interference only ever adds time), then the
     grid is made monotone.
     """
     param = next(model.parameters())
     sync = torch.cuda.synchronize if param.device.type == "cuda" else (lambda: None)
-    grid = []
+
+    def fastest(ids: torch.Tensor, start: torch.Tensor, cache: KVCache, counts: torch.Tensor | None) -> float:
+        model.forward_cached(ids, start, cache, counts)  # warm-up
+        sync()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            model.forward_cached(ids, start, cache, counts)
+            sync()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    grid, verify_one = [], []
     for b in batches:
         cache = KVCache(model.cfg, b, context + max(tokens), param.dtype, param.device)
         start = torch.full((b,), context, dtype=torch.int64, device=param.device)
-        row = []
-        for t in tokens:
-            ids = torch.randint(3, model.cfg.vocab_size, (b, t), device=param.device)
-            model.forward_cached(ids, start, cache)  # warm-up
-            sync()
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                model.forward_cached(ids, start, cache)
-                sync()
-                times.append(time.perf_counter() - t0)
-            row.append(min(times))
-        grid.append(row)
-    return CostProfile(tuple(batches), tuple(tokens), monotone(grid))
+        grid.append([fastest(torch.randint(3, model.cfg.vocab_size, (b, t), device=param.device), start, cache, None)
+                     for t in tokens])
+        # a block two tokens wide with one real token per row: the verify path at its cheapest
+        ones = torch.ones(b, dtype=torch.int64, device=param.device)
+        verify_one.append(fastest(torch.randint(3, model.cfg.vocab_size, (b, 2), device=param.device), start, cache,
+                                  ones))
+    column = monotone([[v] for v in verify_one])
+    return CostProfile(tuple(batches), tuple(tokens), monotone(grid), tuple(r[0] for r in column))
 
 
 def load_or_measure(model: TinyLlama, context: int = 256, batches: tuple[int, ...] = BATCHES,
@@ -95,13 +102,13 @@ def load_or_measure(model: TinyLlama, context: int = 256, batches: tuple[int, ..
         try:
             data = json.loads(path.read_text())
             return CostProfile(tuple(data["batch_sizes"]), tuple(data["tokens"]),
-                               tuple(tuple(r) for r in data["seconds"]))
+                               tuple(tuple(r) for r in data["seconds"]), tuple(data["verify_one"]))
         except (ValueError, KeyError, TypeError):
             path.unlink()  # a damaged cache entry is re-measured, never trusted
     prof = measure(model, context, batches, tokens)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"batch_sizes": prof.batch_sizes, "tokens": prof.tokens,
-                               "seconds": prof.seconds, "context": context}))
+                               "seconds": prof.seconds, "verify_one": prof.verify_one, "context": context}))
     tmp.replace(path)
     return prof
