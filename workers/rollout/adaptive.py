@@ -15,9 +15,10 @@ the drafts to min(n_i, k), and is chosen to maximise
 
 (the engine computes only the real tokens of a ragged block, so a pass is priced at its mean
 tokens per sequence; any draft puts the whole pass on the verify path, so between 1 and 2 tokens
-t starts from a verify pass of one token per sequence, CostProfile.verify_one). c is measured online: what real passes cost beyond the profile's
-prediction, with drafts and without (CostCalibration; the profile times the forward pass alone,
-not the engine's bookkeeping, sampling and drafting). k = 0 (plain decoding) wins when drafts
+t starts from a verify pass of one token per sequence, CostProfile.verify_one). c is measured
+online: what real passes cost beyond the profile's prediction, with drafts and without
+(CostCalibration; the profile times the forward pass alone, not the engine's bookkeeping,
+sampling and drafting). k = 0 (plain decoding) wins when drafts
 are poor or the batch is so large that verifying extra tokens costs more than it returns.
 """
 
@@ -98,8 +99,8 @@ class CostProfile:
     `verify_one` (per batch size, optional) is a verify pass in which every sequence appends one
     token: what a pass costs as soon as any sequence carries a draft. The engine runs such a pass
     down its verify path (on CPU the native attention kernel, elsewhere a masked attention), which
-    costs more than the one-token path of plain decoding, so a pass with a few short drafts is
-    priced between verify_one and the grid's 2-token column, not between plain and 2 tokens.
+    need not cost what the one-token path of plain decoding does, so a pass with a few short
+    drafts is priced between verify_one and the grid's 2-token column, not between plain and 2.
     """
 
     batch_sizes: tuple[int, ...]
