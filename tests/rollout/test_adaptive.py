@@ -77,8 +77,11 @@ def test_a_pass_with_any_draft_is_priced_from_the_verify_path() -> None:
     assert prof.cost(1, 1.0) == pytest.approx(1.0)   # plain decoding: the one-token path
     assert prof.cost(1, 1.5) == pytest.approx(1.75)  # halfway from the verify path's 1.5 to 2 tokens' 2.0
     assert CostProfile((1,), (1, 2), ((1.0, 2.0),)).cost(1, 1.5) == pytest.approx(1.5)
-    # a verify pass at one token never costs more than the 2-token column (a disturbed timing)
+    # kept between plain decoding and the 2-token column (disturbed timings), and only between them
     assert CostProfile((1,), (1, 2), ((1.0, 2.0),), verify_one=(3.0,)).cost(1, 1.5) == pytest.approx(2.0)
+    assert CostProfile((1,), (1, 2), ((1.0, 2.0),), verify_one=(0.5,)).cost(1, 1.5) == pytest.approx(1.5)
+    assert prof.cost(1, 2.0) == pytest.approx(2.0)
+    assert prof.cost(1, 3.0) == pytest.approx(3.0)  # extrapolated from the plain grid's slope, as without it
 
 
 def test_a_few_poor_drafts_do_not_pay_for_moving_the_pass_onto_the_verify_path() -> None:

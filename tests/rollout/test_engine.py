@@ -75,6 +75,29 @@ def test_a_group_sharing_a_prompt_is_prefilled_once_and_samples_as_if_alone(
         assert res.response_ids == naive_generate(tiny_model, req.prompt_ids, req.sample_id, params)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_group_samples_resumed_elsewhere_with_different_progress_continue_as_if_never_moved(
+        tiny_model: TinyLlama, dtype: torch.dtype) -> None:
+    model = tiny_model.to(dtype)
+    long, short = [1, 5, 6, 7, 8, 9, 10], [1, 5, 6]
+    reqs = [GenRequest(long if i % 3 else short, sample_key("g", i % 3, i), "x") for i in range(9)]
+    params = SamplingParams(temperature=1.0, seed=5, max_response_length=30)
+    engine = TorchEngine(model, EOS, max_batch_size=6)
+    plain = engine.generate(reqs, params)
+    src = engine.session(params, max_prompt_len=7)
+    dst = engine.session(params, max_prompt_len=7, slots=9)
+    for i, r in enumerate(reqs):
+        src.add(i, r)
+    done: dict[int, GenResult] = {}
+    for _ in range(3):
+        done.update(src.step())
+    for key in src.running() + src.waiting():  # same prompts, different generated tokens (or none yet)
+        dst.add(key, reqs[key], src.take(key))
+    while dst.busy:
+        done.update(dst.step())
+    assert [done[i].response_ids for i in range(9)] == [r.response_ids for r in plain]
+
+
 def test_different_seeds_give_different_samples(tiny_model: TinyLlama) -> None:
     reqs = _requests(4, seed=0)
     a = TorchEngine(tiny_model, EOS).generate(reqs, SamplingParams(seed=1, max_response_length=30))

@@ -98,9 +98,10 @@ class CostProfile:
 
     `verify_one` (per batch size, optional) is a verify pass in which every sequence appends one
     token: what a pass costs as soon as any sequence carries a draft. The engine runs such a pass
-    down its verify path (on CPU the native attention kernel, elsewhere a masked attention), which
-    need not cost what the one-token path of plain decoding does, so a pass with a few short
-    drafts is priced between verify_one and the grid's 2-token column, not between plain and 2.
+    down its verify path (on CPU in float32 the native attention kernel, elsewhere a masked
+    attention), which need not cost what the one-token path of plain decoding does, so a pass
+    with a few short drafts is priced between verify_one and the grid's next column, not between
+    plain and that column.
     """
 
     batch_sizes: tuple[int, ...]
@@ -118,14 +119,17 @@ class CostProfile:
 
     @functools.cached_property
     def _verify_grid(self) -> tuple[tuple[float, ...], ...]:
-        """The grid with its 1-token column replaced by verify_one (capped by the 2-token column)."""
+        """The grid with its 1-token column replaced by verify_one, kept between the plain 1-token
+        cost and the next column (as `profile.monotone` keeps the grid: more tokens never cost less)."""
         if self.verify_one is None or self.tokens[0] != 1 or len(self.tokens) < 2:
             return self.seconds
-        return tuple((min(v, row[1]), *row[1:]) for v, row in zip(self.verify_one, self.seconds, strict=True))
+        return tuple((min(max(v, row[0]), row[1]), *row[1:]) for v, row in zip(self.verify_one, self.seconds,
+                                                                               strict=True))
 
     def cost(self, batch: int, tokens_per_seq: float) -> float:
-        grid = self._verify_grid if tokens_per_seq > 1 else self.seconds
-        return _interp2(self.batch_sizes, self.tokens, grid, batch, tokens_per_seq)
+        verify = 1 < tokens_per_seq < self.tokens[min(1, len(self.tokens) - 1)]  # only the first interval moves
+        return _interp2(self.batch_sizes, self.tokens, self._verify_grid if verify else self.seconds, batch,
+                        tokens_per_seq)
 
 
 def _interp1(xs: Sequence[int], ys: Sequence[float], x: float) -> float:

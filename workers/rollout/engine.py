@@ -321,8 +321,9 @@ class EngineSession:
         b, device, params, drafts = self._b, self.engine.device, self.params, self.drafts
         taken = [(slot, self._queue.popleft()) for slot in free[: len(self._queue)]]
         # a GRPO group's samples share their prompt: each distinct sequence is scored once and its
-        # keys/values written to every slot that holds it (on CPU a row's numbers do not depend on
-        # the rows scored beside it, so the cache gets the same bits: tests/rollout/test_ragged_forward.py)
+        # keys/values written to every slot that holds it. With torch's CPU kernels a row gets the
+        # same bits whatever rows are scored beside it (tests/rollout/test_ragged_forward.py); no
+        # library promises that, but speculative and plain decoding share this path either way
         distinct: dict[tuple[int, ...], int] = {}
         row_of = [distinct.setdefault(tuple(self._requests[k].prompt_ids + self._results[k].response_ids),
                                       len(distinct)) for _, k in taken]

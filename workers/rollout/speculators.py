@@ -201,6 +201,8 @@ class NgramDrafts:
 
     def __init__(self, spec: SpeculationSpec, control: SpecController, max_len: int = 2048,
                  match: tuple[int, int] = NGRAM_MATCH) -> None:
+        if not 1 <= match[0] <= match[1]:
+            raise ValueError(f"n-gram match {match}: need 1 <= shortest <= longest")
         self.spec = spec
         self.control = control
         self.match = match
