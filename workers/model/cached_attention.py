@@ -7,7 +7,8 @@ keeps verification close to the cost of plain decoding: the property that makes 
 on a GPU, where decoding is bound by memory reads. `TinyLlama.forward_cached` uses it for passes
 with more than one token per row when `usable` says so (CPU, float32, head_dim a multiple of 16);
 `KVCache` then stores keys transposed, [slots, heads, head_dim, max_len]. One-token passes keep
-torch's matmuls, which read the cache faster than the kernel there.
+torch's matmuls: a single pass costs about the same either way, but whole plain rollouts ran
+slower through the kernel (benchmarks/rollout/results.md).
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ tokens per sequence; any draft puts the whole pass on the verify path, so betwee
 t starts from a verify pass of one token per sequence, CostProfile.verify_one). c is measured
 online: what real passes cost beyond the profile's prediction, with drafts and without
 (CostCalibration; the profile times the forward pass alone, not the engine's bookkeeping,
-sampling and drafting). k = 0 (plain decoding) wins when drafts
-are poor or the batch is so large that verifying extra tokens costs more than it returns.
+sampling and drafting). k = 0 (plain decoding) wins when drafts are poor or the batch is so
+large that verifying extra tokens costs more than it returns.
 """
 
 from __future__ import annotations
@@ -127,9 +127,9 @@ class CostProfile:
                                                                                strict=True))
 
     def cost(self, batch: int, tokens_per_seq: float) -> float:
-        verify = 1 < tokens_per_seq < self.tokens[min(1, len(self.tokens) - 1)]  # only the first interval moves
-        return _interp2(self.batch_sizes, self.tokens, self._verify_grid if verify else self.seconds, batch,
-                        tokens_per_seq)
+        next_column = self.tokens[1] if len(self.tokens) > 1 else self.tokens[0]
+        grid = self._verify_grid if 1 < tokens_per_seq < next_column else self.seconds  # only that interval moves
+        return _interp2(self.batch_sizes, self.tokens, grid, batch, tokens_per_seq)
 
 
 def _interp1(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
