@@ -53,6 +53,42 @@ def schedule(
         raise typer.Exit(2) from None
 
 
+def _ints(option: str, text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"{option}: '{text}' is not a comma-separated list of integers") from None
+
+
+@bench_app.command("engine-profile")
+def engine_profile(
+    out: Annotated[Path, typer.Option("--out", help="folder for profile.json, table.md, profile.png")],
+    model: Annotated[str, typer.Option("--model", help="'builtin:tiny-arith' or a rhymerl model folder (a run's "
+                                       "checkpoint)")] = "builtin:tiny-arith",
+    dtype: Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16")] = "float32",
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda[:N]")] = "cpu",
+    batch_sizes: Annotated[str, typer.Option("--batch-sizes", help="comma-separated, increasing")] = "1,4,16,64,128,256",
+    contexts: Annotated[str, typer.Option("--contexts", help="comma-separated context lengths, increasing, below "
+                                          "the model's positions")] = "64,256,512,1000",
+    prefill_tokens: Annotated[int, typer.Option("--prefill-tokens", help="prompt length the prefill cost per token "
+                                                "is measured at")] = 512,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, help="sweeps over the grid; each cell keeps its fastest "
+                                        "timing")] = 10,
+) -> None:
+    """Measure the torch engine's decode iteration time per (batch, context): a simulator profile."""
+    from rich.console import Console
+
+    from rhymerl.bench.engine_profile import EngineProfileConfig, main
+
+    try:
+        cfg = EngineProfileConfig(model, dtype, device, _ints("--batch-sizes", batch_sizes),
+                                  _ints("--contexts", contexts), prefill_tokens, rounds)
+        main(cfg, out, Console())
+    except (ValueError, OSError) as exc:
+        Console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+
+
 @bench_app.command("drafter")
 def drafter(
     out: Annotated[Path, typer.Option("--out", help="folder for results.json and drafter.png")] = Path(

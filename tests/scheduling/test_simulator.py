@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from rhymerl.workers.scheduling import (
@@ -12,7 +13,9 @@ from rhymerl.workers.scheduling import (
     Speculation,
     TableProfile,
 )
+from rhymerl.workers.scheduling.costmodel import NO_SPECULATION
 from rhymerl.workers.sim import SimConfig, simulate
+from rhymerl.workers.sim.metrics import lower_bound
 from rhymerl.workers.traces import Trace
 
 
@@ -119,3 +122,20 @@ def test_each_step_reports_its_own_makespan_bubbles_and_throughput() -> None:
     assert (first.makespan, first.samples, first.samples_per_s) == (4.0, 2, 0.5)
     assert first.bubble_ratio == pytest.approx(0.25) and second.bubble_ratio == pytest.approx(0.25)
     assert first.migrations == 0
+
+
+def test_the_bound_prices_work_at_the_even_split_batch_where_bigger_batches_are_cheaper_per_token() -> None:
+    prof = RooflineProfile()
+    lb = lower_bound(np.array([100, 300]), np.array([1000, 3000]), 2, 64, prof, NO_SPECULATION)
+    by_hand = (1000 * prof.iteration_time(64, 600) + 3000 * prof.iteration_time(64, 1800)) / 64
+    assert lb.work_per_worker == pytest.approx(by_hand / 2)
+    assert lb.longest_sample == pytest.approx(3000 * prof.iteration_time(1, 1800))
+
+
+def test_the_bound_prices_work_at_a_smaller_batch_where_a_measured_profile_makes_it_cheaper() -> None:
+    # one sequence: 1 s per token; four: 8 s per iteration, 2 s per token. Running batch 1 is
+    # what a schedule would do here, and the bound must not be beaten by it.
+    prof = TableProfile(batch_sizes=(1, 4), context_lens=(0, 100), seconds=((1.0, 1.0), (8.0, 8.0)),
+                        prefill_seconds_per_token=0.0, max_batch=4)
+    lb = lower_bound(np.array([0]), np.array([10]), 1, 4, prof, NO_SPECULATION)
+    assert lb.work_per_worker == pytest.approx(10.0)

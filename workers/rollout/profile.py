@@ -13,6 +13,7 @@ import inspect
 import json
 import os
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -58,41 +59,86 @@ def monotone(grid: list[list[float]]) -> tuple[tuple[float, ...], ...]:
     return tuple(tuple(r) for r in out)
 
 
+def _timer(model: TinyLlama, repeats: int) -> Callable[..., float]:
+    """Fastest of `repeats` timings of fn(*args) after one warm-up (interference only ever adds time)."""
+    param = next(model.parameters())
+    sync = torch.cuda.synchronize if param.device.type == "cuda" else (lambda: None)
+
+    def fastest(fn: Callable[..., object], *args: object) -> float:
+        fn(*args)
+        sync()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn(*args)
+            sync()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    return fastest
+
+
 @torch.inference_mode()
 def measure(model: TinyLlama, context: int = 256, batches: tuple[int, ...] = BATCHES,
             tokens: tuple[int, ...] = TOKENS, repeats: int = 5) -> CostProfile:
     """Seconds of one forward_cached pass per (batch, tokens) at `context` tokens of cache, and
     per batch of a verify pass carrying one token per sequence (CostProfile.verify_one).
 
-    Each cell is the fastest of `repeats` timings (interference only ever adds time), then the
-    grid is made monotone.
+    Each cell is the fastest of `repeats` timings, then the grid is made monotone.
     """
     param = next(model.parameters())
-    sync = torch.cuda.synchronize if param.device.type == "cuda" else (lambda: None)
-
-    def fastest(ids: torch.Tensor, start: torch.Tensor, cache: KVCache, counts: torch.Tensor | None) -> float:
-        model.forward_cached(ids, start, cache, counts)  # warm-up
-        sync()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            model.forward_cached(ids, start, cache, counts)
-            sync()
-            times.append(time.perf_counter() - t0)
-        return min(times)
-
+    fastest = _timer(model, repeats)
     grid, verify_one = [], []
     for b in batches:
         cache = KVCache(model.cfg, b, context + max(tokens), param.dtype, param.device)
         start = torch.full((b,), context, dtype=torch.int64, device=param.device)
-        grid.append([fastest(torch.randint(3, model.cfg.vocab_size, (b, t), device=param.device), start, cache, None)
-                     for t in tokens])
+        row = []
+        for t in tokens:
+            ids = torch.randint(3, model.cfg.vocab_size, (b, t), device=param.device)
+            row.append(fastest(model.forward_cached, ids, start, cache))
+        grid.append(row)
         # a block two tokens wide with one real token per row: the verify path at its cheapest
         ones = torch.ones(b, dtype=torch.int64, device=param.device)
-        verify_one.append(fastest(torch.randint(3, model.cfg.vocab_size, (b, 2), device=param.device), start, cache,
-                                  ones))
+        pair = torch.randint(3, model.cfg.vocab_size, (b, 2), device=param.device)
+        verify_one.append(fastest(model.forward_cached, pair, start, cache, ones))
     column = monotone([[v] for v in verify_one])
     return CostProfile(tuple(batches), tuple(tokens), monotone(grid), tuple(r[0] for r in column))
+
+
+@torch.inference_mode()
+def measure_decode_grid(model: TinyLlama, batches: Sequence[int], contexts: Sequence[int], rounds: int = 10,
+                        progress: Callable[[], None] = lambda: None) -> tuple[tuple[float, ...], ...]:
+    """Seconds of one plain decode pass (one token per sequence) per (batch, context): the
+    scheduling simulator's iteration profile.
+
+    The grid is swept `rounds` times and each cell keeps its fastest timing, so a burst of
+    interference on a shared machine spoils one visit of a cell, not the cell; then the grid is
+    made monotone (more sequences or more context never cost less). `progress` is called after
+    each cell visit.
+    """
+    param = next(model.parameters())
+    fastest = _timer(model, 2)
+    best = [[float("inf")] * len(contexts) for _ in batches]
+    for _ in range(rounds):
+        for i, b in enumerate(batches):
+            for j, c in enumerate(contexts):
+                cache = KVCache(model.cfg, b, c + 1, param.dtype, param.device)
+                start = torch.full((b,), c, dtype=torch.int64, device=param.device)
+                ids = torch.randint(3, model.cfg.vocab_size, (b, 1), device=param.device)
+                best[i][j] = min(best[i][j], fastest(model.forward_cached, ids, start, cache))
+                progress()
+    return monotone(best)
+
+
+@torch.inference_mode()
+def measure_prefill(model: TinyLlama, tokens: int, repeats: int = 5) -> float:
+    """Seconds per token of the engine's prefill of one `tokens`-token prompt (what a migrated
+    sample's KV recompute costs)."""
+    param = next(model.parameters())
+    cache = KVCache(model.cfg, 1, tokens, param.dtype, param.device)
+    ids = torch.randint(3, model.cfg.vocab_size, (1, tokens), device=param.device)
+    slots = torch.zeros(1, dtype=torch.int64, device=param.device)
+    return _timer(model, repeats)(model.prefill, ids, slots, cache) / tokens
 
 
 def load_or_measure(model: TinyLlama, context: int = 256, batches: tuple[int, ...] = BATCHES,

@@ -1,10 +1,11 @@
 """What a simulated run reports, and the lower bound it is measured against.
 
 Lower bound: max(total work / N, longest sample). A sample's work is its decode time at the
-even-split batch size B = ceil(samples per step / N): by concavity of throughput in batch size,
-spreading a step's sequences evenly is the most efficient way to decode them, so no schedule
-with one step's worth of sequences in flight per worker does better on average. The longest
-sample cannot finish faster than decoding alone (batch 1).
+even-split batch size B = ceil(samples per step / N), or at a smaller batch (powers of two) where
+that is cheaper per token: where throughput is concave in batch size (the roofline), an even spread
+is the most efficient way to decode a step's sequences and the price is the one at B; a measured
+profile need not be concave, and a bound must not be beaten by a policy running smaller batches.
+The longest sample cannot finish faster than decoding alone (batch 1).
 """
 
 from __future__ import annotations
@@ -198,8 +199,9 @@ def lower_bound(
     out = output_len.astype(np.float64)
     ctx = input_len.astype(np.float64) + out / 2.0
     passes = np.ceil(out / spec.tokens_per_pass - 1e-9)
-    per_iter_batch = profile.iteration_times(np.full_like(ctx, batch), ctx) * spec.pass_cost
-    work = float(np.sum(passes * per_iter_batch / batch))
+    candidates = sorted({batch, *(2**k for k in range(batch.bit_length()) if 2**k <= batch)})
+    per_pass = np.min([profile.iteration_times(np.full_like(ctx, b), ctx) / b for b in candidates], axis=0)
+    work = float(np.sum(passes * per_pass * spec.pass_cost))
     solo = passes * profile.iteration_times(np.ones_like(ctx), ctx) * spec.pass_cost
     longest = float(np.max(solo)) if solo.size else 0.0
     return LowerBound(
