@@ -14,7 +14,7 @@ from rhymerl.workers.scheduling import (
     group_decode_time,
     knee_batch,
 )
-from rhymerl.workers.scheduling.costmodel import worker_decode_time
+from rhymerl.workers.scheduling.costmodel import NO_SPECULATION, _continuous_decode_time, worker_decode_time
 
 
 def test_the_roofline_reads_all_weights_once_per_iteration() -> None:
@@ -43,6 +43,31 @@ def test_a_shrinking_batch_is_priced_segment_by_segment() -> None:
                      prefill_seconds_per_token=0.0, max_batch=8)
     # lengths 2 and 5: 2 iterations with 2 running (3 s each), then 3 with 1 (1 s each)
     assert worker_decode_time(np.array([5.0, 2.0]), 0.0, t) == pytest.approx(2 * 3 + 3 * 1)
+
+
+def test_beyond_max_batch_a_waiting_sequence_starts_when_a_running_one_finishes() -> None:
+    t = TableProfile.constant(1.0, max_batch=2)
+    # 5 and 3 start; at iteration 3 the 3 ends and the 2 starts, ending with the 5 at iteration 5
+    assert worker_decode_time(np.array([2.0, 5.0, 3.0]), 0.0, t) == pytest.approx(5.0)
+    assert worker_decode_time(np.array([4.0, 4.0, 4.0, 4.0]), 0.0, t) == pytest.approx(8.0)
+
+
+def test_the_continuous_batching_walk_prices_a_full_batch_like_the_closed_form() -> None:
+    p = RooflineProfile()
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 5000, size=40).astype(float)
+    closed = worker_decode_time(lengths, 300.0, p)
+    walked = _continuous_decode_time(np.sort(lengths)[::-1], 300.0, p, NO_SPECULATION)
+    assert walked == pytest.approx(closed, rel=1e-9)
+
+
+def test_the_context_of_a_batch_counts_each_sequence_from_its_own_admission() -> None:
+    # an iteration costs its mean context in seconds; two slots. 4 and 2 start; the 2 ends at
+    # iteration 2 and the other 2 starts. Iterations 0-2: mean context at mid-segment 1 -> 2 s;
+    # iterations 2-4: the first sequence at 3 tokens, the new one at 1 (mid) -> mean 2 -> 4 s.
+    t = TableProfile(batch_sizes=(1, 2), context_lens=(0, 10), seconds=((1e-12, 10.0), (1e-12, 10.0)),
+                     prefill_seconds_per_token=0.0, max_batch=2)
+    assert worker_decode_time(np.array([4.0, 2.0, 2.0]), 0.0, t) == pytest.approx(6.0)
 
 
 def test_speculation_divides_iterations_by_tokens_per_pass_and_charges_the_pass_cost() -> None:

@@ -13,6 +13,7 @@ serving a Qwen2.5-7B-shaped model in bf16 (sources in docs/scheduling.md).
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -185,22 +186,20 @@ def worker_decode_time(
     profile: IterationProfile,
     spec: Speculation = NO_SPECULATION,
 ) -> float:
-    """Seconds for one worker to decode sequences of these output lengths, all started together.
+    """Seconds for one worker to decode sequences of these output lengths, queued together.
 
-    The batch shrinks as sequences finish: between the i-th and (i+1)-th shortest lengths,
-    n - i sequences decode together, at the context they have reached then. Beyond
-    `profile.max_batch` sequences, the surplus waits (continuous batching): priced as extra
-    rounds of the same shape, a slight overestimate for the waiting ones.
+    Up to `profile.max_batch` decode together; the batch shrinks as they finish: between the i-th
+    and (i+1)-th shortest lengths, n - i sequences decode together, at the context they have
+    reached then. Beyond `max_batch` the surplus waits and is admitted, longest first (the order
+    HistoPipe queues a worker's samples in), the moment a running sequence finishes (continuous
+    batching), so the batch stays full until the queue is empty.
     """
     n = int(lengths.size)
     if n == 0:
         return 0.0
+    if n > profile.max_batch:
+        return _continuous_decode_time(np.sort(lengths.astype(np.float64))[::-1], input_len, profile, spec)
     ls = np.sort(lengths.astype(np.float64))
-    rounds = math.ceil(n / profile.max_batch)
-    if rounds > 1:
-        return sum(
-            worker_decode_time(ls[r::rounds], input_len, profile, spec) for r in range(rounds)
-        )
     prev = np.concatenate(([0.0], ls[:-1]))
     delta = (ls - prev) / spec.tokens_per_pass
     active = np.arange(n, 0, -1, dtype=np.float64)
@@ -210,6 +209,31 @@ def worker_decode_time(
         return 0.0
     times = profile.iteration_times(active[keep], ctx[keep])
     return float(np.sum(delta[keep] * times)) * spec.pass_cost
+
+
+def _continuous_decode_time(queue: FloatArray, input_len: float, profile: IterationProfile, spec: Speculation) -> float:
+    """Event walk of continuous batching over `queue` (admission order): between two finishes the
+    batch is constant and each iteration costs the profile at the batch's mean context then."""
+    alpha = spec.tokens_per_pass
+    running = [(float(length) / alpha, 0.0) for length in queue[: profile.max_batch]]  # (finish, admission) iteration
+    heapq.heapify(running)
+    admitted_sum = 0.0  # sum of the running sequences' admission iterations
+    nxt = len(running)
+    it = seconds = 0.0
+    while running:
+        finish, admitted = heapq.heappop(running)
+        if finish > it:
+            b = len(running) + 1
+            mid = (it + finish) / 2.0
+            ctx = input_len + alpha * (mid - admitted_sum / b)
+            seconds += (finish - it) * profile.iteration_time(b, ctx)
+            it = finish
+        if nxt < queue.size:
+            heapq.heappush(running, (it + float(queue[nxt]) / alpha, it))
+            admitted_sum += it
+            nxt += 1
+        admitted_sum -= admitted
+    return seconds * spec.pass_cost
 
 
 def group_decode_time(
