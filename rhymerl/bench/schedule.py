@@ -165,6 +165,13 @@ def run_bench(cfg: BenchConfig, console: Console | None = None) -> BenchReport:
                 f"{r.policy}: no history for {100 * share:.0f}% of steps; ranked by {' / '.join(fallback)} there"
                 + (" (skew-aware splits equally then)" if v.spec.policy == "skew-aware" else "")
             )
+    preempting = [r for _, r in results if r.preemptions]
+    if preempting:
+        notes.append(
+            f"KV cache full ({profile.kv_capacity_tokens:,} tokens per worker): "
+            + ", ".join(f"{r.policy} preempted {r.preemptions} sequences" for r in preempting)
+            + " (recomputed when readmitted)"
+        )
     report.seconds = time.perf_counter() - t0
     return report
 

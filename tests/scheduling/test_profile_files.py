@@ -53,6 +53,7 @@ def test_save_profile_round_trips_and_refuses_an_incomplete_grid(tmp_path: Path)
         (_doc([(1, 0, 1.0), (1, 100, 2.0), (4, 0, -3.0), (4, 100, 4.0)]), "points[2].seconds"),
         (_doc(GRID, speed="fast"), "speed: Extra inputs are not permitted"),
         ({**_doc(GRID), "format": "other/v9"}, "format"),
+        (_doc(GRID, kv_capacity_tokens=0), "kv_capacity_tokens: Input should be greater than 0"),
     ],
 )
 def test_a_bad_profile_names_the_file_and_field(tmp_path: Path, doc: dict[str, object], message: str) -> None:
@@ -73,3 +74,16 @@ def test_a_profile_that_is_not_json_names_the_line(tmp_path: Path) -> None:
 def test_without_a_profile_the_roofline_is_used() -> None:
     assert isinstance(resolve_profile(None), RooflineProfile)
     assert isinstance(resolve_profile("roofline"), RooflineProfile)
+
+
+def test_a_kv_capacity_is_optional_and_reaches_the_simulator(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(_doc(GRID)))
+    assert load_profile(path).kv_capacity_tokens is None
+    path.write_text(json.dumps(_doc(GRID, kv_capacity_tokens=5000)))
+    assert load_profile(path).kv_capacity_tokens == 5000
+
+
+def test_the_roofline_holds_what_is_left_of_90_percent_of_hbm_after_the_weights() -> None:
+    # (0.9 x 80 GB - 7.6e9 x 2 bytes) / 57,344 bytes per token
+    assert RooflineProfile().kv_capacity_tokens == 990_513

@@ -7,6 +7,8 @@ every move and the scheduler refuses a second finish, so a run that completes is
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -50,15 +52,18 @@ steps = st.lists(st.lists(prompt, min_size=1, max_size=5), min_size=2, max_size=
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(steps=steps, workers=st.integers(1, 4), alpha=st.sampled_from([1.0, 1.7]), prefill=st.sampled_from([0.0, 0.01]))
+@given(steps=steps, workers=st.integers(1, 4), alpha=st.sampled_from([1.0, 1.7]), prefill=st.sampled_from([0.0, 0.01]),
+       kv=st.sampled_from([None, 300, 900]))
 def test_every_sample_finishes_exactly_once_under_every_policy(
-    steps: list[list[tuple[str, list[int]]]], workers: int, alpha: float, prefill: float
+    steps: list[list[tuple[str, list[int]]]], workers: int, alpha: float, prefill: float, kv: int | None
 ) -> None:
     rows = [[(p, n) for p, lens in step for n in lens] for step in steps]
     trace = Trace.from_steps(rows)
     simulated = sum(len(r) for r in rows[1:])
-    cfg = SimConfig(workers=workers, profile=TableProfile.constant(0.01, max_batch=3, prefill_seconds_per_token=prefill),
-                    speculation=Speculation(tokens_per_pass=alpha))
+    const = TableProfile.constant(0.01, max_batch=3, prefill_seconds_per_token=prefill)
+    # a small KV cache (prompts are 10 tokens, responses up to 400) forces preemptions mid-migration
+    profile = dataclasses.replace(const, kv_capacity_tokens=kv)
+    cfg = SimConfig(workers=workers, profile=profile, speculation=Speculation(tokens_per_pass=alpha))
     for sched in _policies(workers):
         sched.profile = cfg.profile
         r = simulate(trace, sched, cfg, warmup_steps=1)

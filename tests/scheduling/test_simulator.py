@@ -139,3 +139,33 @@ def test_the_bound_prices_work_at_a_smaller_batch_where_a_measured_profile_makes
                         prefill_seconds_per_token=0.0, max_batch=4)
     lb = lower_bound(np.array([0]), np.array([10]), 1, 4, prof, NO_SPECULATION)
     assert lb.work_per_worker == pytest.approx(10.0)
+
+
+def _capped(capacity: int) -> TableProfile:
+    return TableProfile(batch_sizes=(1, 2), context_lens=(0, 100), seconds=((1.0, 1.0), (1.0, 1.0)),
+                        prefill_seconds_per_token=0.0, max_batch=8, kv_capacity_tokens=capacity)
+
+
+def test_a_worker_admits_only_what_its_kv_cache_holds() -> None:
+    # three 5-token responses to 10-token prompts, 30 tokens of cache: two fit (20 tokens, growing
+    # 2 per iteration), the third waits for them to finish: 10 iterations instead of 5
+    trace = Trace.from_steps([[("a", 5), ("b", 5), ("c", 5)]], input_len=10)
+    prof = _capped(30)
+    r = simulate(trace, EqualSplit(1, profile=prof), SimConfig(workers=1, profile=prof))
+    assert r.makespan == pytest.approx(10.0)
+    assert r.preemptions == 0 and r.peak_kv_tokens <= 30
+    free = simulate(trace, EqualSplit(1, profile=prof), SimConfig(workers=1, profile=_capped(10_000)))
+    assert free.makespan == pytest.approx(5.0)
+
+
+def test_a_full_kv_cache_preempts_the_last_admitted_sequence_which_resumes_from_its_tokens() -> None:
+    # two 20-token responses to 10-token prompts in 40 tokens of cache: both start (20 tokens), the
+    # cache is full after 10 iterations; the second goes back to the queue with its 10 tokens, is
+    # recomputed (prompt + 10 tokens) once the first ends at iteration 20, and ends 10 later
+    trace = Trace.from_steps([[("a", 20), ("b", 20)]], input_len=10)
+    prof = _capped(40)
+    r = simulate(trace, EqualSplit(1, profile=prof), SimConfig(workers=1, profile=prof))
+    assert r.preemptions == 1
+    assert r.recompute_tokens == 20
+    assert r.makespan == pytest.approx(30.0)
+    assert len(r.finished) == 2

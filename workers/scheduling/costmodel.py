@@ -45,6 +45,12 @@ class IterationProfile(Protocol):
         """Seconds to prefill (or recompute the KV cache of) `tokens` tokens."""
         ...
 
+    @property
+    def kv_capacity_tokens(self) -> int | None:
+        """Tokens of KV cache one worker holds (prompt + generated, over its running sequences);
+        None: not known, not enforced."""
+        ...
+
 
 @dataclass(frozen=True)
 class RooflineProfile:
@@ -65,6 +71,15 @@ class RooflineProfile:
     compute_efficiency: float = 0.5
     overhead_s: float = 0.001
     max_batch: int = 256
+    hbm_bytes: float = 80e9
+    memory_utilization: float = 0.9
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """What is left of `memory_utilization` x HBM after the weights (vLLM's
+        gpu_memory_utilization default is 0.9; activations are ignored): 990K tokens by default."""
+        free = self.hbm_bytes * self.memory_utilization - self.params * self.bytes_per_param
+        return max(1, int(free / self.kv_bytes_per_token))
 
     @property
     def _bw(self) -> float:
@@ -101,6 +116,7 @@ class TableProfile:
     seconds: tuple[tuple[float, ...], ...]  # seconds[i][j] for batch_sizes[i], context_lens[j]
     prefill_seconds_per_token: float
     max_batch: int
+    kv_capacity_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.batch_sizes) < 2 or len(self.context_lens) < 2:

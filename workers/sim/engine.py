@@ -12,7 +12,9 @@ the returned `Move`, `Rebalance` and `Watch` actions. A worker that finished its
 but may not start the next offers itself to `Scheduler.on_idle` (work stealing of waiting samples). Step gating follows the scheduler's
 pipeline and the off-policy bound: step s may start only after step s - 1 - staleness trained.
 
-Assumptions (docs/scheduling.md): no KV-cache overflow or preemption beyond `max_batch`; a
+Assumptions (docs/scheduling.md): a worker admits sequences while their KV cache fits the
+profile's `kv_capacity_tokens` (none: unenforced), and when it runs full the sequences admitted
+last are preempted and later recomputed (vLLM's recompute preemption); a
 batch admission stalls the worker for the prefill of its tokens; an intra-step migration with
 recompute costs the destination a prefill of prompt + generated tokens; training takes
 `train_time_s` per step and runs one step at a time.
@@ -39,6 +41,8 @@ from rhymerl.workers.scheduling.types import Action, Move, Rebalance, Sample, St
 from rhymerl.workers.traces.model import Trace
 
 from .metrics import SimResult, StepRecord, lower_bound, window_bubbles
+
+KV_WATERMARK = 0.01
 
 
 class SimulationError(RuntimeError):
@@ -137,6 +141,8 @@ class Simulator:
         per_step = np.mean([len(b) for b in self.step_samples.values()])
         self.share = max(1, math.ceil(per_step / n))
         self.cap = (config.async_concurrency or self.share) if scheduler.pipeline == "shared" else self.profile.max_batch
+        kv_cap = self.profile.kv_capacity_tokens
+        self.kv_cap = float(kv_cap) if kv_cap is not None else math.inf
         self.events: list[tuple[float, int, int, int]] = []  # (time, seq, kind, arg)
         self._counter = 0
         self.plans: dict[int, StepPlan] = {}
@@ -157,6 +163,7 @@ class Simulator:
         self.moves_of: dict[int, int] = {}
         self.recompute_tokens = 0
         self.stolen = 0
+        self.preemptions = 0
         self.iterations = 0
         self.seq_iterations = 0
         self.peak_kv = 0.0
@@ -203,6 +210,9 @@ class Simulator:
                 break
             heapq.heappop(w.wat)
         cands = [h[0][0] for h in (w.fin, w.wat) if h]
+        if cands and len(w.running) > 1 and self.kv_cap < math.inf:
+            # the last iteration before the running sequences' KV cache outgrows the worker's
+            cands.append(max(w.it, math.floor((self.kv_cap - w.c0) / (len(w.running) * self.alpha))))
         return min(cands) if cands else None
 
     def _schedule(self, w: _Worker) -> None:
@@ -295,18 +305,52 @@ class Simulator:
         if not w.running:
             w.c0 = 0.0
 
+    def _kv_now(self, w: _Worker) -> float:
+        """KV tokens the worker holds now: its running sequences' context at the iteration `_advance`
+        would bring it to (computed without touching its state)."""
+        if not w.running:
+            return 0.0
+        it = w.it
+        nxt = self._next_it(w)
+        limit = (nxt - w.it - 1) if nxt is not None else 0
+        if limit > 0 and self.now > w.clock:
+            b = len(w.running)
+            per_it = self.profile.iteration_time(b, (w.c0 + b * self.alpha * w.it) / b) * self.pass_cost
+            it += min(limit, int((self.now - w.clock) / per_it)) if per_it > 0 else 0
+        return w.c0 + len(w.running) * self.alpha * it
+
+    def _fits(self, w: _Worker, kv: float, q: _Seq, admitting: int) -> bool:
+        """Whether `q` fits next to `kv` tokens of cache for the next iteration, below a 1% watermark
+        (vLLM's default; it also keeps a just-preempted sequence from coming straight back). A worker
+        with nothing running or being admitted always takes one: a sequence longer than the cache
+        runs alone."""
+        if not w.running and admitting == 0:
+            return True
+        after = kv + q.input_len + q.generated + (len(w.running) + admitting + 1) * self.alpha
+        return after <= self.kv_cap * (1.0 - KV_WATERMARK)
+
     def _refill(self, w: _Worker) -> None:
         """Admit waiting work; a worker whose sub-batch is done moves on to its next step."""
         batch: list[_Seq] = []
+        kv = self._kv_now(w) if self.kv_cap < math.inf else 0.0
         if self.sched.pipeline == "shared":
-            while self.shared and len(w.running) + len(batch) < self.cap:
+            # sequences preempted on this worker come back first; the scheduler placed them here already
+            while w.waiting and len(w.running) + len(batch) < self.cap and self._fits(w, kv, w.waiting[0], len(batch)):
+                q = w.waiting.popleft()
+                batch.append(q)
+                kv += q.input_len + q.generated
+            while (not w.waiting and self.shared and len(w.running) + len(batch) < self.cap
+                   and self._fits(w, kv, self.shared[0], len(batch))):
                 q = self.shared.popleft()
                 self.sched.on_admitted(q.sid, w.idx)
                 batch.append(q)
+                kv += q.input_len + q.generated
             self._admit(w, batch)
         else:
-            while w.waiting and len(w.running) + len(batch) < self.cap:
-                batch.append(w.waiting.popleft())
+            while w.waiting and len(w.running) + len(batch) < self.cap and self._fits(w, kv, w.waiting[0], len(batch)):
+                q = w.waiting.popleft()
+                batch.append(q)
+                kv += q.input_len + q.generated
             self._admit(w, batch)
             if not w.running and not w.waiting:
                 self._close(w, self.now)
@@ -512,8 +556,20 @@ class Simulator:
             self._advance(self.workers[where], self.now)
             gen = self._gen_at(q, self.workers[where].it)
             self._apply(self.sched.on_progress(sid, where, gen, self.now), dirty, progress)
+        self._preempt(w)
         for idx in sorted(dirty):
             self._refill(self.workers[idx])
+
+    def _preempt(self, w: _Worker) -> None:
+        """KV cache full: the sequences admitted last go back to the front of the worker's queue,
+        keeping their tokens, and are recomputed when readmitted (vLLM's recompute preemption).
+        The scheduler is not told: the sample stays on its worker."""
+        while len(w.running) > 1 and w.c0 + len(w.running) * self.alpha * (w.it + 1) > self.kv_cap:
+            q = max(w.running.values(), key=lambda r: (r.start_it, r.sid))
+            self._remove(w, q)
+            q.recompute = True
+            w.waiting.appendleft(q)
+            self.preemptions += 1
 
     def _on_gate(self, kind: int, arg: int) -> None:
         if kind == 1:
@@ -616,6 +672,7 @@ class Simulator:
             finished=self.finished,
             rankings=dict(stats.rankings),
             stolen=stats.stolen,
+            preemptions=self.preemptions,
         )
 
 

@@ -114,6 +114,8 @@ class SimResult:
     rankings: dict[int, str] = field(default_factory=dict)
     stolen: int = 0
     """Waiting samples an idle worker took from another worker of the same step (work stealing)."""
+    preemptions: int = 0
+    """Running sequences sent back to their worker's queue because its KV cache was full."""
 
     @property
     def migrated_fraction(self) -> float:
@@ -175,6 +177,7 @@ class SimResult:
             "steady_lower_bound_per_step_s": self.steady_state()[1],
             "steady_gap_to_lower_bound": self.steady_gap,
             "stolen_samples": self.stolen,
+            "preemptions": self.preemptions,
             "rankings": sorted(set(self.rankings.values())),
             "per_step": [
                 {"step": r.step, "samples": r.samples, "start_s": r.start, "end_s": r.end, "makespan_s": r.makespan,

@@ -40,6 +40,8 @@ class ProfileFile(BaseModel):
     notes: str = ""
     max_batch: int = Field(gt=0, description="sequences the engine decodes together at most")
     prefill_seconds_per_token: float = Field(ge=0.0)
+    kv_capacity_tokens: int | None = Field(None, gt=0, description="KV-cache tokens a worker holds; omitted: not "
+                                           "enforced by the simulator")
     points: list[ProfilePoint] = Field(min_length=4)
 
 
@@ -67,6 +69,7 @@ def to_table(doc: ProfileFile, where: str) -> TableProfile:
         seconds=tuple(tuple(grid[(b, c)] for c in contexts) for b in batches),
         prefill_seconds_per_token=doc.prefill_seconds_per_token,
         max_batch=doc.max_batch,
+        kv_capacity_tokens=doc.kv_capacity_tokens,
     )
 
 
