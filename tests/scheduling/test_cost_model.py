@@ -7,14 +7,18 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
+from rhymerl.api.spec import SchedulingSpec
 from rhymerl.workers.scheduling import (
     RooflineProfile,
     Speculation,
     TableProfile,
     group_decode_time,
     knee_batch,
+    make_scheduler,
 )
 from rhymerl.workers.scheduling.costmodel import NO_SPECULATION, _continuous_decode_time, worker_decode_time
+from rhymerl.workers.sim import SimConfig, simulate
+from rhymerl.workers.traces import Trace
 
 
 def test_the_roofline_reads_all_weights_once_per_iteration() -> None:
@@ -95,3 +99,14 @@ def test_the_reallocation_threshold_is_the_knee_of_the_throughput_curve() -> Non
     best = p.max_batch / p.iteration_time(p.max_batch, 8192)
     assert k / p.iteration_time(k, 8192) >= 0.5 * best > (k - 1) / p.iteration_time(k - 1, 8192)
     assert 8 < k < 64
+
+
+def test_tier_two_prices_a_worker_beyond_max_batch_as_the_simulator_decodes_it() -> None:
+    lengths = np.clip(np.random.default_rng(1).lognormal(8, 0.6, 600), 1, 16384).astype(int)
+    trace = Trace.from_steps([[(f"p{i}", int(n)) for i, n in enumerate(lengths)]], input_len=100)
+    p = RooflineProfile()
+    r = simulate(trace, make_scheduler(SchedulingSpec(policy="lpt"), 1, profile=p), SimConfig(workers=1, profile=p))
+    assert r.preemptions == 0  # the estimate knows no KV limit; here it does not bind
+    estimate = worker_decode_time(lengths.astype(float), 100.0, p)
+    prefill = p.prefill_time(100) * 600  # the simulator charges admissions, the estimate does not
+    assert estimate == pytest.approx(r.makespan - prefill, rel=0.01)

@@ -7,7 +7,10 @@ every move and the scheduler refuses a second finish, so a run that completes is
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import signal
+from collections.abc import Iterator
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -46,6 +49,21 @@ def _policies(workers: int) -> list[Scheduler]:
     ]
 
 
+@contextlib.contextmanager
+def _deadline(seconds: int) -> Iterator[None]:
+    """Fail instead of hanging: a simulator that stops making progress loops forever."""
+    def stop(signum: int, frame: object) -> None:
+        raise TimeoutError(f"no result within {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
 prompt = st.tuples(st.sampled_from([f"p{i}" for i in range(6)]),
                    st.lists(st.one_of(st.integers(0, 40), st.integers(100, 400)), min_size=1, max_size=4))
 steps = st.lists(st.lists(prompt, min_size=1, max_size=5), min_size=2, max_size=4)
@@ -66,7 +84,8 @@ def test_every_sample_finishes_exactly_once_under_every_policy(
     cfg = SimConfig(workers=workers, profile=profile, speculation=Speculation(tokens_per_pass=alpha))
     for sched in _policies(workers):
         sched.profile = cfg.profile
-        r = simulate(trace, sched, cfg, warmup_steps=1)
+        with _deadline(60):
+            r = simulate(trace, sched, cfg, warmup_steps=1)
         assert len(r.finished) == simulated == r.samples, sched.label
         assert sched.stats.finished == simulated and sched.stats.planned == simulated
         assert sorted(r.finished) == sorted(range(len(rows[0]), len(rows[0]) + simulated))
@@ -74,3 +93,21 @@ def test_every_sample_finishes_exactly_once_under_every_policy(
         assert sched.deferred() == []
         assert 0.0 <= r.bubble_ratio <= 1.0
         assert r.makespan >= r.lower_bound.longest_sample - 1e-9
+
+
+def test_a_full_kv_cache_with_fractional_tokens_per_pass_preempts_and_every_policy_finishes() -> None:
+    # 37-token prompts, 100-token responses, 150 tokens of cache, 1.3 tokens per pass: the point
+    # where the cache is full falls between iterations (this used to loop forever)
+    warm = [("p0", 100), ("p1", 100), ("p2", 100)]
+    trace = Trace.from_steps([warm, warm, warm], input_len=37)
+    profile = dataclasses.replace(TableProfile.constant(0.01, max_batch=3), kv_capacity_tokens=150)
+    cfg = SimConfig(workers=1, profile=profile, speculation=Speculation(tokens_per_pass=1.3))
+    preempted = 0
+    for sched in _policies(1):
+        sched.profile = profile
+        with _deadline(20):
+            r = simulate(trace, sched, cfg, warmup_steps=1)
+        assert len(r.finished) == 6, sched.label
+        assert r.peak_kv_tokens <= 150, sched.label
+        preempted += r.preemptions
+    assert preempted > 0

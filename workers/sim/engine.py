@@ -204,16 +204,26 @@ class Simulator:
                 break
             heapq.heappop(w.fin)
         while w.wat:
-            _, sid, tok = w.wat[0]
-            q = w.running.get(sid)
-            if q is not None and q.watch == tok:
+            wit, sid, tok = w.wat[0]
+            if self._live_watch(w, wit, sid, tok):
                 break
             heapq.heappop(w.wat)
         cands = [h[0][0] for h in (w.fin, w.wat) if h]
         if cands and len(w.running) > 1 and self.kv_cap < math.inf:
-            # the last iteration before the running sequences' KV cache outgrows the worker's
-            cands.append(max(w.it, math.floor((self.kv_cap - w.c0) / (len(w.running) * self.alpha))))
+            cands.append(max(w.it, self._kv_last_it(w)))
         return min(cands) if cands else None
+
+    def _live_watch(self, w: _Worker, wit: int, sid: int, tok: int) -> bool:
+        """A heap entry is stale once its sequence left the worker, got a new watch, or was
+        readmitted (preempted, moved back) and so reaches `tok` at another iteration."""
+        q = w.running.get(sid)
+        return q is not None and q.watch == tok and q.start_it + self._passes(tok - q.generated) == wit
+
+    def _kv_last_it(self, w: _Worker) -> int:
+        """The last iteration at which the running sequences' KV cache still fits the worker's.
+        `_next_it` schedules an event there and `_preempt` acts when it is reached: one expression
+        for both, so float rounding cannot make one fire while the other holds back."""
+        return math.floor((self.kv_cap - w.c0) / (len(w.running) * self.alpha))
 
     def _schedule(self, w: _Worker) -> None:
         w.version += 1
@@ -449,7 +459,7 @@ class Simulator:
             self._complete(step)
 
     # ------------------------------------------------------------------ actions
-    def _apply(self, actions: list[Action], dirty: set[int], progress: deque[tuple[int, int]]) -> None:
+    def _apply(self, actions: list[Action], dirty: set[int], progress: deque[tuple[int, int, int]]) -> None:
         for a in actions:
             if isinstance(a, Watch):
                 self._watch(a, progress)
@@ -459,7 +469,7 @@ class Simulator:
                 moved = self._rebalance(a, dirty)
                 self.sched.on_moved(moved)
 
-    def _watch(self, a: Watch, progress: deque[tuple[int, int]]) -> None:
+    def _watch(self, a: Watch, progress: deque[tuple[int, int, int]]) -> None:
         q = self.seqs[a.sid]
         if q.done or q.sid in self.limbo:
             return
@@ -470,7 +480,7 @@ class Simulator:
             wit = q.start_it + self._passes(a.tokens - q.generated)
             if wit <= w.it:
                 q.watch = None
-                progress.append((q.sid, q.where))
+                progress.append((q.sid, q.where, a.tokens))
             else:
                 heapq.heappush(w.wat, (wit, q.sid, a.tokens))
                 self._schedule(w)
@@ -491,6 +501,8 @@ class Simulator:
 
     def _move(self, sid: int, dst: int | None, recompute: bool, dirty: set[int], expect: int | None = None) -> Move:
         q = self.seqs[sid]
+        # a sequence preempted back to its queue has no KV cache left to transfer
+        recompute = recompute or (not q.running and q.generated > 0)
         src = self._detach(q)
         if expect is not None and q.generated != expect:
             raise AssertionError(f"sample {sid}: scheduler moved it at {expect} tokens, simulator has {q.generated}")
@@ -527,7 +539,7 @@ class Simulator:
         self._step_to(w, nxt)
         self.now = max(self.now, w.clock)
         dirty: set[int] = {w.idx}
-        progress: deque[tuple[int, int]] = deque()
+        progress: deque[tuple[int, int, int]] = deque()  # (sample, worker, watched tokens)
         done: dict[int, _Seq] = {}  # heaps may hold stale duplicates of a sequence that moved and came back
         while w.fin and w.fin[0][0] <= w.it:
             _, sid = heapq.heappop(w.fin)
@@ -535,11 +547,10 @@ class Simulator:
             if q is not None and q.start_it + self._passes(q.target - q.generated) <= w.it:
                 done[sid] = q
         while w.wat and w.wat[0][0] <= w.it:
-            _, sid, tok = heapq.heappop(w.wat)
-            q = w.running.get(sid)
-            if q is not None and q.watch == tok and sid not in done:
-                q.watch = None
-                progress.append((sid, w.idx))
+            wit, sid, tok = heapq.heappop(w.wat)
+            if self._live_watch(w, wit, sid, tok) and sid not in done:
+                w.running[sid].watch = None
+                progress.append((sid, w.idx, tok))
         for q in done.values():  # off the worker first, so no action below can pick a sequence that just ended
             self._remove(w, q)
             q.generated = q.target
@@ -549,12 +560,14 @@ class Simulator:
             self._apply(self.sched.on_sample_finished(q.sid, w.idx, q.target, self.now), dirty, progress)
             self._sample_left(q.step)
         while progress:
-            sid, where = progress.popleft()
+            sid, where, watched = progress.popleft()
             q = self.seqs[sid]
             if q.done or not q.running or q.where != where:
                 continue
             self._advance(self.workers[where], self.now)
             gen = self._gen_at(q, self.workers[where].it)
+            if gen < watched:
+                raise AssertionError(f"sample {sid}: progress reported at {gen} tokens, watched for {watched}")
             self._apply(self.sched.on_progress(sid, where, gen, self.now), dirty, progress)
         self._preempt(w)
         for idx in sorted(dirty):
@@ -564,7 +577,7 @@ class Simulator:
         """KV cache full: the sequences admitted last go back to the front of the worker's queue,
         keeping their tokens, and are recomputed when readmitted (vLLM's recompute preemption).
         The scheduler is not told: the sample stays on its worker."""
-        while len(w.running) > 1 and w.c0 + len(w.running) * self.alpha * (w.it + 1) > self.kv_cap:
+        while len(w.running) > 1 and self.kv_cap < math.inf and self._kv_last_it(w) <= w.it:
             q = max(w.running.values(), key=lambda r: (r.start_it, r.sid))
             self._remove(w, q)
             q.recompute = True

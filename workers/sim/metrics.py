@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from rhymerl.workers.scheduling.costmodel import IterationProfile, Speculation
+from rhymerl.workers.scheduling.costmodel import IterationProfile, Speculation, TableProfile
 
 
 @dataclass(frozen=True)
@@ -202,7 +202,12 @@ def lower_bound(
     out = output_len.astype(np.float64)
     ctx = input_len.astype(np.float64) + out / 2.0
     passes = np.ceil(out / spec.tokens_per_pass - 1e-9)
-    candidates = sorted({batch, *(2**k for k in range(batch.bit_length()) if 2**k <= batch)})
+    # per-token cost is monotone between the grid points of a measured (bilinear) profile, so its
+    # minimum up to B lies on one of them (up to the profile's floor); powers of two stand in for
+    # other profiles' grids
+    grid = profile.batch_sizes if isinstance(profile, TableProfile) else ()
+    candidates = sorted({batch, *(b for b in grid if b <= batch),
+                         *(2**k for k in range(batch.bit_length()) if 2**k <= batch)})
     per_pass = np.min([profile.iteration_times(np.full_like(ctx, b), ctx) / b for b in candidates], axis=0)
     work = float(np.sum(passes * per_pass * spec.pass_cost))
     solo = passes * profile.iteration_times(np.ones_like(ctx), ctx) * spec.pass_cost
