@@ -16,7 +16,7 @@ from rhymerl.workers.scheduling import (
     knee_batch,
     make_scheduler,
 )
-from rhymerl.workers.scheduling.costmodel import NO_SPECULATION, _continuous_decode_time, worker_decode_time
+from rhymerl.workers.scheduling.costmodel import NO_SPECULATION, _walk_decode_time, worker_decode_time
 from rhymerl.workers.sim import SimConfig, simulate
 from rhymerl.workers.traces import Trace
 
@@ -61,7 +61,7 @@ def test_the_continuous_batching_walk_prices_a_full_batch_like_the_closed_form()
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 5000, size=40).astype(float)
     closed = worker_decode_time(lengths, 300.0, p)
-    walked = _continuous_decode_time(np.sort(lengths)[::-1], 300.0, p, NO_SPECULATION)
+    walked = _walk_decode_time(np.sort(lengths)[::-1], 300.0, p, NO_SPECULATION)
     assert walked == pytest.approx(closed, rel=1e-9)
 
 
@@ -101,12 +101,30 @@ def test_the_reallocation_threshold_is_the_knee_of_the_throughput_curve() -> Non
     assert 8 < k < 64
 
 
+def test_the_estimate_preempts_like_the_simulator_when_the_kv_cache_is_full() -> None:
+    # two 20-token responses to 10-token prompts in 40 tokens of cache (as in test_simulator):
+    # the second is preempted after 10 iterations and ends 10 iterations after the first
+    t = TableProfile(batch_sizes=(1, 2), context_lens=(0, 100), seconds=((1.0, 1.0), (1.0, 1.0)),
+                     prefill_seconds_per_token=0.5, max_batch=8, kv_capacity_tokens=40)
+    assert worker_decode_time(np.array([20.0, 20.0]), 10.0, t) == pytest.approx(30.0 + 0.5 * 20)
+
+
+def test_tier_two_prices_a_worker_whose_kv_cache_fills_as_the_simulator_decodes_it() -> None:
+    lengths = np.clip(np.random.default_rng(1).lognormal(8.7, 0.6, 300), 1, 16384).astype(int)
+    trace = Trace.from_steps([[(f"p{i}", int(n)) for i, n in enumerate(lengths)]], input_len=100)
+    p = RooflineProfile()
+    r = simulate(trace, make_scheduler(SchedulingSpec(policy="lpt"), 1, profile=p), SimConfig(workers=1, profile=p))
+    assert r.preemptions > 0
+    estimate = worker_decode_time(lengths.astype(float), 100.0, p)
+    assert estimate == pytest.approx(r.makespan - p.prefill_time(100) * 300, rel=0.01)
+
+
 def test_tier_two_prices_a_worker_beyond_max_batch_as_the_simulator_decodes_it() -> None:
     lengths = np.clip(np.random.default_rng(1).lognormal(8, 0.6, 600), 1, 16384).astype(int)
     trace = Trace.from_steps([[(f"p{i}", int(n)) for i, n in enumerate(lengths)]], input_len=100)
     p = RooflineProfile()
     r = simulate(trace, make_scheduler(SchedulingSpec(policy="lpt"), 1, profile=p), SimConfig(workers=1, profile=p))
-    assert r.preemptions == 0  # the estimate knows no KV limit; here it does not bind
+    assert r.preemptions == 0
     estimate = worker_decode_time(lengths.astype(float), 100.0, p)
     prefill = p.prefill_time(100) * 600  # the simulator charges admissions, the estimate does not
     assert estimate == pytest.approx(r.makespan - prefill, rel=0.01)

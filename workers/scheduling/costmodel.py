@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -206,15 +207,16 @@ def worker_decode_time(
 
     Up to `profile.max_batch` decode together; the batch shrinks as they finish: between the i-th
     and (i+1)-th shortest lengths, n - i sequences decode together, at the context they have
-    reached then. Beyond `max_batch` the surplus waits and is admitted, longest first (the order
-    HistoPipe queues a worker's samples in), the moment a running sequence finishes (continuous
-    batching), so the batch stays full until the queue is empty.
+    reached then. Beyond `max_batch`, or where their KV cache could outgrow the profile's
+    `kv_capacity_tokens`, the worker is walked event by event the way the simulator runs it
+    (`_walk_decode_time`).
     """
     n = int(lengths.size)
     if n == 0:
         return 0.0
-    if n > profile.max_batch:
-        return _continuous_decode_time(np.sort(lengths.astype(np.float64))[::-1], input_len, profile, spec)
+    cap = profile.kv_capacity_tokens
+    if n > profile.max_batch or (cap is not None and float(np.sum(lengths)) + n * input_len > cap):
+        return _walk_decode_time(np.sort(lengths.astype(np.float64))[::-1], input_len, profile, spec)
     ls = np.sort(lengths.astype(np.float64))
     prev = np.concatenate(([0.0], ls[:-1]))
     delta = (ls - prev) / spec.tokens_per_pass
@@ -227,29 +229,62 @@ def worker_decode_time(
     return float(np.sum(delta[keep] * times)) * spec.pass_cost
 
 
-def _continuous_decode_time(queue: FloatArray, input_len: float, profile: IterationProfile, spec: Speculation) -> float:
-    """Event walk of continuous batching over `queue` (admission order): between two finishes the
-    batch is constant and each iteration costs the profile at the batch's mean context then."""
+KV_WATERMARK = 0.01
+"""Share of the KV cache kept free at admission (vLLM's default); the simulator uses it too."""
+
+
+def _walk_decode_time(queue: FloatArray, input_len: float, profile: IterationProfile, spec: Speculation) -> float:
+    """Continuous batching of `queue` (admission order) on one worker, with the simulator's rules:
+    a waiting sequence is admitted when a slot is free and its KV cache fits below the watermark;
+    when the running sequences' cache would outgrow `kv_capacity_tokens`, the ones admitted last go
+    back to the front of the queue with their tokens and pay a recompute prefill when readmitted.
+    Between two events the batch is constant and an iteration costs the profile at its mean
+    context. First admissions' prefill is left out, as in the closed form."""
     alpha = spec.tokens_per_pass
-    running = [(float(length) / alpha, 0.0) for length in queue[: profile.max_batch]]  # (finish, admission) iteration
-    heapq.heapify(running)
-    admitted_sum = 0.0  # sum of the running sequences' admission iterations
-    nxt = len(running)
+    cap = math.inf if profile.kv_capacity_tokens is None else float(profile.kv_capacity_tokens)
+    waiting: deque[tuple[float, float]] = deque((float(length), 0.0) for length in queue)  # (length, generated)
+    finishes: list[tuple[float, int]] = []  # (finish iteration, id); stale once the id left `running`
+    running: dict[int, tuple[float, float, float]] = {}  # id -> (admission iteration, generated then, length)
+    admitted: list[int] = []  # ids in admission order; stale entries skipped
+    c0 = 0.0  # KV tokens at iteration it = c0 + len(running) * alpha * it
     it = seconds = 0.0
-    while running:
-        finish, admitted = heapq.heappop(running)
-        if finish > it:
-            b = len(running) + 1
-            mid = (it + finish) / 2.0
-            ctx = input_len + alpha * (mid - admitted_sum / b)
-            seconds += (finish - it) * profile.iteration_time(b, ctx)
-            it = finish
-        if nxt < queue.size:
-            heapq.heappush(running, (it + float(queue[nxt]) / alpha, it))
-            admitted_sum += it
-            nxt += 1
-        admitted_sum -= admitted
-    return seconds * spec.pass_cost
+    ident = 0
+    while True:
+        while waiting and len(running) < profile.max_batch:
+            length, gen = waiting[0]
+            b = len(running)
+            if b and c0 + b * alpha * it + input_len + gen + (b + 1) * alpha > cap * (1.0 - KV_WATERMARK):
+                break
+            waiting.popleft()
+            running[ident] = (it, gen, length)
+            heapq.heappush(finishes, (it + (length - gen) / alpha, ident))
+            admitted.append(ident)
+            c0 += input_len + gen - alpha * it
+            if gen > 0:
+                seconds += profile.prefill_time(int(input_len + gen)) / spec.pass_cost
+            ident += 1
+        if not running:
+            return seconds * spec.pass_cost
+        while finishes[0][1] not in running:
+            heapq.heappop(finishes)
+        b = len(running)
+        nxt = finishes[0][0]
+        if b > 1 and cap < math.inf:
+            nxt = min(nxt, max(it, math.floor((cap - c0) / (b * alpha))))
+        if nxt > it:
+            seconds += (nxt - it) * profile.iteration_time(b, (c0 + b * alpha * (it + nxt) / 2.0) / b)
+            it = nxt
+        while finishes and (finishes[0][1] not in running or finishes[0][0] <= it):
+            _, done = heapq.heappop(finishes)
+            if done in running:
+                start, gen, _ = running.pop(done)
+                c0 -= input_len + gen - alpha * start
+        while cap < math.inf and len(running) > 1 and math.floor((cap - c0) / (len(running) * alpha)) <= it:
+            while admitted[-1] not in running:
+                admitted.pop()
+            start, gen, length = running.pop(admitted.pop())
+            c0 -= input_len + gen - alpha * start
+            waiting.appendleft((length, gen + alpha * (it - start)))
 
 
 def group_decode_time(

@@ -32,6 +32,7 @@ import numpy as np
 
 from rhymerl.workers.scheduling.base import Scheduler
 from rhymerl.workers.scheduling.costmodel import (
+    KV_WATERMARK,
     NO_SPECULATION,
     IterationProfile,
     RooflineProfile,
@@ -41,8 +42,6 @@ from rhymerl.workers.scheduling.types import Action, Move, Rebalance, Sample, St
 from rhymerl.workers.traces.model import Trace
 
 from .metrics import SimResult, StepRecord, lower_bound, window_bubbles
-
-KV_WATERMARK = 0.01
 
 
 class SimulationError(RuntimeError):
