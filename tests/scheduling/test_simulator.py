@@ -8,6 +8,7 @@ import pytest
 from rhymerl.workers.scheduling import (
     EqualSplit,
     HistoPipe,
+    LongestFirst,
     MigrationConfig,
     RooflineProfile,
     Speculation,
@@ -169,3 +170,14 @@ def test_a_full_kv_cache_preempts_the_last_admitted_sequence_which_resumes_from_
     assert r.recompute_tokens == 20
     assert r.makespan == pytest.approx(30.0)
     assert len(r.finished) == 2
+
+
+def test_the_sequence_admitted_last_is_preempted_whatever_its_trace_order() -> None:
+    # LPT admits b (20 tokens) before a (15): when the 40-token cache fills after 10 iterations,
+    # a goes back to the queue, b runs on to finish at 20 and a, resumed, at 25
+    trace = Trace.from_steps([[("a", 15), ("b", 20)]], input_len=10)
+    prof = _capped(40)
+    r = simulate(trace, LongestFirst(1, profile=prof), SimConfig(workers=1, profile=prof))
+    assert r.preemptions == 1
+    assert r.finished[1][0] == pytest.approx(20.0)
+    assert r.finished[0][0] == pytest.approx(25.0)

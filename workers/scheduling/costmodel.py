@@ -279,6 +279,8 @@ def _walk_decode_time(queue: FloatArray, input_len: float, profile: IterationPro
             if done in running:
                 start, gen, _ = running.pop(done)
                 c0 -= input_len + gen - alpha * start
+        if not running:
+            c0 = 0.0  # no float drift carried into the next admissions
         while cap < math.inf and len(running) > 1 and math.floor((cap - c0) / (len(running) * alpha)) <= it:
             while admitted[-1] not in running:
                 admitted.pop()

@@ -72,6 +72,8 @@ class _Seq:
     watch: int | None = None
     recompute: bool = True
     where: int = -1  # worker index, -1 nowhere (planned-not-placed, shared queue or deferred)
+    admitted: int = -1
+    """Order of its latest admission on any worker (preemption takes the last admitted first)."""
     running: bool = False
     done: bool = False
 
@@ -163,6 +165,7 @@ class Simulator:
         self.recompute_tokens = 0
         self.stolen = 0
         self.preemptions = 0
+        self.admissions = 0
         self.iterations = 0
         self.seq_iterations = 0
         self.peak_kv = 0.0
@@ -296,6 +299,8 @@ class Simulator:
                 self.step_start[q.step] = start
             q.start_it = w.it
             q.where = w.idx
+            q.admitted = self.admissions
+            self.admissions += 1
             q.running = True
             q.recompute = True
             w.running[q.sid] = q
@@ -577,7 +582,7 @@ class Simulator:
         keeping their tokens, and are recomputed when readmitted (vLLM's recompute preemption).
         The scheduler is not told: the sample stays on its worker."""
         while len(w.running) > 1 and self.kv_cap < math.inf and self._kv_last_it(w) <= w.it:
-            q = max(w.running.values(), key=lambda r: (r.start_it, r.sid))
+            q = max(w.running.values(), key=lambda r: r.admitted)
             self._remove(w, q)
             q.recompute = True
             w.waiting.appendleft(q)
