@@ -87,10 +87,14 @@ def measure_profile(cfg: EngineProfileConfig, console: Console | None = None) ->
         max_batch=cfg.batch_sizes[-1], prefill_seconds_per_token=prefill, points=points)
 
 
-def markdown(doc: ProfileFile) -> str:
-    batches = sorted({p.batch_size for p in doc.points})
-    contexts = sorted({p.context_len for p in doc.points})
+def _grid_ms(doc: ProfileFile) -> tuple[list[int], list[int], dict[tuple[int, int], float]]:
+    """Batch sizes, context lengths and milliseconds per (batch, context) of a profile."""
     ms = {(p.batch_size, p.context_len): p.seconds * 1e3 for p in doc.points}
+    return sorted({b for b, _ in ms}), sorted({c for _, c in ms}), ms
+
+
+def markdown(doc: ProfileFile) -> str:
+    batches, contexts, ms = _grid_ms(doc)
     lines = ["| batch \\ context | " + " | ".join(str(c) for c in contexts) + " |",
              "|---|" + "---|" * len(contexts)]
     lines += [f"| {b} | " + " | ".join(f"{ms[(b, c)]:.2f}" for c in contexts) + " |" for b in batches]
@@ -98,13 +102,12 @@ def markdown(doc: ProfileFile) -> str:
 
 
 def table(doc: ProfileFile) -> Table:
-    contexts = sorted({p.context_len for p in doc.points})
+    batches, contexts, ms = _grid_ms(doc)
     out = Table(title=f"ms per decode iteration: {doc.engine} engine, {doc.model}, {doc.dtype}, {doc.device}")
     out.add_column("batch", justify="right")
     for c in contexts:
         out.add_column(f"ctx {c}", justify="right")
-    ms = {(p.batch_size, p.context_len): p.seconds * 1e3 for p in doc.points}
-    for b in sorted({p.batch_size for p in doc.points}):
+    for b in batches:
         out.add_row(str(b), *(f"{ms[(b, c)]:.2f}" for c in contexts))
     return out
 

@@ -239,17 +239,23 @@ class Simulator:
         self._counter += 1
         heapq.heappush(self.events, (t, self._counter, kind, arg))
 
+    def _reached_it(self, w: _Worker, now: float) -> int:
+        """The whole iterations a worker has finished by `now`, short of its next event."""
+        if not w.running or now <= w.clock:
+            return w.it
+        nxt = self._next_it(w)
+        limit = (nxt - w.it - 1) if nxt is not None else 0
+        if limit <= 0:
+            return w.it
+        b = len(w.running)
+        per_it = self.profile.iteration_time(b, (w.c0 + b * self.alpha * w.it) / b) * self.pass_cost
+        return w.it + (min(limit, int((now - w.clock) / per_it)) if per_it > 0 else 0)
+
     def _advance(self, w: _Worker, now: float) -> None:
         """Bring a worker's decode state up to `now` (whole iterations; the partial one is spent)."""
-        if w.running:
-            nxt = self._next_it(w)
-            limit = (nxt - w.it - 1) if nxt is not None else 0
-            if limit > 0 and now > w.clock:
-                b = len(w.running)
-                per_it = self.profile.iteration_time(b, (w.c0 + b * self.alpha * w.it) / b) * self.pass_cost
-                delta = min(limit, int((now - w.clock) / per_it)) if per_it > 0 else 0
-                if delta > 0:
-                    self._step_to(w, w.it + delta)
+        it = self._reached_it(w, now)
+        if it > w.it:
+            self._step_to(w, it)
         w.clock = max(w.clock, now)
 
     def _step_to(self, w: _Worker, it_to: int) -> None:
@@ -322,16 +328,7 @@ class Simulator:
     def _kv_now(self, w: _Worker) -> float:
         """KV tokens the worker holds now: its running sequences' context at the iteration `_advance`
         would bring it to (computed without touching its state)."""
-        if not w.running:
-            return 0.0
-        it = w.it
-        nxt = self._next_it(w)
-        limit = (nxt - w.it - 1) if nxt is not None else 0
-        if limit > 0 and self.now > w.clock:
-            b = len(w.running)
-            per_it = self.profile.iteration_time(b, (w.c0 + b * self.alpha * w.it) / b) * self.pass_cost
-            it += min(limit, int((self.now - w.clock) / per_it)) if per_it > 0 else 0
-        return w.c0 + len(w.running) * self.alpha * it
+        return w.c0 + len(w.running) * self.alpha * self._reached_it(w, self.now) if w.running else 0.0
 
     def _fits(self, w: _Worker, kv: float, q: _Seq, admitting: int) -> bool:
         """Whether `q` fits next to `kv` tokens of cache for the next iteration, below a 1% watermark
@@ -343,33 +340,30 @@ class Simulator:
         after = kv + q.input_len + q.generated + (len(w.running) + admitting + 1) * self.alpha
         return after <= self.kv_cap * (1.0 - KV_WATERMARK)
 
+    def _take(self, w: _Worker, queue: deque[_Seq], batch: list[_Seq], kv: float) -> float:
+        """Move sequences from the front of `queue` into `batch` while a slot is free and their KV
+        cache fits next to `kv` tokens; returns the KV tokens with them."""
+        while queue and len(w.running) + len(batch) < self.cap and self._fits(w, kv, queue[0], len(batch)):
+            q = queue.popleft()
+            batch.append(q)
+            kv += q.input_len + q.generated
+        return kv
+
     def _refill(self, w: _Worker) -> None:
         """Admit waiting work; a worker whose sub-batch is done moves on to its next step."""
         batch: list[_Seq] = []
-        kv = self._kv_now(w) if self.kv_cap < math.inf else 0.0
-        if self.sched.pipeline == "shared":
-            # sequences preempted on this worker come back first; the scheduler placed them here already
-            while w.waiting and len(w.running) + len(batch) < self.cap and self._fits(w, kv, w.waiting[0], len(batch)):
-                q = w.waiting.popleft()
-                batch.append(q)
-                kv += q.input_len + q.generated
-            while (not w.waiting and self.shared and len(w.running) + len(batch) < self.cap
-                   and self._fits(w, kv, self.shared[0], len(batch))):
-                q = self.shared.popleft()
+        kv = self._take(w, w.waiting, batch, self._kv_now(w) if self.kv_cap < math.inf else 0.0)
+        shared = self.sched.pipeline == "shared"
+        if shared and not w.waiting:  # in the shared pipeline a worker's own queue holds only its preempted sequences
+            taken = len(batch)
+            self._take(w, self.shared, batch, kv)
+            for q in batch[taken:]:
                 self.sched.on_admitted(q.sid, w.idx)
-                batch.append(q)
-                kv += q.input_len + q.generated
-            self._admit(w, batch)
-        else:
-            while w.waiting and len(w.running) + len(batch) < self.cap and self._fits(w, kv, w.waiting[0], len(batch)):
-                q = w.waiting.popleft()
-                batch.append(q)
-                kv += q.input_len + q.generated
-            self._admit(w, batch)
-            if not w.running and not w.waiting:
-                self._close(w, self.now)
-                self._start_next(w)
-                return
+        self._admit(w, batch)
+        if not shared and not w.running and not w.waiting:
+            self._close(w, self.now)
+            self._start_next(w)
+            return
         if not w.running:
             self._close(w, self.now)
             self.idle.add(w.idx)
