@@ -5,16 +5,19 @@ rhymerl.workers, so neither can ever shadow the standard library's `operator`.
 """
 
 from pybind11.setup_helpers import Pybind11Extension
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, setup
 
 ROOTS = {"rhymerl": "rhymerl", "rhymerl.operator": "operator", "rhymerl.workers": "workers"}
 
 
 def _packages() -> list[str]:
+    """Every folder under the roots, data-only ones (assets, native sources) included: a package
+    without __init__.py is still shipped, and setuptools has nothing to warn about."""
     found = []
     for name, folder in ROOTS.items():
         found.append(name)
-        found += [f"{name}.{sub}" for sub in find_packages(folder)]
+        found += [f"{name}.{sub}" for sub in find_namespace_packages(folder, exclude=["*__pycache__*"])
+                  if all(part.isidentifier() for part in sub.split("."))]
     return sorted(set(found))
 
 

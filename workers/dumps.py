@@ -6,12 +6,14 @@ the acceptance and trace tools, so reading them validates every line and names t
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rhymerl.errors import UserError
+from rhymerl.workers import atomic
 
 DUMP_DIR = "rollouts"
 DUMP_GLOB = "step_*.jsonl"
@@ -27,7 +29,9 @@ class SpecStats(BaseModel):
 
 
 class RolloutRecord(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # a reward of nan or inf is never written: the loop's guards stop it first (and our reader
+    # would reject it)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     step: int = Field(ge=1)
     epoch: int = Field(ge=1)
     prompt_id: str
@@ -36,12 +40,15 @@ class RolloutRecord(BaseModel):
     prompt_ids: list[int]
     response_ids: list[int]
     reward: float
+    reward_error: str | None = Field(
+        None, description="why the reward function failed on this sample (reward is then reward.failure_reward); "
+        "None when it scored")
     finish_reason: Literal["stop", "length"]
     policy_version: int = Field(ge=0)
     spec: SpecStats = Field(default_factory=SpecStats)
 
 
-class DumpError(ValueError):
+class DumpError(UserError):
     """A dump file or line that cannot be read; the message names the file and line."""
 
 
@@ -53,13 +60,9 @@ def write_step(run_dir: Path, step: int, records: Iterable[RolloutRecord]) -> Pa
     """Write one step's dump atomically: a crash leaves either the whole file or none."""
     path = dump_path(run_dir, step)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".jsonl.tmp")
-    with tmp.open("w") as f:
+    with atomic.open_atomic(path) as f:
         for rec in records:
             f.write(rec.model_dump_json() + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
     return path
 
 
@@ -100,7 +103,8 @@ def remove_after(run_dir: Path, step: int) -> None:
     folder = run_dir / DUMP_DIR
     if not folder.is_dir():
         return
-    for path in folder.glob("step_*.jsonl*"):
-        stem = path.name.split(".")[0]
-        if int(stem.removeprefix("step_")) > step or path.name.endswith(".tmp"):
+    for path in folder.iterdir():
+        debris = atomic.is_temporary(path) or path.name.endswith(".tmp")
+        later = path.match(DUMP_GLOB) and int(path.name.split(".")[0].removeprefix("step_")) > step
+        if debris or later:
             path.unlink()

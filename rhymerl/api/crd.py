@@ -1,23 +1,127 @@
 """Generate the RLJob CustomResourceDefinition from the pydantic spec, so the two can never drift.
 
 Kubernetes wants a *structural* schema: every node typed, no ``$ref``, ``nullable`` instead of
-``anyOf [..., null]``, ``x-kubernetes-int-or-string`` for quantities.
+``anyOf [..., null]``, ``x-kubernetes-int-or-string`` for quantities. Every spec block defaults to
+``{}`` so the API server stores the job fully resolved, and the CEL rules below (checked at
+admission, before the operator sees an object) can rely on every defaulted field being there.
+Each rule restates a pydantic validator of rhymerl.api.spec, or makes a field immutable.
 """
 
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
-from rhymerl.api.spec import GROUP, KIND, VERSION, RLJobSpec, RLJobStatus
+from rhymerl.api.spec import (
+    GROUP,
+    KIND,
+    MAX_JOB_NAME,
+    VERSION,
+    AlgorithmSpec,
+    DataSpec,
+    HistorySpec,
+    ModelSpec,
+    RLJobSpec,
+    RLJobStatus,
+    RolloutSpec,
+    SpecPrefix,
+    SpeculationSpec,
+    SpecWindow,
+    SpotSpec,
+    StorageSpec,
+    Toleration,
+)
 
 PLURAL = "rljobs"
 SINGULAR = "rljob"
 SHORT_NAMES = ["rlj"]
 
 _KEEP = ("type", "description", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-         "pattern", "maxLength", "minLength", "format")
+         "pattern", "maxLength", "minLength", "format", "required", "maxItems", "minItems", "maxProperties",
+         "x-kubernetes-validations")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One `x-kubernetes-validations` entry: `rule` must hold for `self` (and `oldSelf` on update)."""
+
+    rule: str
+    message: str
+    field_path: str | None = None
+
+    @property
+    def transition(self) -> bool:
+        return "oldSelf" in self.rule
+
+    def as_schema(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"rule": self.rule, "message": self.message}
+        if self.field_path is not None:
+            out["fieldPath"] = self.field_path
+        return out
+
+
+def _immutable(what: str, why: str) -> Rule:
+    return Rule("self == oldSelf", f"{what} is immutable: {why}")
+
+
+_RECREATE = "delete the RLJob and create a new one"
+# Rules per spec block, attached wherever the block appears; the object's defaults fill every field they
+# read except those tested with has().
+RULES: dict[type[BaseModel], tuple[Rule, ...]] = {
+    ModelSpec: (_immutable("spec.model", f"{_RECREATE} to train another model"),),
+    DataSpec: (
+        _immutable("spec.data", f"{_RECREATE} to train on other data"),
+        Rule("self.min_ops <= self.median_ops && self.median_ops <= self.max_ops",
+             "median_ops: must lie between min_ops and max_ops", ".median_ops"),
+    ),
+    AlgorithmSpec: (
+        _immutable("spec.algorithm", f"{_RECREATE} to change the algorithm"),
+        Rule("self.group_size >= 2", "group_size: group-relative advantages need at least 2 responses per prompt",
+             ".group_size"),
+        Rule("!has(self.mini_batch_size) || self.mini_batch_size <= self.group_size * self.prompts_per_step",
+             "mini_batch_size: larger than the batch (group_size * prompts_per_step)", ".mini_batch_size"),
+    ),
+    RolloutSpec: (
+        Rule("self.min_replicas <= self.max_replicas", "max_replicas: must be >= min_replicas", ".max_replicas"),
+        Rule("self.min_replicas <= self.replicas && self.replicas <= self.max_replicas",
+             "replicas: must lie between min_replicas and max_replicas", ".replicas"),
+        Rule("self.resources.gpu >= self.gpus_per_replica",
+             "resources.gpu: must be at least gpus_per_replica (a replica's GPUs are its pod's)", ".resources.gpu"),
+    ),
+    SpotSpec: (
+        Rule("!self.enabled || (has(self.node_selector) && size(self.node_selector) > 0) || "
+             "(has(self.tolerations) && size(self.tolerations) > 0)",
+             "node_selector: name the spot nodes' labels (or their taints in tolerations)", ".node_selector"),
+    ),
+    Toleration: (
+        Rule("self.operator != 'Exists' || !has(self.value)", "value: must be omitted when operator is Exists"),
+        Rule("has(self.key) || self.operator == 'Exists'", "operator: must be Exists when key is omitted"),
+        Rule("!has(self.toleration_seconds) || (has(self.effect) && self.effect == 'NoExecute')",
+             "toleration_seconds: only with effect NoExecute"),
+    ),
+    SpeculationSpec: (
+        Rule("self.method != 'draft-model' || has(self.draft_model)",
+             "draft_model: required when method is draft-model", ".draft_model"),
+    ),
+    SpecWindow: (Rule("self.initial <= self.max", "initial: larger than max", ".initial"),),
+    SpecPrefix: (Rule("self.min <= self.max", "min: larger than max", ".min"),),
+    HistorySpec: (
+        Rule("self.store != 'redis' || has(self.redis_url)", "redis_url: required when store is redis",
+             ".redis_url"),
+    ),
+    StorageSpec: (_immutable("spec.checkpoint.storage", "a StatefulSet's volume claims cannot change"),),
+}
+# On the object itself, where only metadata.name (unbounded to the cost estimator: no regex) is visible; the
+# API server already insists on a DNS-1123 subdomain, and the operator on a DNS-1035 label (InvalidSpec).
+ROOT_RULES = (
+    Rule(f"self.metadata.name.size() <= {MAX_JOB_NAME}", f"metadata.name: at most {MAX_JOB_NAME} characters (it "
+         "names the job's StatefulSets, whose names stay within 52)"),
+    Rule("!self.metadata.name.contains('.')", "metadata.name: no dots (it names the job's Services)"),
+)
 
 
 def _resolve(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
@@ -52,7 +156,7 @@ def structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         out["enum"] = [node["const"]]
     for key in _KEEP:
         if key in node and key not in out:
-            out[key] = node[key]
+            out[key] = copy.deepcopy(node[key])  # shared nodes would come out as YAML anchors
     if "exclusiveMinimum" in out and not isinstance(out["exclusiveMinimum"], bool):
         out["minimum"] = out.pop("exclusiveMinimum")
         out["exclusiveMinimum"] = True
@@ -77,25 +181,55 @@ def structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _schema_of(model: type[Any]) -> dict[str, Any]:
+def _schema_of(model: type[BaseModel], rules: dict[type[BaseModel], tuple[Rule, ...]] | None = None
+               ) -> dict[str, Any]:
     raw = model.model_json_schema(mode="serialization")
-    return structural(raw, raw.get("$defs", {}))
+    defs = raw.get("$defs", {})
+    for owner, owned in (rules or {}).items():
+        node = raw if owner is model else defs.get(owner.__name__)
+        if node is not None:
+            node["x-kubernetes-validations"] = [r.as_schema() for r in owned]
+    return structural(raw, defs)
+
+
+def _default_blocks(node: dict[str, Any]) -> None:
+    """Default every non-nullable object property to {} so its own defaults apply when it is omitted."""
+    for sub in node.get("properties", {}).values():
+        if sub.get("type") == "object" and "properties" in sub:
+            if "default" not in sub and not sub.get("nullable"):
+                sub["default"] = {}
+            _default_blocks(sub)
+
+
+def _status_schema() -> dict[str, Any]:
+    schema = _schema_of(RLJobStatus)
+    conditions = schema.get("properties", {}).get("conditions")
+    if conditions is not None:  # metav1.Condition-shaped: one entry per type, merged by type
+        conditions["x-kubernetes-list-type"] = "map"
+        conditions["x-kubernetes-list-map-keys"] = ["type"]
+        item = conditions["items"]
+        item["required"] = sorted(set(item.get("required", [])) | {"type", "status"})
+    return schema
 
 
 def crd() -> dict[str, Any]:
-    spec_schema = _schema_of(RLJobSpec)
-    status_schema = _schema_of(RLJobStatus)
+    spec_schema = _schema_of(RLJobSpec, RULES)
+    _default_blocks(spec_schema)
+    status_schema = _status_schema()
     columns = [
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-        {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
-        {"name": "Epoch", "type": "integer", "jsonPath": ".status.epoch"},
-        {"name": "Ready", "type": "integer", "jsonPath": ".status.rollout.readyReplicas",
-         "description": "rollout replicas ready"},
-        {"name": "Desired", "type": "integer", "jsonPath": ".spec.rollout.replicas",
-         "description": "rollout replicas desired"},
-        {"name": "Acceptance", "type": "number", "jsonPath": ".status.acceptanceRate",
-         "description": "speculative draft acceptance rate"},
+        {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
+        {"name": "Reward", "type": "number", "jsonPath": ".status.progress.rewardMean",
+         "description": "mean reward of the last step"},
+        {"name": "Acceptance", "type": "number", "jsonPath": ".status.progress.acceptanceRate",
+         "description": "speculative draft acceptance rate of the last step"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        {"name": "Epoch", "type": "integer", "jsonPath": ".status.progress.epoch", "priority": 1},
+        {"name": "Rollout", "type": "integer", "jsonPath": ".status.replicas", "priority": 1,
+         "description": "rollout replicas ready"},
+        {"name": "Desired", "type": "integer", "jsonPath": ".spec.rollout.replicas", "priority": 1,
+         "description": "rollout replicas desired"},
+        {"name": "Suspended", "type": "boolean", "jsonPath": ".spec.suspend", "priority": 1},
     ]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -115,14 +249,15 @@ def crd() -> dict[str, Any]:
                     "status": {},
                     "scale": {
                         "specReplicasPath": ".spec.rollout.replicas",
-                        "statusReplicasPath": ".status.rollout.replicas",
-                        "labelSelectorPath": ".status.rollout.selector",
+                        "statusReplicasPath": ".status.replicas",
+                        "labelSelectorPath": ".status.selector",
                     },
                 },
                 "schema": {"openAPIV3Schema": {
                     "type": "object",
                     "description": "An RL post-training job (GRPO/DAPO) with history-accelerated rollout.",
                     "required": ["spec"],
+                    "x-kubernetes-validations": [r.as_schema() for r in ROOT_RULES],
                     "properties": {
                         "apiVersion": {"type": "string"},
                         "kind": {"type": "string"},
@@ -139,3 +274,27 @@ def crd() -> dict[str, Any]:
 def crd_yaml() -> str:
     header = "# Generated by `rhymerl crd` from rhymerl.api.spec; do not edit by hand.\n"
     return header + yaml.safe_dump(crd(), sort_keys=False, width=120)
+
+
+def crd_helm_template() -> str:
+    """The same CRD as the Helm chart's template (charts/rhymerl/templates/crd.yaml): behind
+    `crds.enabled`, with the release's labels and, with `crds.keep`, Helm's keep policy."""
+    body = crd()
+    if "{{" in yaml.safe_dump(body):
+        raise ValueError("the CRD holds '{{', which Helm would read as a template action")
+    head = {"apiVersion": body["apiVersion"], "kind": body["kind"]}
+    return (
+        "# Generated by `rhymerl crd --helm` from rhymerl.api.spec; do not edit by hand.\n"
+        "{{- if .Values.crds.enabled }}\n"
+        + yaml.safe_dump(head, sort_keys=False)
+        + "metadata:\n"
+        f"  name: {body['metadata']['name']}\n"
+        "  labels:\n"
+        "    {{- include \"rhymerl.labels\" . | nindent 4 }}\n"
+        "  {{- if .Values.crds.keep }}\n"
+        "  annotations:\n"
+        "    helm.sh/resource-policy: keep\n"
+        "  {{- end }}\n"
+        + yaml.safe_dump({"spec": body["spec"]}, sort_keys=False, width=120)
+        + "{{- end }}\n"
+    )

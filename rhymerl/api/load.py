@@ -2,7 +2,12 @@
 
 Every problem is reported as ``field.path: reason (line N)``; unknown keys come with the closest
 known key. `--set a.b=c` overrides are applied to the raw document before validation so they are
-checked exactly like the file.
+checked exactly like the file, and a problem in an overridden field names the `--set` item.
+
+A spec file is untrusted input: the loader reads bytes and insists on UTF-8, refuses duplicate
+keys (YAML would silently keep the last), caps what aliases may expand to and how deep nesting
+goes (a "billion laughs" document fails at its alias instead of hanging), and refuses an empty
+document, which would otherwise run the default job.
 """
 
 from __future__ import annotations
@@ -15,7 +20,16 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from rhymerl.api.spec import RLJob
+from rhymerl.api.spec import API_VERSION, KIND, RLJob
+from rhymerl.errors import UserError
+
+# An RLJob is a few KB; Kubernetes refuses objects past ~1.5 MiB (etcd's request limit).
+MAX_SPEC_BYTES = 1 << 20
+# Nodes that aliases may add, counted as if every alias were written out; a whole RLJob has ~200.
+MAX_ALIAS_NODES = 10_000
+# The spec nests 5 levels; far deeper is not a spec, and deep enough nesting overflows the parser.
+MAX_DEPTH = 64
+MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 @dataclass(frozen=True)
@@ -23,13 +37,16 @@ class SpecProblem:
     path: str
     reason: str
     line: int | None = None
+    origin: str | None = None  # the `--set key=value` item that set this field, if one did
 
     def __str__(self) -> str:
+        if self.origin is not None:
+            return f"{self.path}: {self.reason} (--set {self.origin})"
         where = f" (line {self.line})" if self.line is not None else ""
         return f"{self.path}: {self.reason}{where}"
 
 
-class SpecError(Exception):
+class SpecError(UserError):
     """A spec that cannot be used; carries every problem found, not just the first."""
 
     def __init__(self, problems: list[SpecProblem], source: str = "") -> None:
@@ -39,29 +56,142 @@ class SpecError(Exception):
         super().__init__(head + "; ".join(str(p) for p in problems))
 
 
-def _line_index(text: str) -> dict[tuple[str, ...], int]:
-    """Map each key path of a YAML mapping document to its 1-based line."""
+class _Refused(yaml.MarkedYAMLError):
+    """A document the guarded loader will not build, marked at the node that broke a limit."""
+
+    def __init__(self, problem: str, mark: yaml.Mark | None) -> None:
+        super().__init__(problem=problem, problem_mark=mark)
+
+
+class _GuardedLoader(yaml.SafeLoader):
+    """SafeLoader with a budget, enforced while composing and so before any object is built:
+    aliases may add at most MAX_ALIAS_NODES nodes, nesting stops at MAX_DEPTH, and an alias
+    inside its own anchor (a recursive document) is refused."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._alias_nodes = 0
+        self._depth = 0
+        self._sizes: dict[int, int] = {}
+        self._done: set[int] = set()
+
+    def _size(self, node: yaml.Node) -> int:
+        """Nodes under `node` with every alias written out; memoised, so linear in the graph."""
+        key = id(node)
+        if key not in self._sizes:
+            if isinstance(node, yaml.MappingNode):
+                self._sizes[key] = 1 + sum(self._size(k) + self._size(v) for k, v in node.value)
+            elif isinstance(node, yaml.SequenceNode):
+                self._sizes[key] = 1 + sum(self._size(item) for item in node.value)
+            else:
+                self._sizes[key] = 1
+        return self._sizes[key]
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            target = self.anchors.get(event.anchor)
+            if target is not None:
+                if id(target) not in self._done:
+                    raise _Refused(f"alias *{event.anchor} is used inside its own anchor (a recursive document)",
+                                   event.start_mark)
+                self._alias_nodes += self._size(target)
+                if self._alias_nodes > MAX_ALIAS_NODES:
+                    raise _Refused(f"aliases expand to more than {MAX_ALIAS_NODES} nodes at *{event.anchor}; "
+                                   "an RLJob has a few hundred (an alias bomb?)", event.start_mark)
+            return super().compose_node(parent, index)
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise _Refused(f"nested deeper than {MAX_DEPTH} levels", self.peek_event().start_mark)
+        node = super().compose_node(parent, index)
+        self._depth -= 1
+        self._done.add(id(node))
+        return node
+
+
+def _walk(root: yaml.Node) -> tuple[dict[tuple[str, ...], int], list[SpecProblem]]:
+    """The line of every key path, and every key written twice in one mapping. A node reached
+    through several aliases is walked once, at its first path, so the walk is linear in the file."""
     lines: dict[tuple[str, ...], int] = {}
+    duplicates: list[SpecProblem] = []
+    seen: set[int] = set()
 
     def walk(node: yaml.Node, path: tuple[str, ...]) -> None:
+        if id(node) in seen:
+            return
+        seen.add(id(node))
         if isinstance(node, yaml.MappingNode):
+            first: dict[tuple[str, str], int] = {}
             for key, value in node.value:
+                if key.tag == MERGE_TAG:
+                    continue
                 sub = (*path, str(key.value))
-                lines[sub] = key.start_mark.line + 1
+                line = key.start_mark.line + 1
+                if isinstance(key, yaml.ScalarNode):
+                    ident = (key.tag, key.value)
+                    if ident in first:
+                        duplicates.append(SpecProblem(".".join(sub), f"duplicate key (first on line {first[ident]})",
+                                                      line))
+                    else:
+                        first[ident] = line
+                lines.setdefault(sub, line)
                 walk(value, sub)
         elif isinstance(node, yaml.SequenceNode):
             for i, item in enumerate(node.value):
                 sub = (*path, str(i))
-                lines[sub] = item.start_mark.line + 1
+                lines.setdefault(sub, item.start_mark.line + 1)
                 walk(item, sub)
 
+    walk(root, ())
+    return lines, duplicates
+
+
+def _yaml_problem(exc: yaml.YAMLError, text: str) -> SpecProblem:
+    if isinstance(exc, yaml.reader.ReaderError):
+        # raised for control characters; its own message spans lines and counts characters
+        at = text.count("\n", 0, exc.position) + 1
+        return SpecProblem("(yaml)", f"character U+{exc.character:04X} is not allowed in YAML", at)
+    mark = getattr(exc, "problem_mark", None)
+    line = mark.line + 1 if mark is not None else None
+    reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return SpecProblem("(yaml)", str(reason), line)
+
+
+@dataclass
+class _Document:
+    data: Any
+    lines: dict[tuple[str, ...], int]
+    duplicates: list[SpecProblem]
+
+
+def _load_yaml(text: str) -> _Document:
+    """One YAML document under the loader's limits; raises yaml.YAMLError (or ValueError for a
+    scalar Python refuses, e.g. an integer of more than 4300 digits)."""
+    loader = _GuardedLoader(text)
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
-        return lines
-    if root is not None:
-        walk(root, ())
-    return lines
+        root = loader.get_single_node()
+        if root is None:
+            return _Document(None, {}, [])
+        lines, duplicates = _walk(root)
+        return _Document(loader.construct_document(root), lines, duplicates)
+    finally:
+        loader.dispose()
+
+
+def safe_load(text: str) -> Any:
+    """yaml.safe_load under the same limits as spec files (aliases, depth)."""
+    return _load_yaml(text).data
+
+
+def decode(data: bytes, source: str) -> str:
+    """UTF-8 text of a spec file, or a SpecError naming the line and column of the first bad byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        problem = SpecProblem("(file)", f"not UTF-8: byte 0x{data[exc.start]:02x} at column {column}", line)
+        raise SpecError([problem], source) from None
 
 
 def _model_at(path: tuple[str | int, ...]) -> type[BaseModel] | None:
@@ -88,7 +218,17 @@ def _unwrap_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def problems_from(error: ValidationError, lines: dict[tuple[str, ...], int]) -> list[SpecProblem]:
+def _origin(loc: tuple[str, ...], origins: dict[tuple[str, ...], str]) -> str | None:
+    """The --set item that wrote `loc` or a mapping above it."""
+    for n in range(len(loc), 0, -1):
+        item = origins.get(loc[:n])
+        if item is not None:
+            return item
+    return None
+
+
+def problems_from(error: ValidationError, lines: dict[tuple[str, ...], int],
+                  origins: dict[tuple[str, ...], str] | None = None) -> list[SpecProblem]:
     problems = []
     for item in error.errors():
         loc = tuple(item["loc"])
@@ -105,67 +245,90 @@ def problems_from(error: ValidationError, lines: dict[tuple[str, ...], int]) -> 
             known = list(owner.model_fields) if owner else []
             close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
             reason = "unknown field" + (f"; did you mean '{close[0]}'?" if close else "")
-        path = ".".join(str(p) for p in loc) or "(document)"
+        keys = tuple(str(p) for p in loc)
+        path = ".".join(keys) or "(document)"
+        origin = _origin(keys, origins or {})
         line = None
-        for n in range(len(loc), 0, -1):
-            line = lines.get(tuple(str(p) for p in loc[:n]))
-            if line is not None:
-                break
-        problems.append(SpecProblem(path, reason, line))
+        if origin is None:
+            for n in range(len(keys), 0, -1):
+                line = lines.get(keys[:n])
+                if line is not None:
+                    break
+        problems.append(SpecProblem(path, reason, line, origin))
     return problems
 
 
 def _parse_value(raw: str) -> Any:
     try:
-        return yaml.safe_load(raw)
-    except yaml.YAMLError:
+        return safe_load(raw)
+    except (yaml.YAMLError, ValueError):
         return raw
 
 
-def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply `key.path=value` overrides; paths are relative to `spec` unless they start with a top-level key."""
+def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[tuple[str, ...], str]:
+    """Apply `key.path=value` overrides to `doc` in place; paths are relative to `spec` unless they
+    start with a top-level key. Returns the full key path each item set, mapped to the item."""
+    origins: dict[tuple[str, ...], str] = {}
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise SpecError([SpecProblem(item or "--set", "expected key.path=value")], "--set")
+            raise SpecError([SpecProblem(item or "--set", "expected key.path=value", origin=item)], "--set")
         parts = key.split(".")
         if parts[0] not in RLJob.model_fields:
             parts = ["spec", *parts]
         node = doc
-        for part in parts[:-1]:
+        for i, part in enumerate(parts[:-1]):
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise SpecError([SpecProblem(key, f"'{part}' is not a mapping")], "--set")
+                path = ".".join(parts[:i + 1])
+                raise SpecError([SpecProblem(path, "not a mapping, cannot set a key under it", origin=item)], "--set")
             node = child
         node[parts[-1]] = _parse_value(raw)
-    return doc
+        origins[tuple(parts)] = item
+    return origins
 
 
-def parse_job(text: str, source: str = "", overrides: list[str] | None = None) -> RLJob:
+def parse_job(text: str | bytes, source: str = "", overrides: list[str] | None = None) -> RLJob:
+    """Validate an RLJob document; raises SpecError listing every problem found."""
+    if isinstance(text, bytes):
+        text = decode(text, source)
     try:
-        doc = yaml.safe_load(text)
+        parsed = _load_yaml(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        raise SpecError([SpecProblem("(yaml)", str(getattr(exc, "problem", exc)), line)], source) from exc
+        raise SpecError([_yaml_problem(exc, text)], source) from None
+    except ValueError as exc:
+        raise SpecError([SpecProblem("(yaml)", str(exc))], source) from None
+    doc = parsed.data
     if doc is None:
-        doc = {}
+        raise SpecError([SpecProblem("(document)", f"empty RLJob: write at least apiVersion: {API_VERSION} and "
+                                                   f"kind: {KIND}")], source)
     if not isinstance(doc, dict):
-        raise SpecError([SpecProblem("(document)", "expected a mapping with apiVersion, kind, metadata, spec")], source)
-    doc = apply_overrides(doc, overrides or [])
+        raise SpecError([SpecProblem("(document)", "expected a mapping with apiVersion, kind, metadata, spec")],
+                        source)
+    problems = list(parsed.duplicates)
+    problems += [SpecProblem(key, f"required: write {key}: {value}") for key, value in
+                 (("apiVersion", API_VERSION), ("kind", KIND)) if key not in doc]
+    origins = apply_overrides(doc, overrides or [])
     try:
-        return RLJob.model_validate(doc)
+        job = RLJob.model_validate(doc)
     except ValidationError as exc:
-        raise SpecError(problems_from(exc, _line_index(text)), source) from exc
+        raise SpecError(problems + problems_from(exc, parsed.lines, origins), source) from exc
+    if problems:
+        raise SpecError(problems, source)
+    return job
 
 
 def load_job(path: str | Path, overrides: list[str] | None = None) -> RLJob:
     p = Path(path)
     try:
-        text = p.read_text()
+        with p.open("rb") as f:
+            data = f.read(MAX_SPEC_BYTES + 1)
     except OSError as exc:
-        raise SpecError([SpecProblem("(file)", exc.strerror or str(exc))], str(p)) from exc
-    return parse_job(text, str(p), overrides)
+        raise SpecError([SpecProblem("(file)", exc.strerror or str(exc))], str(p)) from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError([SpecProblem("(file)", f"larger than {MAX_SPEC_BYTES >> 20} MiB; an RLJob is a few KB")],
+                        str(p))
+    return parse_job(data, str(p), overrides)
 
 
 def dump_job(job: RLJob) -> str:

@@ -17,6 +17,19 @@ KIND = "RLJob"
 
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
+
+# Upper bounds. Past them a number is a slip (`num_prompts: 1e26`) that would exhaust memory or
+# run for years before saying anything, not a plan; each is far above any job we know of. What
+# really bounds a local run is this machine's memory: `rhymerl run` checks that separately.
+MAX_REPLICAS = 1024  # pods of one role
+MAX_TOKENS = 131_072  # 128K: the longest context of current open models
+MAX_BATCH = 16_384  # sequences one engine decodes together (vLLM's max_num_seqs is 256 by default)
+MAX_PATH = 4096  # PATH_MAX on Linux
+# A StatefulSet's name must stay within 52 characters (its pods' controller-revision-hash label adds 11 to
+# it, and labels end at 63); the longest child is `<job>-controller`.
+MAX_JOB_NAME = 52 - len("-controller")
+Replicas = Annotated[int, Field(gt=0, le=MAX_REPLICAS, description=f"at most {MAX_REPLICAS}")]
+Seed = Annotated[int, Field(ge=0, le=2**32 - 1, description="0 to 2**32-1 (sampling keys use 32 bits)")]
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 Quantity = Annotated[str | int, Field(description="Kubernetes quantity, e.g. '500m', '2Gi' or 4")]
 
@@ -24,12 +37,14 @@ Quantity = Annotated[str | int, Field(description="Kubernetes quantity, e.g. '50
 class Strict(BaseModel):
     """Base for every spec block: unknown keys are errors."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # inf and nan are never a meaningful setting (`lr: .inf` turned every weight into NaN)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
 class ModelSpec(Strict):
     path: str = Field(
         "builtin:tiny-arith",
+        max_length=MAX_PATH,
         description="'builtin:tiny-arith' (the embedded model) or a directory with config.json, "
         "model.safetensors and tokenizer.json as written by rhymerl",
     )
@@ -39,11 +54,13 @@ class ModelSpec(Strict):
 class DataSpec(Strict):
     source: str = Field(
         "builtin:arith-chain",
+        max_length=MAX_PATH,
         description="'builtin:arith-chain' (generated, seeded) or a JSONL file with 'prompt' and 'answer' fields "
         "(optional 'prompt_id')",
     )
-    num_prompts: PositiveInt = Field(32, description="prompts generated for a builtin source")
-    seed: int = Field(0, description="seed of the builtin generator and of the per-epoch shuffle")
+    num_prompts: PositiveInt = Field(32, le=100_000, description="prompts generated for a builtin source (at "
+                                     "most 100000, generated in memory at start; a JSONL source has no such cap)")
+    seed: Seed = Field(0, description="seed of the builtin generator and of the per-epoch shuffle")
     shuffle: bool = Field(True, description="reshuffle prompt order every epoch")
     min_ops: PositiveInt = Field(8, description="arith-chain: fewest operations in a prompt")
     max_ops: PositiveInt = Field(52, description="arith-chain: most operations in a prompt (<= 52)")
@@ -60,21 +77,26 @@ class DataSpec(Strict):
 
 class DynamicSamplingSpec(Strict):
     enabled: bool = Field(False, description="DAPO dynamic sampling: drop groups whose rewards are all equal")
-    max_gen_batches: PositiveInt = Field(3, description="most generation rounds per step to fill the batch")
+    max_gen_batches: PositiveInt = Field(3, le=64, description="most generation rounds per step to fill the batch "
+                                         "(at most 64, each a full rollout)")
 
 
 class OverlongSpec(Strict):
     enabled: bool = Field(False, description="DAPO soft overlong punishment")
-    buffer_len: PositiveInt = Field(64, description="tokens before max_response_length where the penalty starts")
+    buffer_len: PositiveInt = Field(64, le=MAX_TOKENS, description="tokens before max_response_length where the "
+                                    f"penalty starts (at most {MAX_TOKENS})")
     penalty_factor: float = Field(1.0, ge=0.0, description="penalty at max_response_length")
 
 
 class AlgorithmSpec(Strict):
     name: Literal["grpo", "dapo"] = "grpo"
-    group_size: PositiveInt = Field(8, description="responses sampled per prompt (GRPO's G, veRL's rollout.n)")
-    prompts_per_step: PositiveInt = Field(8, description="prompts per training step (veRL's train_batch_size)")
-    max_response_length: PositiveInt = Field(640, description="tokens generated at most per response")
-    epochs: PositiveInt = Field(4, description="passes over the prompt set")
+    group_size: PositiveInt = Field(8, le=1024, description="responses sampled per prompt (GRPO's G, veRL's "
+                                    "rollout.n; at most 1024)")
+    prompts_per_step: PositiveInt = Field(8, le=16_384, description="prompts per training step (veRL's "
+                                          "train_batch_size; at most 16384)")
+    max_response_length: PositiveInt = Field(640, le=MAX_TOKENS, description="tokens generated at most per response "
+                                             f"(at most {MAX_TOKENS}; prompt + response must also fit the model)")
+    epochs: PositiveInt = Field(4, le=1000, description="passes over the prompt set (at most 1000)")
     lr: float = Field(1e-4, gt=0.0, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0.0)
     clip_ratio_low: float = Field(0.2, ge=0.0, le=1.0, description="PPO clip epsilon below 1")
@@ -87,11 +109,18 @@ class AlgorithmSpec(Strict):
         None, description="default: seq-mean-token-mean for grpo, token-mean for dapo"
     )
     norm_adv_by_std: bool = Field(True, description="divide group-relative advantages by the group's std")
-    ppo_epochs: PositiveInt = Field(1, description="optimisation passes over each rollout batch")
+    ppo_epochs: PositiveInt = Field(1, le=100, description="optimisation passes over each rollout batch (at most 100)")
     mini_batch_size: PositiveInt | None = Field(None, description="responses per optimiser step; default: all")
     max_grad_norm: float = Field(1.0, gt=0.0)
+    on_nonfinite: Literal["fail", "skip"] = Field(
+        "fail", description="a nan or inf reward, advantage, loss or gradient: 'fail' stops the run (exit 2) "
+        "naming the step, prompt, sample and value before it reaches the weights; 'skip' scores such a reward as a "
+        "reward failure (reward.failure_reward), leaves such a sample out of the update, or skips such an update, "
+        "and records it (metrics, events.log)"
+    )
     max_off_policy_steps: NonNegInt = Field(
-        1, description="how many policy versions a sample may lag behind (local backend is synchronous: 0 used)"
+        1, le=64, description="how many policy versions a sample may lag behind, at most 64 (local backend is "
+        "synchronous: 0 used)"
     )
     dynamic_sampling: DynamicSamplingSpec | None = Field(None, description="default: enabled for dapo")
     overlong: OverlongSpec = Field(default_factory=OverlongSpec)
@@ -112,7 +141,83 @@ class AlgorithmSpec(Strict):
         return self
 
 
-class RewardSpec(Strict):
+class Resources(Strict):
+    cpu: Quantity = "1"
+    memory: Quantity = "2Gi"
+    gpu: NonNegInt = Field(0, le=64, description="GPUs of one pod, all on one node (at most 64)")
+
+
+MAX_SCHEDULING_ITEMS = 32  # node selector labels or tolerations of one role: CEL cost bounds need a cap
+NodeSelector = Annotated[dict[str, str], Field(max_length=MAX_SCHEDULING_ITEMS, description="node labels a pod "
+                                               f"requires (at most {MAX_SCHEDULING_ITEMS})")]
+
+
+class Toleration(Strict):
+    """A Kubernetes toleration, in the spec's snake_case (the pod gets camelCase)."""
+
+    key: str | None = Field(None, max_length=316, description="taint key; omitted with operator Exists: every taint")
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str | None = Field(None, max_length=63, description="taint value (operator Equal only)")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(None, description="omitted: "
+                                                                                  "every effect")
+    toleration_seconds: NonNegInt | None = Field(None, description="NoExecute only: seconds the pod stays on a "
+                                                 "node after the taint appears")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Toleration:
+        if self.operator == "Exists" and self.value is not None:
+            raise ValueError("value: must be omitted when operator is Exists")
+        if self.key is None and self.operator != "Exists":
+            raise ValueError("operator: must be Exists when key is omitted")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("toleration_seconds: only with effect NoExecute")
+        return self
+
+
+class TopologySpread(Strict):
+    """Spread a role's pods over a topology domain (one topologySpreadConstraint)."""
+
+    enabled: bool = Field(True, description="false: no spread constraint")
+    max_skew: PositiveInt = Field(1, le=1024, description="largest difference in pod count between two domains")
+    topology_key: str = Field("kubernetes.io/hostname", min_length=1, max_length=316,
+                              description="node label that names a domain, e.g. topology.kubernetes.io/zone")
+    when_unsatisfiable: Literal["ScheduleAnyway", "DoNotSchedule"] = Field(
+        "ScheduleAnyway", description="ScheduleAnyway: a preference; DoNotSchedule: a pod stays Pending rather "
+        "than exceed max_skew"
+    )
+
+
+class Placement(Strict):
+    """Where a role's pods may run; every role's block has these fields."""
+
+    node_selector: NodeSelector = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_SCHEDULING_ITEMS,
+                                          description=f"at most {MAX_SCHEDULING_ITEMS}")
+    topology_spread: TopologySpread = Field(default_factory=TopologySpread)
+
+
+class SpotSpec(Strict):
+    """Spot (preemptible) nodes for rollout pods: a preempted rollout pod is replaced and never counts as a
+    failure; no other role runs on them."""
+
+    enabled: bool = False
+    node_selector: NodeSelector = Field(default_factory=dict, description="labels of spot nodes, e.g. "
+                                        "{cloud.google.com/gke-spot: 'true'} or {eks.amazonaws.com/capacityType: "
+                                        "SPOT}: rollout pods get a node affinity for them")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_SCHEDULING_ITEMS,
+                                          description="tolerations of the spot nodes' taints, e.g. "
+                                          "kubernetes.azure.com/scalesetpriority=spot:NoSchedule")
+    required: bool = Field(False, description="true: rollout pods run only on spot nodes; false: they prefer "
+                           "spot nodes and fall back to others")
+
+    @model_validator(mode="after")
+    def _names_spot_nodes(self) -> SpotSpec:
+        if self.enabled and not self.node_selector and not self.tolerations:
+            raise ValueError("node_selector: name the spot nodes' labels (or their taints in tolerations)")
+        return self
+
+
+class RewardSpec(Placement):
     verifier: Literal["final-answer"] | None = Field(
         "final-answer", description="built-in verifier: 'final-answer' compares the text after the last '=' "
         "on the response's last line with the answer"
@@ -122,7 +227,24 @@ class RewardSpec(Strict):
         description="user reward 'module:function', called as fn(prompt: str, response: str, answer: str) -> float",
         pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
     )
-    replicas: PositiveInt = 1
+    replicas: Replicas = Field(1, description="reward pods when a function is set (the built-in verifier runs "
+                               "in the controller and needs none)")
+    resources: Resources = Field(default_factory=Resources)
+    workers: PositiveInt = Field(
+        2, le=64, description="processes that call a user reward function in parallel (at most 64; the built-in "
+        "verifier runs in the controller)"
+    )
+    timeout_s: float = Field(
+        10.0, gt=0.0, description="seconds one call of a user reward function may take; past it the call fails "
+        "and its worker process is replaced"
+    )
+    failure_reward: float = Field(
+        0.0, description="reward of a sample whose reward call failed (raised, timed out, returned no finite "
+        "number, or ended its worker); the reason is the sample's reward_error in the rollout dump"
+    )
+    max_failed_fraction: Probability = Field(
+        0.5, description="the run stops when more than this share of a step's samples failed to be scored"
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> RewardSpec:
@@ -134,9 +256,10 @@ class RewardSpec(Strict):
 
 
 class SpecWindow(Strict):
-    initial: PositiveInt = Field(2, description="AIMD draft window at the start and after a rejection")
-    step: PositiveInt = Field(2, description="additive increase after a fully accepted draft")
-    max: PositiveInt = Field(32, description="cap of the draft window")
+    initial: PositiveInt = Field(2, le=1024, description="AIMD draft window at the start and after a rejection "
+                                 "(at most 1024)")
+    step: PositiveInt = Field(2, le=1024, description="additive increase after a fully accepted draft (at most 1024)")
+    max: PositiveInt = Field(32, le=1024, description="cap of the draft window (at most 1024 tokens verified per pass)")
 
     @model_validator(mode="after")
     def _ordered(self) -> SpecWindow:
@@ -153,7 +276,8 @@ class SpecPrefix(Strict):
     benchmarks/rollout): more tokens per pass at a higher acceptance rate than 7 -> 3.
     """
 
-    max: PositiveInt = Field(32, description="longest context suffix matched against the history index")
+    max: PositiveInt = Field(32, le=1024, description="longest context suffix matched against the history index "
+                             "(at most 1024)")
     min: PositiveInt = Field(1, description="shortest suffix tried before giving up on a draft")
 
     @model_validator(mode="after")
@@ -174,9 +298,10 @@ class SpeculationSpec(Strict):
                     "drops below this (0: follow the best branch to the window, as the paper does)",
     )
     disable_above_batch: PositiveInt | None = Field(
-        None, description="switch speculation off above this many running sequences; default: profiled cost model"
+        None, le=MAX_BATCH, description="switch speculation off above this many running sequences; default: "
+        "profiled cost model"
     )
-    draft_model: str | None = Field(None, description="draft-model: path of the draft model")
+    draft_model: str | None = Field(None, max_length=MAX_PATH, description="draft-model: path of the draft model")
 
     @model_validator(mode="after")
     def _draft_model_named(self) -> SpeculationSpec:
@@ -185,24 +310,20 @@ class SpeculationSpec(Strict):
         return self
 
 
-class Resources(Strict):
-    cpu: Quantity = "1"
-    memory: Quantity = "2Gi"
-    gpu: NonNegInt = 0
-
-
-class RolloutSpec(Strict):
+class RolloutSpec(Placement):
     engine: Literal["torch", "vllm"] = "torch"
-    replicas: PositiveInt = 1
-    min_replicas: PositiveInt = 1
-    max_replicas: PositiveInt = 1
-    gpus_per_replica: NonNegInt = Field(0, description="tensor-parallel GPUs per rollout replica")
+    replicas: Replicas = 1
+    min_replicas: Replicas = 1
+    max_replicas: Replicas = 1
+    gpus_per_replica: NonNegInt = Field(0, le=64, description="tensor-parallel GPUs per rollout replica (at most 64)")
     temperature: float = Field(1.0, ge=0.0, description="0 means greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int = Field(0, description="sampling seed; a token depends only on (seed, sample id, position, logits)")
-    max_batch_size: PositiveInt = Field(256, description="sequences decoded together per replica")
+    seed: Seed = Field(0, description="sampling seed; a token depends only on (seed, sample id, position, logits)")
+    max_batch_size: PositiveInt = Field(256, le=MAX_BATCH, description="sequences decoded together per replica "
+                                        f"(at most {MAX_BATCH}; a local run also checks its KV cache fits memory)")
     speculation: SpeculationSpec = Field(default_factory=SpeculationSpec)
     resources: Resources = Field(default_factory=Resources)
+    spot: SpotSpec = Field(default_factory=SpotSpec)
 
     @model_validator(mode="after")
     def _replica_bounds(self) -> RolloutSpec:
@@ -210,6 +331,8 @@ class RolloutSpec(Strict):
             raise ValueError("max_replicas: must be >= min_replicas")
         if not self.min_replicas <= self.replicas <= self.max_replicas:
             raise ValueError("replicas: must lie between min_replicas and max_replicas")
+        if self.resources.gpu < self.gpus_per_replica:
+            raise ValueError("resources: gpu must be at least gpus_per_replica (a replica's GPUs are its pod's)")
         return self
 
 
@@ -223,23 +346,39 @@ class MigrationSpec(Strict):
 
 class SchedulingSpec(Strict):
     policy: Literal["histopipe", "equal", "lpt", "skew-aware", "realloc", "async"] = "histopipe"
-    ranking_groups: PositiveInt = Field(8, description="K ranking groups by historical median length")
+    ranking_groups: PositiveInt = Field(8, le=1024, description="K ranking groups by historical median length "
+                                        "(at most 1024)")
     two_tier: bool = Field(True, description="tier 2: size each ranking group's worker share by its cost")
     first_epoch: Literal["prompt-length", "random"] = Field(
         "prompt-length", description="ranking without history: by prompt length, or a seeded shuffle"
     )
     migration: MigrationSpec = Field(default_factory=MigrationSpec)
-    max_staleness: NonNegInt = Field(1, description="async: policy versions a sample may lag")
+    max_staleness: NonNegInt = Field(1, le=64, description="async: policy versions a sample may lag (at most 64)")
 
 
-class RoleSpec(Strict):
-    replicas: PositiveInt = 1
+class RoleSpec(Placement):
+    replicas: Replicas = 1
     resources: Resources = Field(default_factory=Resources)
+
+
+class ControllerSpec(Placement):
+    """The job's one controller pod (the step loop)."""
+
+    resources: Resources = Field(default_factory=Resources)
+
+
+class SecretKeyRef(Strict):
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253, description="Secret in the "
+                      "job's namespace")
+    key: str = Field("redis-password", pattern=r"^[-._a-zA-Z0-9]+$", max_length=253)
 
 
 class HistorySpec(RoleSpec):
     store: Literal["memory", "redis"] = "memory"
-    redis_url: str | None = Field(None, description="redis://host:port/db; required when store is redis")
+    redis_url: str | None = Field(None, max_length=MAX_PATH, description="redis://host:port/db; required when store is redis")
+    redis_password_secret: SecretKeyRef | None = Field(None, description="Secret key holding the Redis password "
+                                                       "(never put it in redis_url: the spec is stored in a "
+                                                       "ConfigMap)")
 
     @model_validator(mode="after")
     def _redis_url(self) -> HistorySpec:
@@ -248,9 +387,27 @@ class HistorySpec(RoleSpec):
         return self
 
 
+class StorageSpec(Strict):
+    """The volume checkpoints live on in a cluster (a PersistentVolumeClaim per controller and train pod):
+    what lets a suspended or restarted job resume."""
+
+    size: Quantity = "20Gi"
+    storage_class: str | None = Field(None, max_length=253, description="default: the cluster's default "
+                                      "StorageClass")
+    keep_on_delete: bool = Field(True, description="keep the claims when the RLJob is deleted (delete them by "
+                                 "hand); false: deleted with it")
+
+
 class CheckpointSpec(Strict):
-    every_steps: PositiveInt = Field(1, description="save model, optimiser and loop state every N steps")
-    keep_last: PositiveInt = Field(2, description="checkpoints kept on disk")
+    every_steps: PositiveInt = Field(1, le=1_000_000, description="save model, optimiser and loop state every N "
+                                     "steps (at most 1000000)")
+    keep_last: PositiveInt = Field(2, le=1000, description="checkpoints kept on disk (at most 1000)")
+    storage: StorageSpec = Field(default_factory=StorageSpec)
+
+
+class FailurePolicySpec(Strict):
+    backoff_limit: NonNegInt = Field(3, le=1000, description="pod crashes tolerated before the job is Failed "
+                                     "(at most 1000); spot preemptions and evictions never count")
 
 
 class ImagesSpec(Strict):
@@ -260,9 +417,15 @@ class ImagesSpec(Strict):
     reward: str = "ghcr.io/rhymerl/worker-cpu:0.1.0"
     history: str = "ghcr.io/rhymerl/worker-cpu:0.1.0"
     pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    pull_secrets: list[Annotated[str, Field(max_length=253)]] = Field(
+        default_factory=list, max_length=16, description="imagePullSecrets of every pod (Secrets in the job's "
+        "namespace)"
+    )
 
 
 class RLJobSpec(Strict):
+    suspend: bool = Field(False, description="true: checkpoint, then scale every role to zero; false again: "
+                          "resume from the last checkpoint")
     model: ModelSpec = Field(default_factory=ModelSpec)
     data: DataSpec = Field(default_factory=DataSpec)
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
@@ -271,13 +434,17 @@ class RLJobSpec(Strict):
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     train: RoleSpec = Field(default_factory=RoleSpec)
     history: HistorySpec = Field(default_factory=HistorySpec)
+    controller: ControllerSpec = Field(default_factory=ControllerSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec)
     images: ImagesSpec = Field(default_factory=ImagesSpec)
 
 
 class Metadata(Strict):
     name: str = Field(
-        "rljob", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=52, description="DNS-1123 label"
+        "rljob", pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", max_length=MAX_JOB_NAME,
+        description=f"a DNS-1035 label of at most {MAX_JOB_NAME} characters: it names the job's Services and "
+        "StatefulSets",
     )
     namespace: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
@@ -293,28 +460,68 @@ class RLJob(Strict):
     spec: RLJobSpec = Field(default_factory=RLJobSpec)
 
 
-class RolloutStatus(BaseModel):
-    replicas: NonNegInt = 0
-    readyReplicas: NonNegInt = 0
-    selector: str = ""
+Phase = Literal["Pending", "Running", "Suspended", "Succeeded", "Failed"]
+ConditionType = Literal["Ready", "RolloutReady", "TrainReady", "Degraded", "Suspended", "Complete", "Failed"]
+CONDITION_TYPES: tuple[ConditionType, ...] = ("Ready", "RolloutReady", "TrainReady", "Degraded", "Suspended",
+                                              "Complete", "Failed")
 
 
 class Condition(BaseModel):
+    """A metav1.Condition: one per type; lastTransitionTime moves only when status flips."""
+
     type: str
     status: Literal["True", "False", "Unknown"]
-    reason: str = ""
+    reason: str = Field("", description="CamelCase cause, e.g. Unschedulable, BackoffLimitExceeded, InvalidSpec")
     message: str = ""
-    lastTransitionTime: str = ""
+    lastTransitionTime: str = Field("", description="RFC 3339 time the status last changed")
+    observedGeneration: NonNegInt = Field(0, description="metadata.generation the condition was computed from")
 
 
-class RLJobStatus(BaseModel):
-    """Written by the operator (or the local runner's summary); never by users."""
+class RoleStatus(BaseModel):
+    desired: NonNegInt = 0
+    ready: NonNegInt = 0
 
-    phase: Literal["Pending", "Running", "Succeeded", "Failed"] = "Pending"
+
+class Progress(BaseModel):
+    """Headline numbers of the last finished step; written only by the job's controller pod."""
+
     step: NonNegInt = 0
     epoch: NonNegInt = 0
     policyVersion: NonNegInt = 0
     rewardMean: float | None = None
-    acceptanceRate: float | None = None
-    rollout: RolloutStatus = Field(default_factory=RolloutStatus)
+    acceptanceRate: float | None = Field(None, description="accepted / drafted speculative tokens")
+    bubbleRatio: float | None = Field(None, description="idle rollout replica-time / (replicas x makespan)")
+    lastStepSeconds: float | None = None
+    updatedAt: str | None = Field(None, description="RFC 3339 time of the report")
+    finished: bool = Field(False, description="true once the last step is done: the job is Complete")
+
+
+class CountedPod(BaseModel):
+    """A pod whose failures are already counted, so that each one counts once across operator restarts."""
+
+    pod: str
+    uid: str
+    restarts: NonNegInt = 0
+    preempted: bool = False
+
+
+class Failures(BaseModel):
+    crashes: NonNegInt = Field(0, description="container crashes (restarts), counted against "
+                               "spec.failure_policy.backoff_limit")
+    preemptions: NonNegInt = Field(0, description="pods lost to spot preemption, eviction or node loss; never "
+                                   "counted as crashes")
+    lastFailure: str = ""
+    counted: list[CountedPod] = Field(default_factory=list)
+
+
+class RLJobStatus(BaseModel):
+    """Written by the operator, except `progress` (the job's controller pod); never by users."""
+
+    phase: Phase = "Pending"
+    observedGeneration: NonNegInt = 0
     conditions: list[Condition] = Field(default_factory=list)
+    roles: dict[str, RoleStatus] = Field(default_factory=dict, description="pods per role: desired and ready")
+    replicas: NonNegInt = Field(0, description="ready rollout pods (the scale subresource's status replicas)")
+    selector: str = Field("", description="label selector of the rollout pods (the scale subresource's, for HPA)")
+    progress: Progress | None = None
+    failures: Failures = Field(default_factory=Failures)

@@ -19,6 +19,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from rhymerl.bench import tables
 from rhymerl.bench.draft_sources import (
     ArcticCaches,
     ArcticSource,
@@ -32,6 +33,8 @@ from rhymerl.bench.draft_sources import (
     dump_workload,
     replay_units,
 )
+from rhymerl.errors import user_paths
+from rhymerl.workers.dumps import DumpError
 from rhymerl.workers.history import HistoryIndex
 
 BOUND = "paper §5.1 bound"
@@ -75,8 +78,9 @@ def run(cfg: AcceptanceConfig, out: Path, console: Console | None = None) -> dic
     console = console or Console()
     units = dump_workload(cfg.dumps)
     if not units:
-        raise ValueError(f"{cfg.dumps}: no prompt appears in two consecutive epochs, nothing to replay")
-    out.mkdir(parents=True, exist_ok=True)
+        raise DumpError(f"{cfg.dumps}: no prompt appears in two consecutive epochs, nothing to replay")
+    with user_paths("write", out):
+        out.mkdir(parents=True, exist_ok=True)
     arctic_ok, arctic_note = arctic_status() if cfg.arctic else (False, "arctic-inference skipped (--no-arctic)")
     if not arctic_ok:
         console.print(f"[yellow]{arctic_note}: arctic rows left out[/yellow]")
@@ -113,8 +117,9 @@ def run(cfg: AcceptanceConfig, out: Path, console: Console | None = None) -> dic
         results["pairs"].append(row)
     results["all"] = {name: _metrics(s) for name, s in totals.items()}
 
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    plot(results, out / "acceptance.png")
+    with user_paths("write", out):
+        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        plot(results, out / "acceptance.png")
     print_table(results, console)
     console.print(f"wrote {out / 'results.json'} and {out / 'acceptance.png'}")
     return results
@@ -138,7 +143,7 @@ def print_table(results: dict[str, Any], console: Console) -> None:
             t.add_row(label if i == 0 else "", name, str(m["tokens"]), f"{m['accepted_fraction']:.3f}",
                       f"{m['acceptance_rate']:.3f}" if name != BOUND else "(oracle)", f"{m['tokens_per_step']:.2f}",
                       end_section=i == len(methods) - 1)
-    console.print(t)
+    tables.print_table(console, t, keys=2)
     console.print(f"[dim]{results['arctic']}; knobs {results['knobs']}; long match {results['long_match_knobs']}[/dim]")
 
 

@@ -38,6 +38,9 @@ from rhymerl.bench.draft_sources import (
     replay_units,
     synthetic_workload,
 )
+from rhymerl.bench.tables import print_table
+from rhymerl.errors import user_paths
+from rhymerl.workers.dumps import DumpError
 from rhymerl.workers.history import HistoryIndex
 
 
@@ -199,11 +202,12 @@ def latency_row(source: Source, units: Sequence[PromptWork], batch: int, steps: 
 
 def run(cfg: DrafterBenchConfig, out: Path, console: Console | None = None) -> dict[str, Any]:
     console = console or Console()
-    out.mkdir(parents=True, exist_ok=True)
+    with user_paths("write", out):
+        out.mkdir(parents=True, exist_ok=True)
     if cfg.dumps is not None:
         units = dump_workload(cfg.dumps)
         if not units:
-            raise ValueError(f"{cfg.dumps}: no prompt appears in two consecutive epochs, nothing to replay")
+            raise DumpError(f"{cfg.dumps}: no prompt appears in two consecutive epochs, nothing to replay")
         data = f"rollout dumps {cfg.dumps} ({len(units)} prompt-epoch pairs)"
     else:
         console.log(f"generating synthetic histories: {cfg.prompts} prompts x {cfg.responses} x {cfg.length} tokens")
@@ -266,9 +270,10 @@ def run(cfg: DrafterBenchConfig, out: Path, console: Console | None = None) -> d
             "tokens_per_step": stats.tokens_per_step,
         }
 
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "table.md").write_text(markdown(results))
-    plot(results, out / "drafter.png")
+    with user_paths("write", out):
+        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        (out / "table.md").write_text(markdown(results))
+        plot(results, out / "drafter.png")
     print_tables(results, console)
     console.print(f"wrote {out / 'results.json'}, {out / 'table.md'} and {out / 'drafter.png'}")
     return results
@@ -320,7 +325,7 @@ def print_tables(results: dict[str, Any], console: Console) -> None:
             t.add_column(col, justify="left" if i == 0 else "right")
         for row in rows:
             t.add_row(*row)
-        console.print(t)
+        print_table(console, t)
     console.print(f"[dim]{results['arctic']}; machine: {results['machine']['cpu']}, "
                   f"{results['machine']['logical_cpus']} logical CPUs[/dim]")
 

@@ -23,6 +23,8 @@ from rich.table import Table
 
 from rhymerl.api.spec import ModelSpec
 from rhymerl.bench.drafter import machine
+from rhymerl.bench.tables import print_table
+from rhymerl.errors import OptionError, user_paths
 from rhymerl.workers.model.registry import load_policy
 from rhymerl.workers.rollout.profile import measure_decode_grid, measure_prefill
 from rhymerl.workers.sim.profile_file import FORMAT, ProfileFile, ProfilePoint, save_profile
@@ -42,19 +44,19 @@ class EngineProfileConfig:
 def _check(cfg: EngineProfileConfig, max_positions: int) -> None:
     for name, axis in (("--batch-sizes", cfg.batch_sizes), ("--contexts", cfg.contexts)):
         if len(axis) < 2:
-            raise ValueError(f"{name}: need at least 2 values, got {list(axis)}")
+            raise OptionError(f"{name}: need at least 2 values, got {list(axis)}")
         if list(axis) != sorted(set(axis)):
-            raise ValueError(f"{name}: values must be strictly increasing, got {list(axis)}")
+            raise OptionError(f"{name}: values must be strictly increasing, got {list(axis)}")
     if cfg.batch_sizes[0] < 1:
-        raise ValueError(f"--batch-sizes: {cfg.batch_sizes[0]} must be >= 1")
+        raise OptionError(f"--batch-sizes: {cfg.batch_sizes[0]} must be >= 1")
     if cfg.contexts[0] < 1:
-        raise ValueError(f"--contexts: {cfg.contexts[0]} must be >= 1")
+        raise OptionError(f"--contexts: {cfg.contexts[0]} must be >= 1")
     # the cache holds context + the decoded token, at positions the model has rotary tables for
     if cfg.contexts[-1] >= max_positions:
-        raise ValueError(f"--contexts: {cfg.contexts[-1]} is beyond the model's {max_positions} positions "
+        raise OptionError(f"--contexts: {cfg.contexts[-1]} is beyond the model's {max_positions} positions "
                          f"(largest usable: {max_positions - 1})")
     if not 1 <= cfg.prefill_tokens <= max_positions:
-        raise ValueError(f"--prefill-tokens: {cfg.prefill_tokens} must be within 1..{max_positions}")
+        raise OptionError(f"--prefill-tokens: {cfg.prefill_tokens} must be within 1..{max_positions}")
 
 
 def device_name(device: str) -> str:
@@ -138,16 +140,17 @@ def plot(doc: ProfileFile, path: Path) -> Path:
 def main(cfg: EngineProfileConfig, out: Path, console: Console) -> ProfileFile:
     t0 = time.perf_counter()
     doc = measure_profile(cfg, console)
-    console.print(table(doc))
+    print_table(console, table(doc))
     console.print(f"prefill: {doc.prefill_seconds_per_token * 1e6:.1f} us per token")
-    save_profile(out / "profile.json", doc)
     command = shlex.join(["rhymerl", "bench", "engine-profile", "--out", str(out), "--model", cfg.model, "--dtype",
                           cfg.dtype, "--device", cfg.device, "--batch-sizes", ",".join(map(str, cfg.batch_sizes)),
                           "--contexts", ",".join(map(str, cfg.contexts)), "--prefill-tokens",
                           str(cfg.prefill_tokens), "--rounds", str(cfg.rounds)])
-    (out / "table.md").write_text(f"```\n{command}\n```\n\n{markdown(doc)}", encoding="utf-8")
-    plot(doc, out / "profile.png")
-    (out / "machine.json").write_text(json.dumps(machine(), indent=2) + "\n", encoding="utf-8")
+    with user_paths("write", out):
+        save_profile(out / "profile.json", doc)
+        (out / "table.md").write_text(f"```\n{command}\n```\n\n{markdown(doc)}", encoding="utf-8")
+        plot(doc, out / "profile.png")
+        (out / "machine.json").write_text(json.dumps(machine(), indent=2) + "\n", encoding="utf-8")
     console.print(f"wrote {out}/profile.json (use: rhymerl bench schedule --profile {out}/profile.json), "
                   f"table.md, profile.png [dim]{time.perf_counter() - t0:.1f} s[/dim]")
     return doc

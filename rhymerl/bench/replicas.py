@@ -29,7 +29,9 @@ from rich.console import Console
 from rich.table import Table
 
 from rhymerl.api.spec import SchedulingSpec
+from rhymerl.bench.tables import print_table
 from rhymerl.bench.workload import RunWorkload, load_run_workload
+from rhymerl.errors import OptionError, user_paths
 from rhymerl.workers.controller.rollout_pool import PoolReport, RolloutPool, prime_history, table_profile
 from rhymerl.workers.controller.speculation import reachable_batches
 from rhymerl.workers.rollout.adaptive import CostProfile
@@ -49,9 +51,9 @@ class ReplicaBenchConfig:
     def __post_init__(self) -> None:
         unknown = [p for p in self.policies if p not in POLICIES]
         if unknown:
-            raise ValueError(f"--policies: unknown {unknown}; known: {', '.join(POLICIES)}")
+            raise OptionError(f"--policies: unknown {unknown}; known: {', '.join(POLICIES)}")
         if self.replicas < 2:
-            raise ValueError("--replicas: at least 2 (one replica has nothing to schedule)")
+            raise OptionError("--replicas: at least 2 (one replica has nothing to schedule)")
 
 
 def _scheduler_run(w: RunWorkload, engine: TorchEngine, policy: str, cfg: ReplicaBenchConfig,
@@ -121,13 +123,13 @@ def render(result: dict[str, Any], console: Console) -> str:
     table = Table(title=f"{result['samples']} samples on {result['replicas']} replicas: rollout makespan "
                         f"(sum of {result['steps']} steps)")
     for c in cols:
-        table.add_column(c, justify="left" if c == "policy" else "right")
+        table.add_column(c.replace("_", " "), justify="left" if c == "policy" else "right")
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in result["rows"]:
         cells = [f"{100 * r[c]:.1f}%" if c == "bubble" else str(r[c]) for c in cols]
         table.add_row(*cells)
         lines.append("| " + " | ".join(cells) + " |")
-    console.print(table)
+    print_table(console, table)
     return "\n".join(lines) + "\n"
 
 
@@ -158,8 +160,9 @@ def main(cfg: ReplicaBenchConfig, out: Path | None, console: Console) -> None:
     result = run_bench(cfg, console)
     md = render(result, console)
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-        (out / "table.md").write_text(md)
-        plot(result, out / "makespan.png")
-        console.print(f"results in {out}")
+        with user_paths("write", out):
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+            (out / "table.md").write_text(md)
+            plot(result, out / "makespan.png")
+        console.print(f"results in {out}", markup=False, highlight=False)

@@ -34,7 +34,9 @@ from rich.console import Console
 from rich.table import Table
 
 from rhymerl.api.spec import SpeculationSpec
+from rhymerl.bench.tables import print_table
 from rhymerl.bench.workload import load_run_workload
+from rhymerl.errors import user_paths
 from rhymerl.workers.history.store import MemoryHistoryStore
 from rhymerl.workers.rollout.adaptive import CostProfile
 from rhymerl.workers.rollout.engine import DraftSource, GenResult, TorchEngine
@@ -161,13 +163,13 @@ def render(rows: list[dict[str, Any]], console: Console) -> str:
     cols = ["batch", "method", "seconds", "tokens_per_s", "speedup", "tokens_per_pass", "acceptance", "spec_rate",
             "identical"]
     for c in cols:
-        table.add_column(c, justify="right" if c not in ("method",) else "left")
+        table.add_column(c.replace("_", " "), justify="right" if c not in ("method",) else "left")
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         cells = ["-" if r[c] is None else str(r[c]) for c in cols]
         table.add_row(*cells)
         lines.append("| " + " | ".join(cells) + " |")
-    console.print(table)
+    print_table(console, table, keys=2)
     return "\n".join(lines) + "\n"
 
 
@@ -237,9 +239,10 @@ def main(cfg: RolloutBenchConfig, out: Path | None, console: Console) -> None:
     rows, profile = run_bench(cfg, console)
     md = render(rows, console)
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
-        (out / "table.md").write_text(md + "\n" + profile_table(profile))
-        plot(rows, out / "speedup.png")
-        plot_profile(profile, out / "verify_profile.png")
-        console.print(f"results in {out}")
+        with user_paths("write", out):
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
+            (out / "table.md").write_text(md + "\n" + profile_table(profile))
+            plot(rows, out / "speedup.png")
+            plot_profile(profile, out / "verify_profile.png")
+        console.print(f"results in {out}", markup=False, highlight=False)

@@ -23,6 +23,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from rhymerl.api.spec import MigrationSpec, SchedulingSpec
+from rhymerl.bench.tables import print_table
+from rhymerl.errors import OptionError, user_paths
 from rhymerl.workers.scheduling import POLICIES, Speculation, make_scheduler
 from rhymerl.workers.scheduling.costmodel import IterationProfile, TableProfile
 from rhymerl.workers.scheduling.histopipe import HistoPipe
@@ -123,7 +125,7 @@ def run_bench(cfg: BenchConfig, console: Console | None = None) -> BenchReport:
     trace = load_trace(cfg.trace, **parse_overrides(list(cfg.synthetic)))
     warmup = _warmup(trace, cfg.warmup)
     if warmup >= trace.num_steps:
-        raise ValueError(f"--warmup: {warmup} leaves none of the trace's {trace.num_steps} steps to simulate")
+        raise OptionError(f"--warmup: {warmup} leaves none of the trace's {trace.num_steps} steps to simulate")
     profile = resolve_profile(cfg.profile)
     spec = Speculation(tokens_per_pass=cfg.tokens_per_pass, pass_cost=cfg.pass_cost)
     sim_cfg = SimConfig(workers=cfg.workers, profile=profile, speculation=spec, train_time_s=cfg.train_time_s)
@@ -131,7 +133,7 @@ def run_bench(cfg: BenchConfig, console: Console | None = None) -> BenchReport:
     if cfg.policies:
         unknown = [p for p in cfg.policies if p not in POLICIES and p not in {v.key for v in chosen}]
         if unknown:
-            raise ValueError(f"--policy: unknown {', '.join(unknown)}; choose from {', '.join(v.key for v in chosen)}")
+            raise OptionError(f"--policy: unknown {', '.join(unknown)}; choose from {', '.join(v.key for v in chosen)}")
         chosen = [v for v in chosen if v.key == "equal" or v.key in cfg.policies or v.spec.policy in cfg.policies]
     notes = [f"trace {trace.name}: {len(trace)} responses over {trace.num_steps} steps; {trace.id_note()}"]
     notes += [f"trace {trace.name}: {n}" for n in trace.notes]
@@ -261,23 +263,24 @@ def to_json(report: BenchReport, command: str) -> dict[str, object]:
 
 
 def write_outputs(report: BenchReport, out: Path, command: str) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for v, r in report.results:
-        paths.append(plot_gantt(r, out / f"gantt_{v.key}.png"))
-    md = out / "table.md"
-    md.write_text(markdown(report), encoding="utf-8")
-    js = out / "results.json"
-    tmp = js.with_name(js.name + ".tmp")
-    tmp.write_text(json.dumps(to_json(report, command), indent=2) + "\n", encoding="utf-8")
-    tmp.replace(js)
+    with user_paths("write", out):
+        out.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for v, r in report.results:
+            paths.append(plot_gantt(r, out / f"gantt_{v.key}.png"))
+        md = out / "table.md"
+        md.write_text(markdown(report), encoding="utf-8")
+        js = out / "results.json"
+        tmp = js.with_name(js.name + ".tmp")
+        tmp.write_text(json.dumps(to_json(report, command), indent=2) + "\n", encoding="utf-8")
+        tmp.replace(js)
     return [*paths, md, js]
 
 
 def main(cfg: BenchConfig, out: Path | None, console: Console) -> None:
     """Run, print the table and notes, write outputs when `out` is given."""
     report = run_bench(cfg, console)
-    console.print(table(report))
+    print_table(console, table(report))
     for note in report.notes:
         console.print(f"[dim]note:[/dim] {note}")
     if out is not None:

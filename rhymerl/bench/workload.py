@@ -13,7 +13,7 @@ from pathlib import Path
 from rhymerl.api.spec import RLJob
 from rhymerl.workers import dumps
 from rhymerl.workers.controller.prompts import epoch_order, load_prompts
-from rhymerl.workers.controller.run_dir import RunDir
+from rhymerl.workers.controller.run_dir import RunDir, RunDirError
 from rhymerl.workers.model.registry import load_policy
 from rhymerl.workers.model.tokenizer import CharTokenizer
 from rhymerl.workers.model.transformer import TinyLlama, load_model
@@ -54,13 +54,13 @@ def load_run_workload(path: Path) -> RunWorkload:
     job = run.load_job()
     ckpts = run.checkpoint_dirs()
     if not ckpts:
-        raise ValueError(f"{path}: no checkpoint to take the policy from")
+        raise RunDirError(f"{path}: no checkpoint to take the policy from")
     model, tok = load_policy(job.spec.model)
     model.load_state_dict(load_model(ckpts[-1]).state_dict())
     model.eval()
     records = dumps.read_run(path)
     if not records:
-        raise ValueError(f"{path}: no rollout dumps to take history from")
+        raise dumps.DumpError(f"{path}: no rollout dumps to take history from")
     epoch = max(r.epoch for r in records) + 1
     prompts = load_prompts(job.spec.data)
     g = job.spec.algorithm.group_size

@@ -10,7 +10,10 @@ from typing import Annotated
 
 import typer
 
-bench_app = typer.Typer(help="Benchmarks: tables and plots, measured side by side in one run.", no_args_is_help=True)
+from rhymerl.cli.report import App
+from rhymerl.errors import OptionError, writable_folder
+
+bench_app = App(help="Benchmarks: tables and plots, measured side by side in one run.", no_args_is_help=True)
 
 
 @bench_app.command("schedule")
@@ -40,24 +43,18 @@ def schedule(
     from rich.console import Console
 
     from rhymerl.bench.schedule import BenchConfig, main
-    from rhymerl.workers.sim.profile_file import ProfileError
-    from rhymerl.workers.traces import TraceError
 
     cfg = BenchConfig(trace=trace, workers=workers, groups=groups, steps=steps, warmup=warmup, profile=profile,
                       tokens_per_pass=tokens_per_pass, train_time_s=train_time, seed=seed,
                       policies=tuple(policy or ()), synthetic=tuple(synthetic or ()))
-    try:
-        main(cfg, out, Console())
-    except (TraceError, ProfileError, ValueError) as exc:
-        Console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False)
-        raise typer.Exit(2) from None
+    main(cfg, writable_folder(out) if out else None, Console())
 
 
 def _ints(option: str, text: str) -> tuple[int, ...]:
     try:
         return tuple(int(v) for v in text.split(","))
     except ValueError:
-        raise ValueError(f"{option}: '{text}' is not a comma-separated list of integers") from None
+        raise OptionError(f"{option}: '{text}' is not a comma-separated list of integers") from None
 
 
 @bench_app.command("engine-profile")
@@ -80,13 +77,9 @@ def engine_profile(
 
     from rhymerl.bench.engine_profile import EngineProfileConfig, main
 
-    try:
-        cfg = EngineProfileConfig(model, dtype, device, _ints("--batch-sizes", batch_sizes),
-                                  _ints("--contexts", contexts), prefill_tokens, rounds)
-        main(cfg, out, Console())
-    except (ValueError, OSError) as exc:
-        Console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False)
-        raise typer.Exit(2) from None
+    cfg = EngineProfileConfig(model, dtype, device, _ints("--batch-sizes", batch_sizes),
+                              _ints("--contexts", contexts), prefill_tokens, rounds)
+    main(cfg, writable_folder(out), Console())
 
 
 @bench_app.command("drafter")
@@ -111,16 +104,11 @@ def drafter(
     from rich.console import Console
 
     from rhymerl.bench.drafter import DrafterBenchConfig, run
-    from rhymerl.workers.dumps import DumpError
 
     cfg = DrafterBenchConfig(prompts=prompts, responses=responses, length=length, seed=seed, dumps=dumps,
                              batches=tuple(batch or (1, 64, 256, 1024)), arctic_depths=tuple(depth or (24, 64)),
                              iterations=steps, arctic=not no_arctic)
-    try:
-        run(cfg, out, Console())
-    except (DumpError, ValueError) as exc:
-        Console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False)
-        raise typer.Exit(2) from None
+    run(cfg, writable_folder(out), Console())
 
 
 @bench_app.command("acceptance")
@@ -135,22 +123,17 @@ def acceptance(
     from rich.console import Console
 
     from rhymerl.bench.acceptance import AcceptanceConfig, run
-    from rhymerl.workers.dumps import DumpError
 
-    try:
-        run(AcceptanceConfig(dumps=dumps, arctic_depth=depth, arctic=not no_arctic), out, Console())
-    except (DumpError, ValueError) as exc:
-        Console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False)
-        raise typer.Exit(2) from None
+    run(AcceptanceConfig(dumps=dumps, arctic_depth=depth, arctic=not no_arctic), writable_folder(out), Console())
 
 
 def _batch_size(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise ValueError(f"--batch-sizes: '{text.strip()}' is neither 'job' nor an integer") from None
+        raise OptionError(f"--batch-sizes: '{text.strip()}' is neither 'job' nor an integer") from None
     if value < 1:
-        raise ValueError(f"--batch-sizes: {value} must be >= 1")
+        raise OptionError(f"--batch-sizes: {value} must be >= 1")
     return value
 
 
@@ -176,14 +159,9 @@ def rollout(
     chosen = ("none", *[m for m in picked if m != "none"])
     unknown = [m for m in chosen if m not in METHODS]
     if unknown:
-        Console(stderr=True).print(f"[red]error:[/] --methods: unknown {unknown}; known: {', '.join(METHODS)}")
-        raise typer.Exit(2)
-    try:
-        sizes = tuple(b.strip() if b.strip() == "job" else _batch_size(b) for b in batch_sizes.split(","))
-        main(RolloutBenchConfig(run, sizes, chosen, repeats), out, Console())
-    except ValueError as exc:
-        Console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False)
-        raise typer.Exit(2) from None
+        raise OptionError(f"--methods: unknown {', '.join(unknown)}; known: {', '.join(METHODS)}")
+    sizes = tuple(b.strip() if b.strip() == "job" else _batch_size(b) for b in batch_sizes.split(","))
+    main(RolloutBenchConfig(run, sizes, chosen, repeats), writable_folder(out) if out else None, Console())
 
 
 @bench_app.command("replicas")
@@ -202,9 +180,25 @@ def replicas(
 
     from rhymerl.bench.replicas import ReplicaBenchConfig, main
 
-    try:
-        chosen = tuple(p.strip() for p in policies.split(",")) if policies else ReplicaBenchConfig.policies
-        main(ReplicaBenchConfig(run, replicas, chosen, groups, repeats), out, Console())
-    except ValueError as exc:
-        Console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False)
-        raise typer.Exit(2) from None
+    chosen = tuple(p.strip() for p in policies.split(",")) if policies else ReplicaBenchConfig.policies
+    main(ReplicaBenchConfig(run, replicas, chosen, groups, repeats), writable_folder(out) if out else None, Console())
+
+
+@bench_app.command("profile-recovery")
+def profile_recovery(
+    run: Annotated[Path, typer.Option("--run", help="finished run folder with speculation method history (policy, "
+                                      "prompts and history come from it)")],
+    spoil: Annotated[float, typer.Option("--spoil", help="how many times too slow the spoiled profile's every "
+                                         "cell is")] = 10.0,
+    steps: Annotated[int | None, typer.Option("--steps", min=1, help="training steps of the next epoch to roll out "
+                                              "(default: all)")] = None,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="runs of every step per variant; medians are "
+                                         "reported")] = 3,
+    out: Annotated[Path | None, typer.Option("--out", help="folder for results.json, table.md, recovery.png")] = None,
+) -> None:
+    """A verify-cost profile measured 10x too slow vs a clean one: how fast the passes correct it."""
+    from rich.console import Console
+
+    from rhymerl.bench.profile_recovery import RecoveryBenchConfig, main
+
+    main(RecoveryBenchConfig(run, spoil, steps, repeats), writable_folder(out) if out else None, Console())

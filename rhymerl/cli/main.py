@@ -1,55 +1,96 @@
 """`rhymerl`: validate and run RLJobs, print the CRD, run benchmarks.
 
-Exit codes: 0 success, 1 runtime failure, 2 invalid input (spec, YAML, data) with every problem
-printed as `field.path: reason`.
+Exit codes: 0 success, 1 a bug (a traceback), 2 a problem the user can fix (spec, YAML, data,
+paths, a locked or damaged run folder, a failing reward function, a nan under on_nonfinite: fail)
+printed as one plain `error: ...` line per problem (rhymerl.cli.report), 130 stopped by Ctrl-C.
 """
 
 from __future__ import annotations
 
 import sys
+from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from rhymerl.api import SpecError, load_job
+from rhymerl.api import RLJob, load_job
 from rhymerl.cli.bench import bench_app
+from rhymerl.cli.report import INVALID, App, print_user_error
 from rhymerl.cli.trace import trace_app
+from rhymerl.errors import UserError
 
-app = typer.Typer(help="RL post-training (GRPO, DAPO) made fast by history.", no_args_is_help=True,
-                  pretty_exceptions_enable=False, add_completion=False)
+INTERRUPTED = 130  # the shell's code for a command stopped by Ctrl-C (128 + SIGINT)
+app = App(help="RL post-training (GRPO, DAPO) made fast by history.", no_args_is_help=True,
+          pretty_exceptions_enable=False, add_completion=False)
 app.add_typer(bench_app, name="bench")
 app.add_typer(trace_app, name="trace")
-err = Console(stderr=True)
-
-INVALID = 2
 
 
-def _fail_spec(exc: SpecError) -> typer.Exit:
-    err.print(f"[red]invalid RLJob[/] {exc.source}", highlight=False)
-    for problem in exc.problems:
-        err.print(f"  {problem}", highlight=False)
-    return typer.Exit(INVALID)
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"rhymerl {package_version('rhymerl')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
+                                               help="print the installed version and exit")] = False) -> None:
+    """RL post-training (GRPO, DAPO) made fast by history."""
+
+
+def _load(job: Path, overrides: list[str]) -> RLJob:
+    """The job in `job`; a relative data.source is taken relative to the job file, so the resolved
+    spec (and the run folder's copy of it) does not depend on the directory it was run from."""
+    parsed = load_job(job, overrides)
+    source = parsed.spec.data.source
+    if not source.startswith("builtin:"):
+        parsed.spec.data.source = str((job.parent / source).resolve())
+    return parsed
+
+
+@app.command(epilog="Checks the spec, then every prompt against the model: UTF-8, characters the tokenizer has, "
+             "prompt + max_response_length within the model's context. Paths that are not on this machine (a "
+             "cluster job's) are noted, not checked. Prints one line per valid file.")
+def validate(jobs: Annotated[list[Path], typer.Argument(help="RLJob YAML files")],
+             set_: Annotated[list[str] | None, typer.Option("--set", help="override key.path=value (applies to "
+                                                             "every file)")] = None) -> None:
+    """Check RLJob files and their data sets: exit 0 when all are valid, 2 with every problem listed."""
+    from rhymerl.workers.controller.preflight import preflight
+
+    invalid = 0
+    for job in jobs:
+        try:
+            parsed = _load(job, set_ or [])
+            checked = preflight(parsed, absent_ok=True)
+        except UserError as exc:
+            print_user_error(exc, str(job))
+            invalid += 1
+            continue
+        note = f" (not checked here: {'; '.join(checked.skipped)})" if checked.skipped else ""
+        typer.echo(f"{job}: valid RLJob '{parsed.metadata.name}'{note}")
+    if invalid:
+        raise typer.Exit(INVALID)
 
 
 @app.command()
-def validate(job: Annotated[Path, typer.Argument(help="RLJob YAML file")],
-             set_: Annotated[list[str] | None, typer.Option("--set", help="override key.path=value")] = None) -> None:
-    """Check an RLJob file: exit 0 when valid, 2 with every problem listed."""
-    try:
-        parsed = load_job(job, set_ or [])
-    except SpecError as exc:
-        raise _fail_spec(exc) from None
-    typer.echo(f"{job}: valid RLJob '{parsed.metadata.name}'")
-
-
-@app.command()
-def crd() -> None:
+def crd(helm: Annotated[bool, typer.Option("--helm", help="as the Helm chart's template (charts/rhymerl/templates/"
+                                           "crd.yaml), behind crds.enabled")] = False) -> None:
     """Print the RLJob CustomResourceDefinition (generated from the spec)."""
-    from rhymerl.api.crd import crd_yaml
+    from rhymerl.api.crd import crd_helm_template, crd_yaml
 
-    sys.stdout.write(crd_yaml())
+    sys.stdout.write(crd_helm_template() if helm else crd_yaml())
+
+
+@app.command(epilog="The children the operator would create, without ownerReferences (those need the RLJob's "
+             "uid); with no metadata.namespace in the job they are in 'default'. Paths in the spec are the "
+             "pods' paths and are not checked here.")
+def render(job: Annotated[Path, typer.Argument(help="RLJob YAML file")],
+           set_: Annotated[list[str] | None, typer.Option("--set", help="override key.path=value")] = None) -> None:
+    """Print the Kubernetes objects of an RLJob as a multi-document YAML stream (GitOps, dry runs)."""
+    from rhymerl.operator.manifests import desired, to_yaml
+
+    sys.stdout.write(to_yaml(desired(load_job(job, set_ or []), owner=None)))
 
 
 @app.command()
@@ -61,30 +102,50 @@ def run(
 ) -> None:
     """Run an RLJob on this machine (the local backend)."""
     from rhymerl.operator.local import run_local
-    from rhymerl.workers.controller.prompts import DataError
 
     if resume is None and job is None:
-        err.print("give an RLJob file, or --resume RUN_DIR")
-        raise typer.Exit(INVALID)
+        raise UserError("give an RLJob file, or --resume RUN_DIR")
     if resume is not None and (job is not None or set_):
-        err.print("--resume continues a run with its saved spec; do not pass a job file or --set with it")
-        raise typer.Exit(INVALID)
+        raise UserError("--resume continues a run with its saved spec; do not pass a job file or --set with it")
     try:
         if resume is not None:
             run_local(None, resume)
             return
         assert job is not None
-        parsed = load_job(job, set_ or [])
-        source = parsed.spec.data.source
-        if not source.startswith("builtin:"):
-            # the resolved spec in the run folder must not depend on the directory it was run from
-            parsed.spec.data.source = str((job.parent / source).resolve())
-        run_local(parsed, out)
-    except SpecError as exc:
-        raise _fail_spec(exc) from None
-    except (DataError, FileExistsError, FileNotFoundError, ValueError) as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
-        raise typer.Exit(INVALID) from None
+        run_local(_load(job, set_ or []), out)
+    except KeyboardInterrupt:  # run_local has said where the run stands and how to resume it
+        raise typer.Exit(INTERRUPTED) from None
+
+
+@app.command("operator", epilog="Runs until SIGTERM or Ctrl-C. Run one replica (a Deployment with strategy "
+             "Recreate, as the Helm chart does): kopf runs standalone, without leader election. Credentials: the "
+             "pod's service account in a cluster, else ~/.kube/config. The RLJob CRD must be installed first.")
+def operator_(
+    namespace: Annotated[list[str] | None, typer.Option("--namespace", "-n", help="serve the RLJobs of this "
+                                                        "namespace (repeat for more)")] = None,
+    all_namespaces: Annotated[bool, typer.Option("--all-namespaces", "-A", help="serve the RLJobs of every "
+                                                 "namespace (the default without --namespace)")] = False,
+    metrics_port: Annotated[int, typer.Option(min=0, max=65535, help="Prometheus metrics on :PORT/metrics "
+                                              "(0: off)")] = 9090,
+    health_port: Annotated[int, typer.Option(min=0, max=65535, help="liveness endpoint :PORT/healthz "
+                                             "(0: off)")] = 8080,
+    resync_seconds: Annotated[float, typer.Option(min=1.0, help="re-read every job and its children this often, "
+                                                  "repairing what events missed")] = 30.0,
+) -> None:
+    """Run the Kubernetes operator: reconcile RLJobs into StatefulSets, keep their status and conditions."""
+    import asyncio
+    import logging
+
+    from rhymerl.errors import OptionError
+    from rhymerl.operator.reconcile.run import serve
+
+    if namespace and all_namespaces:
+        raise OptionError("give --namespace NS (one or more) or --all-namespaces, not both")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one line per handled event otherwise
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    asyncio.run(serve(list(namespace) if namespace else None, metrics_port=metrics_port or None,
+                      health_port=health_port or None, resync_s=resync_seconds))
 
 
 if __name__ == "__main__":

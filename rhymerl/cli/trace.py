@@ -11,16 +11,14 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-trace_app = typer.Typer(help="Workload traces (step,prompt_id,input_len,output_len) for `rhymerl bench schedule`.",
-                        no_args_is_help=True)
-INVALID = 2
+from rhymerl.bench.tables import print_table
+from rhymerl.cli.report import App
 
-
-def _fail(exc: Exception) -> typer.Exit:
-    Console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False)
-    return typer.Exit(INVALID)
+trace_app = App(help="Workload traces (step,prompt_id,input_len,output_len) for `rhymerl bench schedule`.",
+                no_args_is_help=True)
 
 
 @trace_app.command("export")
@@ -29,13 +27,9 @@ def export(
     out: Annotated[Path, typer.Option("-o", "--out", help="trace CSV to write")],
 ) -> None:
     """Write a run's rollout dumps as a workload trace CSV, one row per response."""
-    from rhymerl.workers.dumps import DumpError
     from rhymerl.workers.traces.export import export_run
 
-    try:
-        n = export_run(run_dir, out)
-    except (DumpError, ValueError) as exc:
-        raise _fail(exc) from None
+    n = export_run(run_dir, out)
     typer.echo(f"wrote {n} rows to {out}")
 
 
@@ -50,15 +44,12 @@ def synth(
                                          "do)")] = False,
 ) -> None:
     """Generate a synthetic trace calibrated to published workload figures (docs/scheduling.md)."""
-    from rhymerl.workers.traces import TraceError, synthetic, write_trace
+    from rhymerl.workers.traces import synthetic, write_trace
 
     overrides: dict[str, object] = {"seed": seed}
     if steps is not None:
         overrides["steps"] = steps
-    try:
-        tr = synthetic(name, **overrides)
-    except TraceError as exc:
-        raise _fail(exc) from None
+    tr = synthetic(name, **overrides)
     rows = zip(tr.step.tolist(), tr.prompt_id, tr.input_len.tolist(), tr.output_len.tolist(), strict=True)
     n = write_trace(out, ((s, None if no_ids else p, i, o) for s, p, i, o in rows))
     typer.echo(f"wrote {n} rows to {out}")
@@ -73,14 +64,11 @@ def stats(
     """Length distribution per step and cross-epoch rank stability (RhymeRL §6.1)."""
     import numpy as np
 
-    from rhymerl.workers.traces import TraceError, load_trace, rank_stability
+    from rhymerl.workers.traces import load_trace, rank_stability
 
-    try:
-        tr = load_trace(source)
-    except TraceError as exc:
-        raise _fail(exc) from None
+    tr = load_trace(source)
     console = Console()
-    t = Table(title=f"{tr.name}: {len(tr)} responses, {tr.num_steps} steps, {tr.ids} prompt ids")
+    t = Table(title=escape(f"{tr.name}: {len(tr)} responses, {tr.num_steps} steps, {tr.ids} prompt ids"))
     for col in ("step", "responses", "prompts", "median out", "p90 out", "max out", "mean in"):
         t.add_column(col, justify="right")
     for rows in tr.step_rows():
@@ -89,8 +77,8 @@ def stats(
         prompts = len({tr.prompt_id[i] for i in rows.tolist()})
         t.add_row(str(tr.source_steps[step - 1]), str(rows.size), str(prompts), f"{np.median(out_len):.0f}",
                   f"{np.percentile(out_len, 90):.0f}", str(int(out_len.max())), f"{tr.input_len[rows].mean():.0f}")
-    console.print(t)
-    console.print(tr.id_note())
+    print_table(console, t)
+    console.print(tr.id_note(), markup=False, highlight=False, soft_wrap=True)
     if tr.ids == "stable":
         for k in groups or [8, 16]:
             rep = rank_stability(tr, k)

@@ -38,14 +38,19 @@ def test_scale_subresource_points_at_rollout_replicas() -> None:
     version = crd()["spec"]["versions"][0]
     scale = version["subresources"]["scale"]
     spec_props = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
-    assert scale["specReplicasPath"] == ".spec.rollout.replicas"
+    assert scale == {"specReplicasPath": ".spec.rollout.replicas", "statusReplicasPath": ".status.replicas",
+                     "labelSelectorPath": ".status.selector"}
     assert spec_props["rollout"]["properties"]["replicas"]["type"] == "integer"
     assert "status" in version["subresources"]
 
 
-def test_printer_columns_cover_phase_step_epoch_rollout_acceptance_age() -> None:
-    names = [c["name"] for c in crd()["spec"]["versions"][0]["additionalPrinterColumns"]]
-    assert names == ["Phase", "Step", "Epoch", "Ready", "Desired", "Acceptance", "Age"]
+def test_printer_columns_show_phase_step_reward_acceptance_age_and_more_with_wide_output() -> None:
+    columns = crd()["spec"]["versions"][0]["additionalPrinterColumns"]
+    default = [(c["name"], c["jsonPath"]) for c in columns if not c.get("priority")]
+    assert default == [("Phase", ".status.phase"), ("Step", ".status.progress.step"),
+                       ("Reward", ".status.progress.rewardMean"), ("Acceptance", ".status.progress.acceptanceRate"),
+                       ("Age", ".metadata.creationTimestamp")]
+    assert {c["name"] for c in columns if c.get("priority") == 1} == {"Epoch", "Rollout", "Desired", "Suspended"}
 
 
 def test_enums_and_bounds_reach_the_schema() -> None:

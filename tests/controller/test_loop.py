@@ -11,7 +11,7 @@ import torch
 from rhymerl.api import RLJob, parse_job
 from rhymerl.workers import dumps
 from rhymerl.workers.controller.loop import run_steps
-from rhymerl.workers.controller.run_dir import RunDir
+from rhymerl.workers.controller.run_dir import RunDir, RunDirError
 from rhymerl.workers.model.tokenizer import CharTokenizer
 from rhymerl.workers.model.transformer import ModelConfig, TinyLlama, load_model, save_model
 
@@ -30,6 +30,8 @@ def model_dir(tmp_path: Path) -> Path:
 
 def _job(model_dir: Path, **algo: object) -> RLJob:
     job = parse_job(f"""
+apiVersion: rhymerl.io/v1alpha1
+kind: RLJob
 spec:
   model: {{path: {model_dir}}}
   data: {{num_prompts: 4, min_ops: 1, median_ops: 2, max_ops: 3}}
@@ -102,7 +104,7 @@ def test_dynamic_sampling_only_trains_on_groups_with_reward_signal(model_dir: Pa
 def test_a_non_empty_run_folder_is_not_overwritten(model_dir: Path, tmp_path: Path) -> None:
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "keep.txt").write_text("x")
-    with pytest.raises(FileExistsError, match="--resume"):
+    with pytest.raises(RunDirError, match="--resume"):
         RunDir(tmp_path / "run").create(_job(model_dir))
 
 

@@ -8,7 +8,7 @@ import pytest
 from rhymerl.api.spec import DataSpec
 from rhymerl.workers import dumps
 from rhymerl.workers.controller.prompts import DataError, epoch_order, load_prompts, read_jsonl
-from rhymerl.workers.reward.verifiers import final_answer, load_user_function
+from rhymerl.workers.reward.verifiers import RewardError, final_answer, load_user_function
 from rhymerl.workers.task import arith_chain
 
 
@@ -57,11 +57,11 @@ def test_jsonl_prompt_errors_name_the_line(tmp_path: Path) -> None:
 
 def test_user_reward_functions_are_checked_when_loaded() -> None:
     assert load_user_function("os.path:join")("a", "b", "c") == "a/b/c"
-    with pytest.raises(ValueError, match="cannot import"):
+    with pytest.raises(RewardError, match="cannot import"):
         load_user_function("no_such_module_xyz:f")
-    with pytest.raises(ValueError, match="no callable"):
+    with pytest.raises(RewardError, match="no callable"):
         load_user_function("os.path:nope")
-    with pytest.raises(ValueError, match="must accept"):
+    with pytest.raises(RewardError, match="must accept"):
         load_user_function("os:getcwd")
 
 

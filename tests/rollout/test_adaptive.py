@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.rollout.adaptive import AcceptanceTracker, CostCalibration, CostProfile, choose_cap
-from rhymerl.workers.rollout.profile import load_or_measure
+from rhymerl.workers.rollout.profile import CacheEntry, load_or_measure
 
 
 def test_expected_tokens_with_certain_acceptance_is_one_plus_k() -> None:
@@ -210,4 +210,4 @@ def test_a_measured_profile_is_cached_with_its_verify_costs_and_read_back(
     assert load_or_measure(tiny_model, context=8, batches=(1, 2), tokens=(1, 2)) == first
     entry.write_text('{"batch_sizes": [1, 2]}')  # damaged: re-measured, not trusted
     again = load_or_measure(tiny_model, context=8, batches=(1, 2), tokens=(1, 2))
-    assert again.verify_one is not None and json.loads(entry.read_text())["verify_one"] == list(again.verify_one)
+    assert again.verify_one is not None and CacheEntry.from_json(json.loads(entry.read_text()), 0.0).profile() == again

@@ -21,18 +21,20 @@ from typing import Any
 import torch
 
 from rhymerl.api import RLJob
-from rhymerl.workers import dumps
+from rhymerl.workers import dumps, faults
 from rhymerl.workers.controller.prompts import Prompt, epoch_order, load_prompts
 from rhymerl.workers.controller.rollout_pool import PoolReport, RolloutPool, prime_history, table_profile
 from rhymerl.workers.controller.run_dir import LoopState, RunDir
 from rhymerl.workers.controller.speculation import Speculation, reachable_batches
 from rhymerl.workers.model.registry import load_policy
-from rhymerl.workers.reward.verifiers import reward_function
+from rhymerl.workers.reward.outcome import check_failures
+from rhymerl.workers.reward.pool import Scorer, open_scorer
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, TorchEngine
-from rhymerl.workers.rollout.profile import load_or_measure
+from rhymerl.workers.rollout.profile import Progress, load_or_measure
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.scheduling.factory import make_scheduler
 from rhymerl.workers.train import objectives as obj
+from rhymerl.workers.train.guards import NonFiniteError
 from rhymerl.workers.train.trainer import Trainer, TrainSample
 
 
@@ -44,19 +46,30 @@ class Group:
     prompt_ids: list[int]
     results: list[GenResult]
     rewards: list[float]
+    reward_errors: list[str | None]  # why scoring each response failed; None where it scored
 
 
-def run_steps(job: RLJob, run: RunDir, resume: bool = False) -> Iterator[dict[str, Any]]:
+def run_steps(job: RLJob, run: RunDir, resume: bool = False,
+              profile_progress: Progress | None = None) -> Iterator[dict[str, Any]]:
+    """The job's steps. The reward scorer (worker processes for a user function, its module
+    imported first, so a typo fails before any rollout) lives as long as this generator: it is
+    closed when the steps end, an exception propagates, or the consumer stops iterating."""
+    with open_scorer(job.spec.reward) as scorer:
+        yield from _steps(job, run, resume, scorer, profile_progress)
+
+
+def _steps(job: RLJob, run: RunDir, resume: bool, scorer: Scorer,
+           profile_progress: Progress | None = None) -> Iterator[dict[str, Any]]:
+    """`profile_progress(done, total)` follows the verify-cost profile's measurement (profile.Progress)."""
     spec, algo = job.spec, job.spec.algorithm
     torch.manual_seed(spec.rollout.seed)
     model, tok = load_policy(spec.model)
     prompts = load_prompts(spec.data)
     encoded = {p.prompt_id: [tok.bos_id, *tok.encode(p.text)] for p in prompts}
-    reward_fn = reward_function(spec.reward)
     engine = TorchEngine(model, tok.eos_id, spec.rollout.max_batch_size)
     trainer = Trainer(model, algo, spec.rollout.temperature)
     state = run.restore(model, trainer.optimizer) if resume else LoopState()
-    speculation = Speculation.for_job(job, model, run.path if resume else None)
+    speculation = Speculation.for_job(job, model, run.path if resume else None, profile_progress)
     params = SamplingParams(spec.rollout.temperature, spec.rollout.top_p, spec.rollout.seed, algo.max_response_length)
     assert algo.dynamic_sampling is not None
     pool = rollout_pool(job, engine, params, speculation, run, resume) if spec.rollout.replicas > 1 else None
@@ -73,11 +86,20 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False) -> Iterator[dict[st
             results, report = pool.run(reqs, speculation.replica_drafts(epoch, prompt_ids, pool.replicas))
             reports.append(report)
         t1 = time.perf_counter()
+        spans = [slice(i * algo.group_size, (i + 1) * algo.group_size) for i in range(len(batch))]
+        outcomes = scorer.score([(p.text, tok.decode(r.response_ids), p.answer)
+                                 for p, span in zip(batch, spans, strict=True) for r in results[span]])
+        for i, o in enumerate(outcomes):
+            if o.nonfinite is not None and algo.on_nonfinite == "fail":
+                p = batch[i // algo.group_size]
+                raise NonFiniteError(f"step {state.step + 1}: prompt {p.prompt_id} sample {i % algo.group_size}: the "
+                                     f"reward function returned {o.nonfinite}; no weight was changed; set "
+                                     "algorithm.on_nonfinite: skip to score such samples as failures "
+                                     "(reward.failure_reward) instead")
         groups = []
-        for i, p in enumerate(batch):
-            res = results[i * algo.group_size: (i + 1) * algo.group_size]
-            rewards = [reward_fn(p.text, tok.decode(r.response_ids), p.answer) for r in res]
-            groups.append(Group(p, encoded[p.prompt_id], res, rewards))
+        for p, span in zip(batch, spans, strict=True):
+            groups.append(Group(p, encoded[p.prompt_id], results[span], [o.value for o in outcomes[span]],
+                                [o.error for o in outcomes[span]]))
         clock["rollout"] += t1 - t0
         clock["reward"] += time.perf_counter() - t1
         return groups
@@ -85,6 +107,7 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False) -> Iterator[dict[st
     while state.epoch <= algo.epochs:
         order = epoch_order(len(prompts), spec.data.seed, state.epoch, spec.data.shuffle)
         clock = {"rollout": 0.0, "reward": 0.0, "train": 0.0}
+        faults.point("rollout", state.step + 1)
         reports.clear()
         groups: list[Group] = []
         kept: list[Group] = []
@@ -103,15 +126,21 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False) -> Iterator[dict[st
         samples: list[TrainSample] = []
         if kept:
             adv = obj.group_advantages(rewards, algo.group_size, algo.norm_adv_by_std)
-            samples = [TrainSample(g.prompt_ids, r.response_ids, float(adv[i * algo.group_size + k]))
+            samples = [TrainSample(g.prompt_ids, r.response_ids, float(adv[i * algo.group_size + k]),
+                                   f"step {state.step + 1}: prompt {g.prompt.prompt_id} sample {k}")
                        for i, g in enumerate(kept) for k, r in enumerate(g.results)]
+        faults.point("train", state.step + 1)
         t0 = time.perf_counter()
         train_stats = trainer.step(samples) if samples else {}
         clock["train"] = time.perf_counter() - t0
+        if samples and (trainer.skipped_samples or trainer.skipped_updates):
+            run.note(f"step {state.step + 1}: on_nonfinite=skip left out {len(trainer.skipped_samples)} sample(s) "
+                     f"{trainer.skipped_samples} and {trainer.skipped_updates} update(s) with a nan/inf value")
 
         state.step += 1
         step_records = list(records(groups, state))
         dumps.write_step(run.path, state.step, step_records)
+        faults.point("dump", state.step)
         speculation.remember(step_records)
         state.policy_version += 1 if samples else 0
         row = step_metrics(groups, state, clock, train_stats, rounds) | speculation.metrics(groups)
@@ -120,6 +149,9 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False) -> Iterator[dict[st
         if state.cursor >= len(order):
             state.epoch, state.cursor = state.epoch + 1, 0
         run.append_metrics(row)
+        check_failures([e for g in groups for e in g.reward_errors], spec.reward, state.step,
+                       dumps.dump_path(run.path, state.step))
+        faults.point("metrics", state.step)
         if state.step % spec.checkpoint.every_steps == 0 or state.epoch > algo.epochs:
             run.save_checkpoint(state, model, trainer.optimizer, spec.checkpoint.keep_last)
         yield row
@@ -137,7 +169,7 @@ def rollout_pool(job: RLJob, engine: TorchEngine, params: SamplingParams, specul
     sched = make_scheduler(spec.scheduling, spec.rollout.replicas, seed=spec.rollout.seed, max_off_policy=0,
                            profile=table_profile(cost, engine.max_batch_size))
     first_step = 1
-    if resume:
+    if resume and (run.path / dumps.DUMP_DIR).is_dir():
         first_step += sum(int(r.get("gen_rounds", 1)) for r in run.metrics())
         prime_history(sched, dumps.read_run(run.path))
     return RolloutPool(engine, sched, params, first_step)
@@ -155,11 +187,11 @@ def shaped_rewards(group: Group, job: RLJob) -> list[float]:
 
 def records(groups: list[Group], state: LoopState) -> Iterator[dumps.RolloutRecord]:
     for g in groups:
-        for k, (res, reward) in enumerate(zip(g.results, g.rewards, strict=True)):
+        for k, (res, reward, error) in enumerate(zip(g.results, g.rewards, g.reward_errors, strict=True)):
             yield dumps.RolloutRecord(
                 step=state.step, epoch=state.epoch, prompt_id=g.prompt.prompt_id, sample_index=k,
                 prompt_len=len(g.prompt_ids), prompt_ids=g.prompt_ids, response_ids=res.response_ids,
-                reward=reward, finish_reason="stop" if res.finish_reason == "stop" else "length",
+                reward=reward, reward_error=error, finish_reason="stop" if res.finish_reason == "stop" else "length",
                 policy_version=state.policy_version,
                 spec=dumps.SpecStats(drafted=res.drafted, accepted=res.accepted,
                                      forward_passes=res.forward_passes))
@@ -183,6 +215,7 @@ def step_metrics(groups: list[Group], state: LoopState, clock: dict[str, float],
         "response_length_mean": round(sum(lengths) / max(len(lengths), 1), 1),
         "response_length_max": max(lengths, default=0),
         "reward_mean": round(sum(rewards) / max(len(rewards), 1), 4),
+        "reward_failures": sum(e is not None for g in groups for e in g.reward_errors),
         "zero_std_frac": round(sum(len(set(g.rewards)) <= 1 for g in groups) / max(len(groups), 1), 4),
         **{k: (round(v, 5) if math.isfinite(v) else v) for k, v in train_stats.items()},
     }

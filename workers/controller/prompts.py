@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rhymerl.api.spec import DataSpec
+from rhymerl.errors import UserError
 from rhymerl.workers.task import arith_chain
 
 BUILTIN_PREFIX = "builtin:"
@@ -25,42 +26,61 @@ class Prompt:
     answer: str
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """A prompt file that cannot be used; the message names the file and line."""
 
 
 def load_prompts(spec: DataSpec) -> list[Prompt]:
+    return [p for _, p in located_prompts(spec)]
+
+
+def located_prompts(spec: DataSpec) -> list[tuple[str, Prompt]]:
+    """Every prompt with where it comes from: `file:line` for a JSONL source, the prompt id for a builtin one."""
     if spec.source == "builtin:arith-chain":
         problems = arith_chain.generate(spec.num_prompts, spec.seed, spec.min_ops, spec.median_ops, spec.max_ops)
-        return [Prompt(p.prompt_id, p.prompt, p.answer) for p in problems]
+        return [(f"{spec.source} prompt {p.prompt_id}", Prompt(p.prompt_id, p.prompt, p.answer)) for p in problems]
     if spec.source.startswith(BUILTIN_PREFIX):
         raise DataError(f"data.source: unknown builtin '{spec.source}' (known: builtin:arith-chain)")
-    return read_jsonl(Path(spec.source))
+    path = Path(spec.source)
+    return [(f"{path}:{lineno}", p) for lineno, p in read_jsonl_lines(path)]
 
 
 def read_jsonl(path: Path) -> list[Prompt]:
+    return [p for _, p in read_jsonl_lines(path)]
+
+
+def read_jsonl_lines(path: Path) -> list[tuple[int, Prompt]]:
+    """(line number, prompt) of every prompt in a JSONL file; DataError names the file and line."""
     if not path.is_file():
         raise DataError(f"data.source: no such file {path}")
-    prompts: list[Prompt] = []
+    prompts: list[tuple[int, Prompt]] = []
     seen: set[str] = set()
-    with path.open() as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: not JSON: {exc.msg}") from exc
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{lineno}: expected an object with 'prompt' and 'answer'")
-            for key in ("prompt", "answer"):
-                if not isinstance(row.get(key), str):
-                    raise DataError(f"{path}:{lineno}: '{key}' must be a string")
-            pid = str(row.get("prompt_id", f"line-{lineno}"))
-            if pid in seen:
-                raise DataError(f"{path}:{lineno}: duplicate prompt_id '{pid}'")
-            seen.add(pid)
-            prompts.append(Prompt(pid, row["prompt"], row["answer"]))
+    try:
+        with path.open("rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise DataError(f"{path}:{lineno}: not UTF-8: byte 0x{raw[exc.start]:02x} at column "
+                                    f"{exc.start + 1}") from None
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{path}:{lineno}: not JSON: {exc.msg}") from exc
+                if not isinstance(row, dict):
+                    raise DataError(f"{path}:{lineno}: expected an object with 'prompt' and 'answer'")
+                for key in ("prompt", "answer"):
+                    if not isinstance(row.get(key), str):
+                        raise DataError(f"{path}:{lineno}: '{key}' must be a string")
+                pid = str(row.get("prompt_id", f"line-{lineno}"))
+                if pid in seen:
+                    raise DataError(f"{path}:{lineno}: duplicate prompt_id '{pid}'")
+                seen.add(pid)
+                prompts.append((lineno, Prompt(pid, row["prompt"], row["answer"])))
+    except OSError as exc:
+        raise DataError(f"{path}: {exc.strerror or exc}") from None
     if not prompts:
         raise DataError(f"{path}: no prompts")
     return prompts

@@ -1,35 +1,52 @@
-"""The run folder: resolved spec, metrics, rollout dumps, checkpoints, plots.
+"""The run folder: resolved spec, metrics, rollout dumps, checkpoints, plots, and its lock.
 
 Layout (docs/formats.md)::
 
     spec.yaml            the fully resolved RLJob
+    run.lock             held (flock) by the one process running in this folder
+    events.log           what happened to the run beyond its steps (resumes, fallbacks, failures)
     metrics.jsonl        one line per finished step
     rollouts/            step_NNNNNN.jsonl, one line per response (workers/dumps.py)
-    checkpoints/         step_NNNNNN/{model.safetensors, config.json, optimizer.pt, state.json}
+    checkpoints/         step_NNNNNN/{model.safetensors, config.json, optimizer.pt, state.json,
+                         manifest.json} (checkpoints.py)
     plots/metrics.png
 
-Every file is written whole or not at all (temporary name, then rename), and resuming cuts
-metrics and dumps back to the checkpoint so no step is ever counted twice.
+Every file is written whole or not at all, checkpoints are verified before they are loaded, and
+resuming cuts metrics and dumps back to the checkpoint it loads, so no step is ever counted twice
+and none is lost: a step after the checkpoint is simply run again, with the same tokens.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
-from dataclasses import asdict, dataclass
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from rhymerl.api import RLJob, dump_job, parse_job
-from rhymerl.workers import dumps
+from rhymerl.errors import UserError
+from rhymerl.workers import atomic, dumps
+from rhymerl.workers.controller import checkpoints
+from rhymerl.workers.controller.run_lock import RunLock
 from rhymerl.workers.model.transformer import TinyLlama, load_model, save_model
 
 SPEC = "spec.yaml"
 METRICS = "metrics.jsonl"
+EVENTS = "events.log"
 CHECKPOINTS = "checkpoints"
+STATE = "state.json"
+OPTIMIZER = "optimizer.pt"
+
+
+class RunDirError(UserError):
+    """A run folder that cannot be created, read or written; the message names the path."""
 
 
 @dataclass
@@ -41,69 +58,179 @@ class LoopState:
     cursor: int = 0
     policy_version: int = 0
 
+    @classmethod
+    def from_json(cls, text: str) -> LoopState:
+        data = json.loads(text)
+        if not isinstance(data, dict) or set(data) != {f.name for f in fields(cls)} or not all(
+                isinstance(v, int) and v >= 0 for v in data.values()):
+            raise ValueError(f"expected non-negative integers {[f.name for f in fields(cls)]}")
+        return cls(**data)
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+
+def finite_json(row: dict[str, Any]) -> str:
+    """One metrics line: non-finite numbers become null, so every line stays valid JSON."""
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, list):
+            return [clean(x) for x in v]
+        return v
+    return json.dumps({k: clean(v) for k, v in row.items()}, allow_nan=False)
 
 
 class RunDir:
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.lock = RunLock(path)
+        self.listeners: list[Callable[[str], None]] = []
+
+    # ---- life cycle -------------------------------------------------------------------------
 
     def create(self, job: RLJob) -> None:
-        if self.path.exists() and any(self.path.iterdir()):
-            raise FileExistsError(f"{self.path} is not empty: pass --resume {self.path} or another --out")
-        self.path.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.path / SPEC, dump_job(job))
+        """Make a new run folder for `job` and take its lock. Refuses a folder with anything in it."""
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirError(f"--out {self.path}: exists and is not a folder")
+        if self.path.is_dir() and any(self.path.iterdir()):
+            raise RunDirError(f"{self.path} is not empty: pass --resume {self.path} or another --out")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self.lock.acquire()
+            if any(p.name != self.lock.path.name for p in self.path.iterdir()):  # lost a race to another run
+                self.lock.release()
+                raise RunDirError(f"{self.path} is not empty: pass --resume {self.path} or another --out")
+            atomic.write_text(self.path / SPEC, dump_job(job))
+        except OSError as exc:
+            self.lock.release()
+            raise RunDirError(f"--out {self.path}: cannot write there ({exc.strerror or exc})") from None
+
+    def open(self) -> RLJob:
+        """Take the lock of an existing run folder and read its job back (for --resume)."""
+        spec = self.path / SPEC
+        if not spec.is_file():
+            raise RunDirError(f"{self.path}: no {SPEC}; is this a rhymerl run folder?")
+        try:
+            self.lock.acquire()
+        except OSError as exc:
+            raise RunDirError(f"{self.path}: cannot lock the run folder ({exc.strerror or exc})") from None
+        return self.load_job()
 
     def load_job(self) -> RLJob:
         spec = self.path / SPEC
         if not spec.is_file():
-            raise FileNotFoundError(f"{self.path}: no {SPEC}; is this a rhymerl run folder?")
-        return parse_job(spec.read_text(), str(spec))
+            raise RunDirError(f"{self.path}: no {SPEC}; is this a rhymerl run folder?")
+        return parse_job(spec.read_bytes(), str(spec))
+
+    def close(self) -> None:
+        self.lock.release()
+
+    def discard_if_unstarted(self) -> bool:
+        """Remove a folder this process created that holds no finished step (a start that failed),
+        so the same --out can be used again. Returns whether it was removed."""
+        if not self.lock.held or self.metrics() or checkpoints.complete(self.path / CHECKPOINTS):
+            return False
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+        return True
+
+    # ---- events -------------------------------------------------------------------------------
+
+    def note(self, message: str) -> None:
+        """Record something a user should know about the run (and tell the listeners)."""
+        try:
+            with (self.path / EVENTS).open("a") as f:
+                f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} {message}\n")
+        except OSError:
+            pass  # the event still reaches the console; a full disk is reported by the write that needs it
+        for listen in self.listeners:
+            listen(message)
+
+    # ---- metrics ------------------------------------------------------------------------------
 
     def append_metrics(self, row: dict[str, Any]) -> None:
+        line = finite_json(row) + "\n"
         with (self.path / METRICS).open("a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(line)
             f.flush()
             os.fsync(f.fileno())
 
     def metrics(self) -> list[dict[str, Any]]:
+        """Finished steps' rows. A last line cut short by a crash (no newline) is not a step."""
         path = self.path / METRICS
         if not path.is_file():
             return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        text = path.read_text()
+        lines = text.split("\n")
+        rows = []
+        for n, line in enumerate(lines[:-1], 1):  # the part after the last newline is never whole
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise RunDirError(f"{path}:{n}: not JSON ({exc.msg})") from None
+        return rows
+
+    # ---- checkpoints --------------------------------------------------------------------------
 
     def checkpoint_dirs(self) -> list[Path]:
-        root = self.path / CHECKPOINTS
-        return sorted(p for p in root.glob("step_*") if p.is_dir()) if root.is_dir() else []
+        return checkpoints.complete(self.path / CHECKPOINTS)
 
     def save_checkpoint(self, state: LoopState, model: TinyLlama, optimizer: torch.optim.Optimizer,
                         keep_last: int) -> Path:
-        final = self.path / CHECKPOINTS / f"step_{state.step:06d}"
-        tmp = final.with_name(final.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        save_model(model, tmp)
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        (tmp / "state.json").write_text(json.dumps(asdict(state)))
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        for old in self.checkpoint_dirs()[:-keep_last]:
-            shutil.rmtree(old)
+        def fill(folder: Path) -> None:
+            save_model(model, folder)
+            torch.save(optimizer.state_dict(), folder / OPTIMIZER)
+            (folder / STATE).write_text(json.dumps(asdict(state)))
+
+        root = self.path / CHECKPOINTS
+        try:
+            final = checkpoints.write(root, state.step, fill)
+            checkpoints.prune(root, keep_last)
+        except OSError as exc:
+            raise RunDirError(f"{root}: cannot write the checkpoint of step {state.step} "
+                              f"({exc.strerror or exc}); free space, then resume with --resume {self.path}") from None
         return final
 
     def restore(self, model: TinyLlama, optimizer: torch.optim.Optimizer) -> LoopState:
-        """Load the newest checkpoint (if any) and cut metrics and dumps back to it."""
-        ckpts = self.checkpoint_dirs()
+        """Load the newest intact checkpoint and cut metrics and dumps back to it.
+
+        Debris of interrupted writes is removed; a damaged checkpoint is set aside (renamed
+        `step_N.damaged`) and the next older one is tried; with none left the run starts over
+        from step 0 (same spec, same seed, so the same tokens)."""
+        root = self.path / CHECKPOINTS
+        for debris in checkpoints.remove_debris(root):
+            self.note(f"removed {debris.name}: left by an interrupted checkpoint write")
         state = LoopState()
-        if ckpts:
-            latest = ckpts[-1]
-            model.load_state_dict(load_model(latest).state_dict())
-            optimizer.load_state_dict(torch.load(latest / "optimizer.pt", weights_only=True))
-            state = LoopState(**json.loads((latest / "state.json").read_text()))
+        for folder in reversed(checkpoints.complete(root)):
+            try:
+                state = self._load(folder, model, optimizer)
+                break
+            except checkpoints.CheckpointDamaged as exc:
+                aside = checkpoints.set_aside(folder)
+                self.note(f"checkpoint {folder.name} is damaged ({exc}); set aside as {aside.name}, "
+                          "falling back to the next older one")
+        else:
+            if self.metrics():
+                self.note("no intact checkpoint: starting over from step 0")
         kept = [m for m in self.metrics() if m["step"] <= state.step]
-        _atomic_write(self.path / METRICS, "".join(json.dumps(m) + "\n" for m in kept))
+        atomic.write_text(self.path / METRICS, "".join(finite_json(m) + "\n" for m in kept))
         dumps.remove_after(self.path, state.step)
+        for leftover in self.path.iterdir():
+            if atomic.is_temporary(leftover) and leftover.is_file():
+                leftover.unlink()
+        return state
+
+    def _load(self, folder: Path, model: TinyLlama, optimizer: torch.optim.Optimizer) -> LoopState:
+        try:
+            checkpoints.verify(folder)
+        except checkpoints.NoManifest:
+            self.note(f"checkpoint {folder.name} predates checksums: loaded unverified")
+        try:
+            state = LoopState.from_json((folder / STATE).read_text())
+            weights = load_model(folder).state_dict()
+            opt = torch.load(folder / OPTIMIZER, weights_only=True)
+        except Exception as exc:  # verified files that still do not load are damaged all the same
+            raise checkpoints.CheckpointDamaged(f"{folder}: {type(exc).__name__}: {exc}") from exc
+        model.load_state_dict(weights)
+        optimizer.load_state_dict(opt)
         return state

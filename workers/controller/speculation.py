@@ -2,7 +2,9 @@
 
 From the second epoch on, each prompt's rollout drafts from the index of its previous epoch's
 responses (method `history`); `ngram` drafts from each sequence's own context. The cost profile
-that decides the per-pass cap is measured once per machine and cached (rollout/profile.py).
+that decides the per-pass cap is measured once per machine and cached (rollout/profile.py); the
+passes of every step correct it, and after each step what they showed is kept in the cache and
+cells shown measured disturbed are measured again (ProfileStore.update).
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from rhymerl.api import RLJob
 from rhymerl.workers import dumps
 from rhymerl.workers.history.store import MemoryHistoryStore
 from rhymerl.workers.model.transformer import TinyLlama
+from rhymerl.workers.rollout.adaptive import CostEvidence
 from rhymerl.workers.rollout.engine import DraftSource
-from rhymerl.workers.rollout.profile import BATCHES, load_or_measure
+from rhymerl.workers.rollout.profile import BATCHES, ProfileStore, Progress
 from rhymerl.workers.rollout.speculators import HistoryDrafts, NgramDrafts, SpecController
 
 if TYPE_CHECKING:
@@ -35,18 +38,23 @@ class Speculation:
     method: str
     control: SpecController
     store: MemoryHistoryStore
+    costs: ProfileStore | None = None
 
     @classmethod
-    def for_job(cls, job: RLJob, model: TinyLlama, resume_from: Path | None = None) -> Speculation:
+    def for_job(cls, job: RLJob, model: TinyLlama, resume_from: Path | None = None,
+                progress: Progress | None = None) -> Speculation:
+        """`progress(done, total)` follows the cost profile's measurement (profile.Progress)."""
         spec = job.spec.rollout.speculation
         if spec.method == "draft-model":
             raise ValueError("spec.rollout.speculation.method: draft-model needs the vllm engine; "
                              "the torch engine supports none, history and ngram")
-        profile = None
+        costs = evidence = None
         if spec.method != "none" and spec.disable_above_batch is None:
-            profile = load_or_measure(model, batches=reachable_batches(job))
-        out = cls(spec.method, SpecController(spec, profile), MemoryHistoryStore(spec.reward_weighted))
-        if resume_from is not None and spec.method == "history":
+            costs = ProfileStore.open(model, batches=reachable_batches(job), progress=progress)
+            evidence = CostEvidence(costs.profile)
+        control = SpecController(spec, evidence.profile if evidence else None, evidence=evidence)
+        out = cls(spec.method, control, MemoryHistoryStore(spec.reward_weighted), costs)
+        if resume_from is not None and spec.method == "history" and (resume_from / dumps.DUMP_DIR).is_dir():
             out.store.update(r for path in dumps.step_files(resume_from) for r in dumps.read_file(path))
         return out
 
@@ -70,8 +78,12 @@ class Speculation:
         return [self.drafts(epoch, prompt_ids) for _ in range(replicas)]
 
     def remember(self, records: Iterable[dumps.RolloutRecord]) -> None:
+        """After a step: its responses become history, and what its passes showed about the cost
+        profile is cached (cells shown measured disturbed are measured again)."""
         if self.method == "history":
             self.store.update(records)
+        if self.costs is not None and self.control.evidence is not None:
+            self.costs.update(self.control.evidence)
 
     def metrics(self, groups: list[Group]) -> dict[str, Any]:
         results = [r for g in groups for r in g.results]

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rhymerl.workers.model.folder import ModelError
+
 SPECIALS = ("<pad>", "<bos>", "<eos>")
 CHARS = "\n" + "".join(chr(c) for c in range(32, 127))
 
@@ -32,6 +34,12 @@ class CharTokenizer:
         except KeyError as exc:
             raise ValueError(f"character {exc.args[0]!r} is not in the tokenizer's vocabulary") from None
 
+    def unknown(self, text: str) -> int | None:
+        """Index of the first character of `text` that has no token, None when every one has."""
+        if self._ids.keys() >= set(text):
+            return None
+        return next(i for i, ch in enumerate(text) if ch not in self._ids)
+
     def decode(self, ids: list[int]) -> str:
         return "".join(self.vocab[i] for i in ids if i >= len(SPECIALS))
 
@@ -40,8 +48,17 @@ class CharTokenizer:
 
     @classmethod
     def load(cls, path: Path) -> CharTokenizer:
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ModelError(f"{path.parent}: missing {path.name}") from None
+        except OSError as exc:
+            raise ModelError(f"{path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ModelError(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+        except json.JSONDecodeError as exc:
+            raise ModelError(f"{path}:{exc.lineno}: not JSON: {exc.msg}") from None
         tok = cls()
-        if data.get("type") != "char" or data.get("vocab") != tok.vocab:
-            raise ValueError(f"{path}: not a rhymerl character tokenizer of this version")
+        if not isinstance(data, dict) or data.get("type") != "char" or data.get("vocab") != tok.vocab:
+            raise ModelError(f"{path}: not a rhymerl character tokenizer of this version")
         return tok

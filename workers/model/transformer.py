@@ -11,41 +11,16 @@ Parameter names follow Hugging Face's LlamaForCausalLM so a checkpoint maps onto
 from __future__ import annotations
 
 import functools
-import json
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from rhymerl.workers.model import cached_attention
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab_size: int = 128
-    hidden_size: int = 128
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    intermediate_size: int = 352
-    max_position_embeddings: int = 1024
-    rope_theta: float = 10000.0
-    rms_norm_eps: float = 1e-5
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    def to_json(self) -> str:
-        return json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                           "tie_word_embeddings": True, **asdict(self)}, indent=2)
-
-    @classmethod
-    def from_json(cls, text: str) -> ModelConfig:
-        data = json.loads(text)
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+from rhymerl.workers.model.folder import ModelConfig, ModelError, read_config
 
 
 class KVCache:
@@ -341,15 +316,22 @@ def save_model(model: TinyLlama, folder: Path, half: bool = False) -> None:
 
 
 def load_model(folder: Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> TinyLlama:
-    cfg_path, weights = folder / "config.json", folder / "model.safetensors"
-    for p in (cfg_path, weights):
-        if not p.is_file():
-            raise FileNotFoundError(f"{folder}: missing {p.name}")
-    cfg = ModelConfig.from_json(cfg_path.read_text())
+    """The model in `folder`; a ModelError names the file when config.json or the weights are unusable."""
+    weights = folder / "model.safetensors"
+    cfg = read_config(folder)
+    if not weights.is_file():
+        raise ModelError(f"{folder}: missing {weights.name}")
     model = TinyLlama(cfg)
-    tensors = load_file(str(weights))
+    try:
+        tensors = load_file(str(weights))
+    except (OSError, SafetensorError) as exc:
+        raise ModelError(f"{weights}: not a readable safetensors file ({exc})") from None
     state = {k.removeprefix("model."): v for k, v in tensors.items() if k != "lm_head.weight"}
-    model.load_state_dict({k: v.float() for k, v in state.items()})
+    try:
+        model.load_state_dict({k: v.float() for k, v in state.items()})
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[1].strip() if "\n" in str(exc) else str(exc)
+        raise ModelError(f"{weights}: does not match {folder / 'config.json'}: {first}") from None
     return model.to(device=device, dtype=dtype)
 
 

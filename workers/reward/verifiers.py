@@ -1,8 +1,9 @@
 """Built-in verifiers and loading of user reward functions.
 
 A user function is named ``module:function`` in the spec and called as
-``fn(prompt: str, response: str, answer: str) -> float``. It is imported once when the job starts,
-so a typo fails the job at once, not after the first rollout.
+``fn(prompt: str, response: str, answer: str) -> float``. The job imports it once in the
+controller before any rollout, so a typo fails the job at once; the reward workers that call it
+(pool.py) import it again themselves.
 """
 
 from __future__ import annotations
@@ -11,9 +12,13 @@ import importlib
 import inspect
 from collections.abc import Callable
 
-from rhymerl.api.spec import RewardSpec
+from rhymerl.errors import UserError
 
 RewardFn = Callable[[str, str, str], float]
+
+
+class RewardError(UserError):
+    """A reward function that cannot be loaded, or that failed on too many of a step's samples."""
 
 
 def final_answer(response: str, answer: str) -> float:
@@ -32,23 +37,22 @@ BUILTIN: dict[str, RewardFn] = {"final-answer": _final_answer_fn}
 
 
 def load_user_function(ref: str) -> RewardFn:
+    """Import `module:function` and check it takes (prompt, response, answer); RewardError if not."""
     module_name, _, attr = ref.partition(":")
+    where = f"spec.reward.function '{ref}'"
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"reward.function: cannot import module '{module_name}': {exc}") from exc
+        raise RewardError(f"{where}: cannot import module '{module_name}': {exc}") from exc
+    except Exception as exc:
+        raise RewardError(f"{where}: importing '{module_name}' raised {type(exc).__name__}: {exc}") from exc
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ValueError(f"reward.function: '{module_name}' has no callable '{attr}'")
+        raise RewardError(f"{where}: module '{module_name}' has no callable '{attr}'")
     try:
         inspect.signature(fn).bind("prompt", "response", "answer")
     except TypeError as exc:
-        raise ValueError(f"reward.function: '{ref}' must accept (prompt, response, answer): {exc}") from exc
+        raise RewardError(f"{where}: must accept (prompt, response, answer): {exc}") from exc
+    except ValueError:
+        pass  # a builtin without a signature: it is called as it is
     return fn
-
-
-def reward_function(spec: RewardSpec) -> RewardFn:
-    if spec.function is not None:
-        return load_user_function(spec.function)
-    assert spec.verifier is not None
-    return BUILTIN[spec.verifier]

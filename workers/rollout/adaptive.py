@@ -20,12 +20,30 @@ online: what real passes cost beyond the profile's prediction, with drafts and w
 (CostCalibration; the profile times the forward pass alone, not the engine's bookkeeping,
 sampling and drafting). k = 0 (plain decoding) wins when drafts are poor or the batch is so
 large that verifying extra tokens costs more than it returns.
+
+The profile corrects itself from the passes it prices (CostEvidence). What is observed is the
+time from one pass's choice to the next: the forward pass plus everything else the engine did
+in between (sampling, bookkeeping, drafting, now and then a prefill). That time is never less
+than the forward pass alone, and a forward pass never costs less with more sequences or more
+tokens per sequence; so a pass over B sequences appending n tokens each, seen to take m
+seconds, proves t(b, j) <= m for every grid cell with b <= B and j <= n (and the verify column
+for b <= B once the pass drafted). Interference only ever adds time, so a cell is lowered to the
+smallest such bound (the `confirm`-th smallest, so one mis-recorded pass cannot move it alone)
+and never raised: a cell measured 10x too slow is corrected as soon as a few passes land at or
+above it, and noise above the floor changes nothing (once the passes show the measurement
+disturbed, the cells they bound only loosely or not at all follow the disturbance they showed,
+so long drafts are not priced at the spoiled values meanwhile). A lowered cell then carries some
+of the pass overhead, which the calibration stops counting: c is always priced against the
+corrected profile, and it is never negative (a pass faster than predicted is the grid's error,
+corrected per cell; it is not "explained" by a negative overhead that would make every other
+pass look cheaper). profile.ProfileStore keeps the evidence across runs and re-measures the
+cells it shows were measured disturbed.
 """
 
 from __future__ import annotations
 
 import functools
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -212,7 +230,7 @@ class CostCalibration:
     def observe(self, speculative: bool, measured: float, predicted: float) -> None:
         if not 0.25 * predicted <= measured <= 5.0 * predicted:  # a gap between rollouts or a stall, not a pass
             return
-        excess = measured - predicted
+        excess = max(0.0, measured - predicted)  # below the prediction: the grid's error (CostEvidence)
         old = self.spec if speculative else self.plain
         new = excess if old is None else (1 - self.alpha) * old + self.alpha * excess
         if speculative:
@@ -224,3 +242,109 @@ class CostCalibration:
         """Seconds to add to a predicted pass; a side not seen yet borrows the other's."""
         mine, other = (self.spec, self.plain) if speculative else (self.plain, self.spec)
         return mine if mine is not None else other if other is not None else 0.0
+
+
+INCONSISTENT = 0.5
+"""A cell whose confirmed bound is below this fraction of its measured value was measured
+disturbed: real passes, overheads included, already run in half its time."""
+
+
+@dataclass
+class CostEvidence:
+    """Per-cell upper bounds on a profile from the passes it priced, and the profile they correct.
+
+    Cells are the grid's (batch x tokens) plus a last column for `verify_one`. Each cell keeps its
+    `confirm` smallest bounds; the corrected profile takes, per cell, the smaller of the base value
+    and the `confirm`-th smallest bound (see the module docstring for why a pass bounds cells).
+    Bounds are monotone in both axes by construction, so the corrected grid stays monotone when
+    the base is.
+
+    Passes only reach the cells at or below the shapes they run, and bound the small cells under
+    them loosely (a pass over 64 sequences says little about one sequence's cost); yet a cap is
+    chosen from the cells above and beside them: a grid measured disturbed but corrected only
+    where passes ran tightly would price longer drafts and smaller batches at the disturbed values
+    and never try them. So once the evidence shows the base disturbed (at least two confirmed
+    bounds under INCONSISTENT of their cell's base value, and at least half of the bounds under
+    their base value so),
+    every cell is taken at its base value times the median ratio bound / base of the disturbed
+    ones, or at its own bound where that is lower, kept monotone, until a new measurement
+    (`rebase`) tells better.
+    """
+
+    base: CostProfile
+    confirm: int = 3
+    _bounds: NDArray[np.float64] = field(init=False, repr=False)
+    _cells: NDArray[np.float64] = field(init=False, repr=False)
+    _profile: CostProfile | None = field(init=False, default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.confirm < 1:
+            raise ValueError("confirm: at least 1 observation")
+        self._bounds = np.full((self.confirm, len(self.base.batch_sizes), len(self.base.tokens) + 1), np.inf)
+        self._cells = self._corrected()
+
+    def observe(self, batch: int, tokens_per_seq: float, seconds: float) -> bool:
+        """A pass over `batch` sequences appending `tokens_per_seq` tokens each (on average) took
+        `seconds`, start to start; returns whether the corrected profile changed."""
+        rows = bisect_right(self.base.batch_sizes, batch)
+        cols = list(range(bisect_right(self.base.tokens, tokens_per_seq + 1e-9)))
+        if tokens_per_seq > 1 and self.base.verify_one is not None:
+            cols.append(len(self.base.tokens))
+        if not rows or not cols or not np.isfinite(seconds) or seconds <= 0:
+            return False
+        region = self._bounds[:, :rows, cols]
+        if seconds >= region[-1].max():
+            return False
+        stacked = np.concatenate([region, np.full((1, *region.shape[1:]), seconds)])
+        stacked.sort(axis=0)
+        self._bounds[:, :rows, cols] = stacked[: self.confirm]
+        after = self._corrected()
+        if np.array_equal(after, self._cells):
+            return False
+        self._cells = after
+        self._profile = None
+        return True
+
+    def _corrected(self) -> NDArray[np.float64]:
+        base, bound = profile_cells(self.base), self._bounds[-1]
+        cells = np.minimum(base, bound)
+        informative = bound < base  # a bound above the base value says nothing either way
+        low = bound < INCONSISTENT * base
+        if int(low.sum()) >= 2 and 2 * int(low.sum()) >= int(informative.sum()):
+            cells = np.minimum(bound, base * float(np.median(bound[low] / base[low])))
+            cells[:, :-1] = np.maximum.accumulate(cells[:, :-1], axis=1)  # more tokens never cost less
+            cells = np.maximum.accumulate(cells, axis=0)                  # nor do more sequences
+        return cells
+
+    @property
+    def bounds(self) -> NDArray[np.float64]:
+        """The confirmed bound per cell (batch x tokens + verify column); inf where not confirmed."""
+        return self._bounds[-1].copy()
+
+    @property
+    def profile(self) -> CostProfile:
+        if self._profile is None:
+            self._profile = cells_profile(self.base, self._cells)
+        return self._profile
+
+    def rebase(self, base: CostProfile) -> None:
+        """A new base profile on the same axes (cells re-measured); the bounds seen so far still hold."""
+        if (base.batch_sizes, base.tokens) != (self.base.batch_sizes, self.base.tokens):
+            raise ValueError("rebase: the new profile must have the same grid axes")
+        self.base = base
+        self._cells = self._corrected()
+        self._profile = None
+
+
+def profile_cells(profile: CostProfile) -> NDArray[np.float64]:
+    """The profile as one array, batch x (tokens + verify column); inf where it has no verify_one."""
+    verify = profile.verify_one if profile.verify_one is not None else (np.inf,) * len(profile.batch_sizes)
+    return np.column_stack([np.asarray(profile.seconds, dtype=np.float64).reshape(len(profile.batch_sizes), -1),
+                            np.asarray(verify, dtype=np.float64)])
+
+
+def cells_profile(like: CostProfile, cells: NDArray[np.float64]) -> CostProfile:
+    """`cells` (as profile_cells lays them out) on `like`'s axes."""
+    verify = None if like.verify_one is None else tuple(float(v) for v in cells[:, -1])
+    return CostProfile(like.batch_sizes, like.tokens, tuple(tuple(float(v) for v in row[:-1]) for row in cells),
+                       verify)

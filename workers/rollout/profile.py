@@ -1,9 +1,22 @@
-"""Measure the verify-cost profile t(batch, tokens per sequence) of a model on this machine, cached.
+"""Measure the verify-cost profile t(batch, tokens per sequence) of a model on this machine, cached,
+re-measured where it went stale or was shown wrong, and corrected by the passes it priced.
 
 The adaptive speculation policy needs to know what appending 1 + k tokens per sequence costs at
-each batch size. That depends on the model, the device, the dtype and the torch build, so it is
-measured once at start-up (a few seconds for the embedded model) and cached under
-``$RHYMERL_CACHE`` (default ``~/.cache/rhymerl``), keyed by all four and by the model code.
+each batch size. That depends on the model, the device, the dtype, the torch build and its thread
+count, so it is measured on first use (seconds for the embedded model, minutes for a bigger
+one; `progress` reports each cell) and cached under ``$RHYMERL_CACHE`` (default
+``~/.cache/rhymerl``), keyed by all of these and by the model code.
+
+A timing taken while the machine was busy comes out too slow, and a cache keeps it. So the cache
+holds, per cell, what was measured and when, and the smallest bound real passes put on it
+(adaptive.CostEvidence, merged after every rollout step by ProfileStore.update). The profile a
+run uses is, per cell, the smaller of the two. A cell is re-measured (ProfileStore.due) when its
+measurement is older than MAX_AGE_S, when passes seen after it ran in under INCONSISTENT of it
+(a pass, overheads included, cannot be faster than its forward pass: the measurement was
+disturbed), and, when most cells with such evidence were disturbed, every cell measured back
+then (the whole measurement is suspect, also where no pass could show it). That happens at start-up
+and between rollout steps (each cell at most once per run, so a machine that stays busy cannot
+make a run measure forever); writes are atomic.
 """
 
 from __future__ import annotations
@@ -11,16 +24,23 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
+from numpy.typing import NDArray
 
+from rhymerl.errors import user_paths
+from rhymerl.workers import atomic
 from rhymerl.workers.model import cached_attention
 from rhymerl.workers.model.transformer import KVCache, TinyLlama
-from rhymerl.workers.rollout.adaptive import CostProfile
+from rhymerl.workers.rollout.adaptive import INCONSISTENT, CostEvidence, CostProfile, cells_profile
 
 BATCHES = (1, 4, 16, 64, 128, 256)
 TOKENS = (1, 2, 3, 5, 9, 17, 33)
@@ -78,31 +98,57 @@ def _timer(model: TinyLlama, repeats: int) -> Callable[..., float]:
     return fastest
 
 
+Progress = Callable[[int, int], None]
+"""progress(done, total): (0, total) before the first of `total` cells is measured and (k, total)
+after the k-th; (0, 0) once when nothing needed measuring (the cached profile was used as is)."""
+
+Cell = tuple[int, int]
+"""(batch index, tokens index); the tokens index len(tokens) is the verify column (verify_one)."""
+
+
 @torch.inference_mode()
+def measure_cells(model: TinyLlama, context: int, batches: Sequence[int], tokens: Sequence[int],
+                  cells: Iterable[Cell], repeats: int = 5, progress: Progress | None = None) -> dict[Cell, float]:
+    """Seconds of one forward_cached pass for each of `cells`, at `context` tokens of cache: the
+    fastest of `repeats` timings. The verify column is a verify pass carrying one token per
+    sequence (a block two tokens wide with one real token per row: the verify path at its cheapest).
+
+    Token ids come from a private generator: measuring never moves torch's global random state.
+    """
+    todo = sorted(set(cells))
+    param = next(model.parameters())
+    fastest = _timer(model, repeats)
+    gen = torch.Generator(device=param.device).manual_seed(0)
+    out: dict[Cell, float] = {}
+    if progress is not None and todo:
+        progress(0, len(todo))
+    for i in sorted({i for i, _ in todo}):
+        b = batches[i]
+        cache = KVCache(model.cfg, b, context + max(tokens), param.dtype, param.device)  # shared by the row
+        start = torch.full((b,), context, dtype=torch.int64, device=param.device)
+        for j in (j for r, j in todo if r == i):
+            if j < len(tokens):
+                ids = torch.randint(3, model.cfg.vocab_size, (b, tokens[j]), device=param.device, generator=gen)
+                out[(i, j)] = fastest(model.forward_cached, ids, start, cache)
+            else:
+                ones = torch.ones(b, dtype=torch.int64, device=param.device)
+                pair = torch.randint(3, model.cfg.vocab_size, (b, 2), device=param.device, generator=gen)
+                out[(i, j)] = fastest(model.forward_cached, pair, start, cache, ones)
+            if progress is not None:
+                progress(len(out), len(todo))
+    return out
+
+
 def measure(model: TinyLlama, context: int = 256, batches: tuple[int, ...] = BATCHES,
-            tokens: tuple[int, ...] = TOKENS, repeats: int = 5) -> CostProfile:
+            tokens: tuple[int, ...] = TOKENS, repeats: int = 5, progress: Progress | None = None) -> CostProfile:
     """Seconds of one forward_cached pass per (batch, tokens) at `context` tokens of cache, and
     per batch of a verify pass carrying one token per sequence (CostProfile.verify_one).
 
     Each cell is the fastest of `repeats` timings, then the grid is made monotone.
     """
-    param = next(model.parameters())
-    fastest = _timer(model, repeats)
-    grid, verify_one = [], []
-    for b in batches:
-        cache = KVCache(model.cfg, b, context + max(tokens), param.dtype, param.device)
-        start = torch.full((b,), context, dtype=torch.int64, device=param.device)
-        row = []
-        for t in tokens:
-            ids = torch.randint(3, model.cfg.vocab_size, (b, t), device=param.device)
-            row.append(fastest(model.forward_cached, ids, start, cache))
-        grid.append(row)
-        # a block two tokens wide with one real token per row: the verify path at its cheapest
-        ones = torch.ones(b, dtype=torch.int64, device=param.device)
-        pair = torch.randint(3, model.cfg.vocab_size, (b, 2), device=param.device)
-        verify_one.append(fastest(model.forward_cached, pair, start, cache, ones))
-    column = monotone([[v] for v in verify_one])
-    return CostProfile(tuple(batches), tuple(tokens), monotone(grid), tuple(r[0] for r in column))
+    every = [(i, j) for i in range(len(batches)) for j in range(len(tokens) + 1)]
+    timed = measure_cells(model, context, batches, tokens, every, repeats, progress)
+    return CacheEntry.measured_now(tuple(batches), tuple(tokens), context, timed, time.time()).profile()
 
 
 @torch.inference_mode()
@@ -141,20 +187,184 @@ def measure_prefill(model: TinyLlama, tokens: int, repeats: int = 5) -> float:
     return _timer(model, repeats)(model.prefill, ids, slots, cache) / tokens
 
 
+MAX_AGE_S = 7 * 24 * 3600.0
+"""A measurement older than this is taken again: the machine (its load, kernel, clocks) moves on."""
+
+
+def _grid(rows: Any, shape: tuple[int, int], missing: float) -> NDArray[np.float64]:
+    out = np.array([[missing if v is None else float(v) for v in row] for row in rows], dtype=np.float64)
+    if out.shape != shape:
+        raise ValueError(f"expected a {shape[0]} x {shape[1]} grid, got {out.shape}")
+    return out
+
+
+def _json_grid(grid: NDArray[np.float64]) -> list[list[float | None]]:
+    return [[float(v) if math.isfinite(v) else None for v in row] for row in grid.tolist()]
+
+
+@dataclass
+class CacheEntry:
+    """One cached profile. Per cell (batch x tokens, then the verify column): the raw measured
+    seconds and when they were taken, and the smallest bound real passes put on the cell and when
+    (inf and -inf where there is none)."""
+
+    batch_sizes: tuple[int, ...]
+    tokens: tuple[int, ...]
+    context: int
+    measured: NDArray[np.float64]
+    measured_at: NDArray[np.float64]
+    observed: NDArray[np.float64]
+    observed_at: NDArray[np.float64]
+
+    @classmethod
+    def measured_now(cls, batch_sizes: tuple[int, ...], tokens: tuple[int, ...], context: int,
+                     timed: dict[Cell, float], now: float) -> CacheEntry:
+        shape = (len(batch_sizes), len(tokens) + 1)
+        if set(timed) != {(i, j) for i in range(shape[0]) for j in range(shape[1])}:
+            raise ValueError("a new profile needs every cell measured")
+        entry = cls(batch_sizes, tokens, context, np.zeros(shape), np.zeros(shape), np.full(shape, np.inf),
+                    np.full(shape, -np.inf))
+        entry.remeasured(timed, now)
+        return entry
+
+    def profile(self) -> CostProfile:
+        """Per cell the smaller of the measurement (made monotone, as one disturbed timing must not
+        make a bigger pass look cheaper) and the observed bound."""
+        grid = np.asarray(monotone(self.measured[:, :-1].tolist()))
+        verify = np.asarray(monotone([[v] for v in self.measured[:, -1].tolist()]))
+        cells = np.minimum(np.column_stack([grid, verify]), self.observed)
+        like = CostProfile(self.batch_sizes, self.tokens, tuple(tuple(r) for r in grid.tolist()),
+                           tuple(verify[:, 0].tolist()))
+        return cells_profile(like, cells)
+
+    def due(self, now: float, max_age_s: float = MAX_AGE_S) -> list[Cell]:
+        """Cells to measure again: too old, shown disturbed by passes seen after their measurement,
+        or, when most cells with such evidence were disturbed, every cell measured before it (the
+        whole measurement is suspect, also where passes could not show it; module docstring)."""
+        old = now - self.measured_at > max_age_s
+        seen = (self.observed < self.measured) & (self.observed_at >= self.measured_at)  # evidence either way
+        low = seen & (self.observed < INCONSISTENT * self.measured)
+        suspect = np.zeros_like(old)
+        if low.any() and 2 * int(low.sum()) >= int(seen.sum()):
+            suspect = self.measured_at <= self.observed_at[low].max()
+        return [(int(i), int(j)) for i, j in zip(*np.nonzero(old | low | suspect), strict=True)]
+
+    def remeasured(self, timed: dict[Cell, float], now: float) -> None:
+        for (i, j), seconds in timed.items():
+            self.measured[i, j] = seconds
+            self.measured_at[i, j] = now
+
+    def merge(self, bounds: NDArray[np.float64], now: float) -> bool:
+        """Keep the bounds that are lower than those kept; returns whether any was."""
+        lower = bounds < self.observed
+        self.observed[lower] = bounds[lower]
+        self.observed_at[lower] = now
+        return bool(lower.any())
+
+    def to_json(self) -> dict[str, Any]:
+        grid = self.measured[:, :-1].tolist()
+        return {"version": 2, "batch_sizes": list(self.batch_sizes), "tokens": list(self.tokens),
+                "context": self.context, "seconds": grid, "verify_one": self.measured[:, -1].tolist(),
+                "measured_at": self.measured_at.tolist(), "observed": _json_grid(self.observed),
+                "observed_at": _json_grid(self.observed_at)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], written: float) -> CacheEntry:
+        """Version 1 entries (measurements only) count as measured when their file was `written`."""
+        batches, tokens = tuple(int(b) for b in data["batch_sizes"]), tuple(int(t) for t in data["tokens"])
+        shape = (len(batches), len(tokens) + 1)
+        measured = _grid([[*row, v] for row, v in zip(data["seconds"], data["verify_one"], strict=True)], shape,
+                         math.nan)
+        if not np.isfinite(measured).all() or (measured <= 0).any():
+            raise ValueError("measured seconds must be positive")
+        if data.get("version", 1) == 1:
+            at, observed, observed_at = np.full(shape, written), np.full(shape, np.inf), np.full(shape, -np.inf)
+        else:
+            at = _grid(data["measured_at"], shape, math.nan)
+            observed = _grid(data["observed"], shape, np.inf)
+            observed_at = _grid(data["observed_at"], shape, -np.inf)
+        return cls(batches, tokens, int(data.get("context", 0)), measured, at, observed, observed_at)
+
+
+class ProfileStore:
+    """A model's cached profile on this machine, kept honest by the passes it prices.
+
+    `open` reads the cache and measures what is missing or due (reporting to `progress`);
+    `update`, after each rollout step, keeps what a CostEvidence learned, re-measures the cells
+    it shows were measured disturbed (each at most once per run) and rebases the evidence on the
+    result. Every change is written back at once (atomically).
+    """
+
+    def __init__(self, model: TinyLlama, path: Path, entry: CacheEntry, progress: Progress | None,
+                 max_age_s: float) -> None:
+        self.model = model
+        self.path = path
+        self.entry = entry
+        self.progress = progress
+        self.max_age_s = max_age_s
+        self.measured: set[Cell] = set()  # cells this run measured
+
+    @classmethod
+    def open(cls, model: TinyLlama, context: int = 256, batches: tuple[int, ...] = BATCHES,
+             tokens: tuple[int, ...] = TOKENS, progress: Progress | None = None, max_age_s: float = MAX_AGE_S,
+             folder: Path | None = None) -> ProfileStore:
+        path = (folder or cache_dir()) / f"{profile_key(model, context, batches, tokens)}.json"
+        entry = None
+        if path.is_file():
+            try:
+                entry = CacheEntry.from_json(json.loads(path.read_text()), path.stat().st_mtime)
+                if (entry.batch_sizes, entry.tokens) != (batches, tokens):
+                    raise ValueError("grid axes differ from the key's")
+            except (ValueError, KeyError, TypeError):
+                entry = None  # a damaged entry is measured afresh, never trusted
+        now = time.time()
+        if entry is None:
+            every = [(i, j) for i in range(len(batches)) for j in range(len(tokens) + 1)]
+            timed = measure_cells(model, context, batches, tokens, every, progress=progress)
+            store = cls(model, path, CacheEntry.measured_now(batches, tokens, context, timed, now), progress,
+                        max_age_s)
+            store.measured |= set(timed)
+            store.write()
+            return store
+        store = cls(model, path, entry, progress, max_age_s)
+        if not store.remeasure(entry.due(now, max_age_s)) and progress is not None:
+            progress(0, 0)
+        return store
+
+    @property
+    def profile(self) -> CostProfile:
+        return self.entry.profile()
+
+    def remeasure(self, cells: Sequence[Cell]) -> int:
+        """Measure `cells` again, except those this run measured already; written back. Returns how
+        many were measured."""
+        todo = [c for c in cells if c not in self.measured]
+        if not todo:
+            return 0
+        e = self.entry
+        timed = measure_cells(self.model, e.context, e.batch_sizes, e.tokens, todo, progress=self.progress)
+        e.remeasured(timed, time.time())
+        self.measured |= set(timed)
+        self.write()
+        return len(timed)
+
+    def update(self, evidence: CostEvidence) -> int:
+        """After a rollout step: keep `evidence`'s bounds, re-measure the cells they show were
+        measured disturbed, rebase `evidence` on the result. Returns how many cells were measured."""
+        now = time.time()
+        if self.entry.merge(evidence.bounds, now):
+            self.write()
+        measured = self.remeasure(self.entry.due(now, self.max_age_s))
+        evidence.rebase(self.profile)
+        return measured
+
+    def write(self) -> None:
+        with user_paths("write the verify-cost profile cache", self.path):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic.write_text(self.path, json.dumps(self.entry.to_json()) + "\n")
+
+
 def load_or_measure(model: TinyLlama, context: int = 256, batches: tuple[int, ...] = BATCHES,
-                    tokens: tuple[int, ...] = TOKENS) -> CostProfile:
-    path = cache_dir() / f"{profile_key(model, context, batches, tokens)}.json"
-    if path.is_file():
-        try:
-            data = json.loads(path.read_text())
-            return CostProfile(tuple(data["batch_sizes"]), tuple(data["tokens"]),
-                               tuple(tuple(r) for r in data["seconds"]), tuple(data["verify_one"]))
-        except (ValueError, KeyError, TypeError):
-            path.unlink()  # a damaged cache entry is re-measured, never trusted
-    prof = measure(model, context, batches, tokens)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"batch_sizes": prof.batch_sizes, "tokens": prof.tokens,
-                               "seconds": prof.seconds, "verify_one": prof.verify_one, "context": context}))
-    tmp.replace(path)
-    return prof
+                    tokens: tuple[int, ...] = TOKENS, progress: Progress | None = None) -> CostProfile:
+    """The cached profile, measured where missing or due (ProfileStore.open)."""
+    return ProfileStore.open(model, context, batches, tokens, progress).profile

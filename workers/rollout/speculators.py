@@ -8,7 +8,7 @@ runs underneath the cost-model cap (adaptive.py).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,9 +20,9 @@ from rhymerl.workers.history.index import HistoryDrafter, HistoryIndex
 from rhymerl.workers.rollout.adaptive import (
     AcceptanceTracker,
     CostCalibration,
+    CostEvidence,
     CostProfile,
     choose_cap,
-    pass_seconds,
 )
 from rhymerl.workers.rollout.engine import GenRequest
 
@@ -33,8 +33,10 @@ PROBE_EVERY = 16
 class SpecController:
     """Chooses each pass's draft cap from the cost profile and the acceptance seen so far.
 
-    The time from one pass's choice to the next is that pass's real cost; set against the profile's
-    prediction it calibrates the cost model (adaptive.CostCalibration).
+    The time from one pass's choice to the next is that pass's real cost. With `evidence` it first
+    corrects the profile's cells (adaptive.CostEvidence; `profile` then follows the corrected one);
+    set against the (corrected) profile's prediction it calibrates the per-pass overhead
+    (adaptive.CostCalibration). Without `evidence` the profile is taken as given.
 
     Switching off parks speculation: for the next few passes the draft source asks `parked()` first
     and, while it says so, runs the pass plain without drafting or choosing, so "off" costs what
@@ -53,11 +55,13 @@ class SpecController:
     profile: CostProfile | None = None
     tracker: AcceptanceTracker = field(default_factory=AcceptanceTracker)
     calibration: CostCalibration = field(default_factory=CostCalibration)
+    evidence: CostEvidence | None = None
+    clock: Callable[[], float] = time.perf_counter
     passes: int = 0
     off_passes: int = 0
     probes: int = 0
     caps_chosen: dict[int, int] = field(default_factory=dict)
-    _last: tuple[float, float, bool] | None = None  # previous pass: clock, predicted seconds, speculative
+    _last: tuple[float, int, float] | None = None  # previous pass: clock, batch size, tokens per sequence
     _parked: int = 0        # passes left to run plain without asking the drafter
     _parked_at: int = 0     # the batch size when speculation was parked
     _park_len: int = 0      # length of the current park
@@ -80,6 +84,8 @@ class SpecController:
     def cap(self, batch_size: int, lengths: Sequence[int] | None = None) -> int:
         """This pass's cap; `lengths` are the drafts on offer (see adaptive.choose_cap)."""
         limit = self.spec.window.max
+        if self.evidence is not None:  # re-measured cells (profile.ProfileStore) count from the next choice
+            self.profile = self.evidence.profile
         if self.spec.disable_above_batch is not None and batch_size > self.spec.disable_above_batch:
             cap = 0
         elif self.profile is None:
@@ -103,16 +109,19 @@ class SpecController:
         return cap
 
     def _record(self, batch_size: int, cap: int, drafts: list[int]) -> None:
-        """Count the pass and time the previous one against its prediction."""
-        now = time.perf_counter()
-        if self._last is not None:
-            start, predicted, speculative = self._last
-            self.calibration.observe(speculative, now - start, predicted)
+        """Count the pass; the previous one's time corrects the profile, then calibrates the overhead."""
+        now = self.clock()
+        if self._last is not None and self.profile is not None:
+            start, batch, per_seq = self._last
+            if self.evidence is not None:
+                self.evidence.observe(batch, per_seq, now - start)
+                self.profile = self.evidence.profile
+            self.calibration.observe(per_seq > 1, now - start, self.profile.cost(batch, per_seq))
         self.passes += 1
         self.caps_chosen[cap] = self.caps_chosen.get(cap, 0) + 1
         self.off_passes += cap == 0
-        if self.profile is not None:
-            self._last = (now, pass_seconds(self.profile, batch_size, drafts), sum(drafts) > 0)
+        if self.profile is not None and batch_size > 0:
+            self._last = (now, batch_size, (batch_size + sum(drafts)) / batch_size)
 
     def observe(self, drafted: list[int], accepted: list[int]) -> None:
         pairs = [(d, a) for d, a in zip(drafted, accepted, strict=True) if d > 0]

@@ -14,12 +14,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rhymerl.errors import UserError
 from rhymerl.workers.scheduling.costmodel import IterationProfile, RooflineProfile, TableProfile
 
 FORMAT = "rhymerl.iteration-profile/v1"
 
 
-class ProfileError(ValueError):
+class ProfileError(UserError):
     """A profile file that cannot be used; the message names the file and the field."""
 
 
@@ -78,6 +79,10 @@ def load_profile(path: Path) -> TableProfile:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ProfileError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise ProfileError(f"{path}:{exc.lineno}: not JSON: {exc.msg}") from None
     try:

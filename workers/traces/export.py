@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from rhymerl.workers.dumps import RolloutRecord, read_run
+from rhymerl.workers.dumps import DumpError, RolloutRecord, read_run
 
 from .io import write_trace
 
@@ -21,5 +21,5 @@ def export_run(run_dir: Path, out: Path) -> int:
     """Write RUN_DIR's rollout dumps as a trace CSV; returns the number of rows."""
     rows = trace_rows(read_run(run_dir))
     if not rows:
-        raise ValueError(f"{run_dir}: the rollout dumps hold no responses")
+        raise DumpError(f"{run_dir}: the rollout dumps hold no responses")
     return write_trace(out, rows)

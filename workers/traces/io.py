@@ -12,6 +12,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from rhymerl.errors import UserError, user_paths
+
 from .model import Trace
 
 REQUIRED = ("step", "input_len", "output_len")
@@ -19,7 +21,7 @@ OPTIONAL = ("prompt_id",)
 HEADER = ("step", "prompt_id", "input_len", "output_len")
 
 
-class TraceError(ValueError):
+class TraceError(UserError):
     """A trace that cannot be read; the message names the file and line."""
 
 
@@ -99,6 +101,8 @@ def read_trace(path: Path) -> Trace:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise TraceError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise TraceError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     return parse_trace(text, path)
@@ -107,20 +111,27 @@ def read_trace(path: Path) -> Trace:
 def write_trace(path: Path, rows: Iterable[tuple[int, str | None, int, int]]) -> int:
     """Write (step, prompt_id, input_len, output_len) rows atomically; returns the row count.
 
-    prompt_id None on every row writes a file without the prompt_id column.
+    prompt_id None on every row writes a file without the prompt_id column. A path that cannot be
+    written is a PathError naming it.
     """
     rows = list(rows)
     with_ids = any(r[1] is not None for r in rows)
     if with_ids and any(r[1] is None for r in rows):
         raise ValueError("prompt_id: either every row has one or none does")
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow(HEADER if with_ids else ("step", "input_len", "output_len"))
-        for step, pid, inp, out in rows:
-            w.writerow((step, pid, inp, out) if with_ids else (step, inp, out))
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
+    with user_paths("write", path):
+        if path.is_dir():
+            raise TraceError(f"cannot write {path}: it is a folder; give a file name")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with tmp.open("w", newline="", encoding="utf-8") as f:
+                w = csv.writer(f, lineterminator="\n")
+                w.writerow(HEADER if with_ids else ("step", "input_len", "output_len"))
+                for step, pid, inp, out in rows:
+                    w.writerow((step, pid, inp, out) if with_ids else (step, inp, out))
+                f.flush()
+                os.fsync(f.fileno())
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
     return len(rows)

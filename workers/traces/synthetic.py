@@ -28,6 +28,8 @@ import numpy as np
 from .io import TraceError, read_trace
 from .model import Trace
 
+MAX_RESPONSES = 2_000_000  # a synthetic trace is built in memory
+
 
 @dataclass(frozen=True)
 class SyntheticConfig:
@@ -73,8 +75,23 @@ PRESETS: dict[str, SyntheticConfig] = {
 
 
 def generate(cfg: SyntheticConfig) -> Trace:
+    for name in ("num_prompts", "prompts_per_step", "group_size", "steps", "ramp_steps", "max_len", "input_max"):
+        if getattr(cfg, name) < 1:
+            raise TraceError(f"{cfg.name}: {name}: {getattr(cfg, name)} must be >= 1")
+    for name in ("sigma_prompt", "sigma_response", "mean_start", "mean_end", "input_median", "input_sigma"):
+        if not 0.0 <= getattr(cfg, name) < math.inf:
+            raise TraceError(f"{cfg.name}: {name}: {getattr(cfg, name)} must be a finite number >= 0")
+    for name in ("seed", "start_step"):
+        if getattr(cfg, name) < 0:
+            raise TraceError(f"{cfg.name}: {name}: {getattr(cfg, name)} must be >= 0")
+    if not 0.0 <= cfg.epoch_corr <= 1.0:
+        raise TraceError(f"{cfg.name}: epoch_corr: {cfg.epoch_corr} must lie in 0..1")
     if cfg.prompts_per_step > cfg.num_prompts:
-        raise ValueError("prompts_per_step: larger than num_prompts")
+        raise TraceError(f"{cfg.name}: prompts_per_step: larger than num_prompts")
+    responses = cfg.steps * cfg.prompts_per_step * cfg.group_size
+    if responses > MAX_RESPONSES:
+        raise TraceError(f"{cfg.name}: steps x prompts_per_step x group_size = {responses} responses; at most "
+                         f"{MAX_RESPONSES} (a synthetic trace is built in memory)")
     rng = np.random.default_rng(cfg.seed)
     n, spe = cfg.num_prompts, cfg.steps_per_epoch
     difficulty = rng.normal(0.0, cfg.sigma_prompt, n)

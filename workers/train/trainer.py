@@ -15,6 +15,7 @@ from torch import Tensor
 
 from rhymerl.api.spec import AlgorithmSpec
 from rhymerl.workers.model.transformer import TinyLlama
+from rhymerl.workers.train import guards
 from rhymerl.workers.train import objectives as obj
 
 
@@ -23,6 +24,7 @@ class TrainSample:
     prompt_ids: list[int]
     response_ids: list[int]
     advantage: float
+    label: str = ""  # names the sample in errors, e.g. "prompt ac-0-00003 sample 5"
 
 
 @dataclass
@@ -77,6 +79,8 @@ class Trainer:
         self.temperature = temperature if temperature > 0 else 1.0
         self.micro_batch_tokens = micro_batch_tokens
         self.ref = copy.deepcopy(model).eval().requires_grad_(False) if algo.kl_coef > 0 else None
+        self.skipped_samples: list[str] = []  # of the last step, by label
+        self.skipped_updates = 0
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=algo.lr, weight_decay=algo.weight_decay,
                                            betas=(0.9, 0.999))
 
@@ -99,6 +103,10 @@ class Trainer:
         """One training step (ppo_epochs x mini-batches of optimiser updates) on a rollout batch."""
         algo = self.algo
         assert algo.clip_ratio_high is not None and algo.loss_agg_mode is not None
+        self.skipped_samples, self.skipped_updates = [], 0
+        samples = self._finite_advantages(samples)
+        if not samples:
+            return {"skipped_samples": float(len(self.skipped_samples)), "skipped_updates": 0.0}
         self.model.train()
         everyone = list(range(len(samples)))
         mb_size = algo.mini_batch_size or len(samples)
@@ -106,8 +114,8 @@ class Trainer:
         # With one update per batch the old policy is the current one: ratio == 1 exactly, no extra pass.
         old = None if single_update else self._logprobs(self.model, samples, everyone)
         ref = self._logprobs(self.ref, samples, everyone) if self.ref is not None else None
-        sums = {"loss": 0.0, "pg_clipfrac": 0.0, "kl": 0.0, "entropy": 0.0, "grad_norm": 0.0}
-        tokens_seen, updates = 0.0, 0
+        sums = {"loss": 0.0, "pg_clipfrac": 0.0, "kl": 0.0, "entropy": 0.0, "grad_norm": 0.0, "tokens": 0.0}
+        updates = 0
         gen = torch.Generator().manual_seed(len(samples))
         for _ in range(algo.ppo_epochs):
             perm = torch.randperm(len(samples), generator=gen).tolist() if not single_update else everyone
@@ -117,35 +125,88 @@ class Trainer:
                 den = obj.Denominators(algo.loss_agg_mode, float(total_mask.sum()), float(len(rows)),
                                        algo.max_response_length)
                 self.optimizer.zero_grad(set_to_none=True)
+                contributed = False
                 for mb in micro_batches(samples, rows, self.micro_batch_tokens):
-                    batch = pack(samples, mb)
-                    logp, entropy = self._score(self.model, batch)
-                    old_logp = logp.detach() if old is None else _stack(old, mb, batch.mask)
-                    pg, clipped = obj.clipped_policy_loss(logp, old_logp, batch.advantages,
-                                                          algo.clip_ratio_low, algo.clip_ratio_high)
-                    per_token = pg - algo.entropy_coef * entropy
-                    if ref is not None:
-                        kl = obj.kl_k3(logp, _stack(ref, mb, batch.mask))
-                        per_token = per_token + algo.kl_coef * kl
-                        sums["kl"] += float((kl.detach() * batch.mask).sum())
-                    loss = obj.aggregate(per_token, batch.mask, den)
-                    loss.backward()
-                    sums["loss"] += float(loss.detach())
-                    sums["pg_clipfrac"] += float((clipped * batch.mask).sum())
-                    sums["entropy"] += float((entropy.detach() * batch.mask).sum())
-                    tokens_seen += float(batch.mask.sum())
-                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.max_grad_norm)
+                    while mb:
+                        mb, stats = self._backward(samples, mb, old, ref, den)
+                        if stats is not None:
+                            for key, value in stats.items():
+                                sums[key] += value
+                            contributed = True
+                            break
+                if not contributed:  # every sample of the mini-batch was skipped
+                    self.skipped_updates += 1
+                    continue
+                norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.max_grad_norm))
+                if not guards.finite(norm):
+                    if algo.on_nonfinite == "fail":
+                        raise guards.NonFiniteError(
+                            f"gradient norm is {norm} in update {updates + self.skipped_updates + 1} of the step "
+                            f"(finite losses, so no single sample is to blame; lower algorithm.lr or check the "
+                            f"rewards); this update was not applied; {guards.SKIP_HINT}")
+                    self.skipped_updates += 1
+                    self.optimizer.zero_grad(set_to_none=True)
+                    continue
                 self.optimizer.step()
-                sums["grad_norm"] += float(norm)
+                sums["grad_norm"] += norm
                 updates += 1
         self.model.eval()
-        return {
-            "loss": sums["loss"] / updates,
-            "grad_norm": sums["grad_norm"] / updates,
-            "pg_clipfrac": sums["pg_clipfrac"] / max(tokens_seen, 1.0),
-            "entropy": sums["entropy"] / max(tokens_seen, 1.0),
-            "kl": sums["kl"] / max(tokens_seen, 1.0),
+        tokens_seen = max(sums["tokens"], 1.0)
+        out = {
+            "loss": sums["loss"] / max(updates, 1),
+            "grad_norm": sums["grad_norm"] / max(updates, 1),
+            "pg_clipfrac": sums["pg_clipfrac"] / tokens_seen,
+            "entropy": sums["entropy"] / tokens_seen,
+            "kl": sums["kl"] / tokens_seen,
         }
+        if self.skipped_samples or self.skipped_updates:
+            out |= {"skipped_samples": float(len(self.skipped_samples)), "skipped_updates": float(self.skipped_updates)}
+        return out
+
+    def _finite_advantages(self, samples: list[TrainSample]) -> list[TrainSample]:
+        """The batch without samples whose advantage is nan or inf (`skip`), or an error (`fail`).
+        Checked before the step, so a skipped sample is out of every loss normaliser too."""
+        bad = [s for s in samples if not guards.finite(s.advantage)]
+        if bad and self.algo.on_nonfinite == "fail":
+            raise guards.NonFiniteError(f"{bad[0].label or 'a sample'}: advantage {bad[0].advantage}; no weight was "
+                                        f"changed; {guards.SKIP_HINT}")
+        self.skipped_samples += [s.label for s in bad]
+        return [s for s in samples if guards.finite(s.advantage)] if bad else samples
+
+    def _backward(self, samples: list[TrainSample], mb: list[int], old: dict[int, Tensor] | None,
+                  ref: dict[int, Tensor] | None, den: obj.Denominators) -> tuple[list[int], dict[str, float] | None]:
+        """Accumulate one micro-batch's gradient, unless a row's loss is not finite: then `fail`
+        raises naming the sample, and `skip` returns the micro-batch without those rows (to be
+        scored again: a nan row's backward would leak nan into every weight's gradient even
+        if masked out)."""
+        algo = self.algo
+        assert algo.clip_ratio_high is not None
+        batch = pack(samples, mb)
+        logp, entropy = self._score(self.model, batch)
+        old_logp = logp.detach() if old is None else _stack(old, mb, batch.mask)
+        pg, clipped = obj.clipped_policy_loss(logp, old_logp, batch.advantages, algo.clip_ratio_low,
+                                              algo.clip_ratio_high)
+        per_token = pg - algo.entropy_coef * entropy
+        kl = None
+        if ref is not None:
+            kl = obj.kl_k3(logp, _stack(ref, mb, batch.mask))
+            per_token = per_token + algo.kl_coef * kl
+        bad = guards.bad_rows(per_token, batch.mask)
+        if bad:
+            sample = samples[mb[bad[0]]]
+            value = guards.first_bad_value(per_token, batch.mask, bad[0])
+            if algo.on_nonfinite == "fail":
+                raise guards.NonFiniteError(f"{sample.label or 'a sample'}: its loss is {value} (advantage "
+                                            f"{sample.advantage}); this update was not applied; {guards.SKIP_HINT}")
+            self.skipped_samples += [samples[mb[r]].label for r in bad]
+            return [i for r, i in enumerate(mb) if r not in set(bad)], None
+        loss = obj.aggregate(per_token, batch.mask, den)
+        loss.backward()
+        stats = {"loss": float(loss.detach()), "pg_clipfrac": float((clipped * batch.mask).sum()),
+                 "entropy": float((entropy.detach() * batch.mask).sum()), "tokens": float(batch.mask.sum())}
+        if kl is not None:
+            stats["kl"] = float((kl.detach() * batch.mask).sum())
+        return mb, stats
 
 
 def _stack(values: dict[int, Tensor], rows: list[int], mask: Tensor) -> Tensor:

@@ -1,0 +1,123 @@
+"""A real run killed (SIGKILL) at any phase of a step resumes to exactly what an uninterrupted run
+produces: the same tokens, rewards, metrics and weights, no step counted twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from cli_runner import SCRIPT, rhymerl
+from safetensors.torch import load_file
+
+from rhymerl.workers import dumps
+from rhymerl.workers.controller.run_dir import RunDir
+
+REPO = Path(__file__).resolve().parents[2]
+# 2 prompts per step, 4 prompts, 2 epochs: steps 1-4, a checkpoint after each
+TINY = ["--set", "data.num_prompts=4", "--set", "algorithm.prompts_per_step=2", "--set", "algorithm.group_size=4",
+        "--set", "algorithm.epochs=2", "--set", "algorithm.max_response_length=64"]
+TIMED = {"spec_rate", "spec_acceptance", "tokens_per_pass"}
+
+
+def _start(out: Path, crash_at: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "RHYMERL_CRASH_AT"}
+    if crash_at:
+        env["RHYMERL_CRASH_AT"] = crash_at
+    return subprocess.run([str(SCRIPT), "run", str(REPO / "examples" / "quickstart.yaml"), "--out", str(out), *TINY],
+                          capture_output=True, text=True, env=env, timeout=600)
+
+
+def _resume(out: Path) -> subprocess.CompletedProcess[str]:
+    return rhymerl("run", "--resume", str(out))
+
+
+def _outcome(run: Path) -> tuple[list[object], list[dict[str, object]], dict[str, torch.Tensor]]:
+    records = [(r.step, r.prompt_id, r.sample_index, r.response_ids, r.reward, r.policy_version)
+               for r in dumps.read_run(run)]
+    rows = [{k: v for k, v in m.items() if not k.startswith("time_") and not k.endswith("per_s") and k not in TIMED}
+            for m in RunDir(run).metrics()]
+    weights = load_file(str(RunDir(run).checkpoint_dirs()[-1] / "model.safetensors"))
+    return records, rows, weights
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[object], list[dict[str, object]],
+                                                                  dict[str, torch.Tensor]]:
+    out = tmp_path_factory.mktemp("ref") / "run"
+    res = _start(out)
+    assert res.returncode == 0, res.stderr
+    return _outcome(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("crash_at", ["rollout:1", "checkpoint-files:1", "rollout:3", "train:3", "dump:3",
+                                      "metrics:3", "checkpoint-files:3", "checkpoint-manifest:3",
+                                      "checkpoint-renamed:3"])
+def test_a_run_killed_at_any_phase_resumes_to_the_uninterrupted_result(
+        tmp_path: Path, reference: tuple[list[object], list[dict[str, object]], dict[str, torch.Tensor]],
+        crash_at: str) -> None:
+    out = tmp_path / "run"
+    killed = _start(out, crash_at)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    resumed = _resume(out)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "Traceback" not in resumed.stderr + resumed.stdout
+    records, rows, weights = _outcome(out)
+    ref_records, ref_rows, ref_weights = reference
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert rows == ref_rows
+    assert records == ref_records
+    assert weights.keys() == ref_weights.keys()
+    assert all(torch.equal(weights[k], ref_weights[k]) for k in weights)
+    assert not list(out.rglob("*.tmp")), "debris of the interrupted write must be gone"
+
+
+@pytest.mark.slow
+def test_two_resumes_of_one_folder_run_one_at_a_time_and_count_every_step_once(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert _start(out, "rollout:2").returncode == -signal.SIGKILL
+    first = subprocess.Popen([str(SCRIPT), "run", "--resume", str(out)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "run.lock").read_text().strip() or str(first.pid) not in (out / "run.lock").read_text():
+        assert time.monotonic() < deadline and first.poll() is None
+        time.sleep(0.05)
+    second = _resume(out)
+    assert second.returncode == 2
+    assert f"pid {first.pid}" in second.stderr and "Traceback" not in second.stderr
+    _, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+
+
+def test_interrupting_a_run_says_where_it_stands_and_how_to_resume(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.Popen([str(SCRIPT), "run", str(REPO / "examples" / "quickstart.yaml"), "--out", str(out),
+                             *TINY], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not RunDir(out).checkpoint_dirs() if out.is_dir() else True:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert f"rhymerl run --resume {out}" in stdout + stderr
+    assert "Traceback" not in stdout + stderr
+    assert "interrupted" in (out / "events.log").read_text()
+    assert _resume(out).returncode == 0
+
+
+def test_a_run_stopped_before_its_first_step_can_be_started_again_into_the_same_folder(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert _start(out, "rollout:1").returncode == -signal.SIGKILL
+    # SIGKILL leaves the folder (nothing runs after it): it resumes from step 0
+    resumed = _resume(out)
+    assert resumed.returncode == 0, resumed.stderr
+    assert [m["step"] for m in RunDir(out).metrics()] == [1, 2, 3, 4]

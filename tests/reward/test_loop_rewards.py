@@ -1,0 +1,104 @@
+"""The step loop with a user reward function that fails: the run goes on, records why, or stops clearly."""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from rhymerl.api import RLJob, parse_job
+from rhymerl.workers import dumps
+from rhymerl.workers.controller.loop import run_steps
+from rhymerl.workers.controller.run_dir import RunDir
+from rhymerl.workers.model.tokenizer import CharTokenizer
+from rhymerl.workers.model.transformer import ModelConfig, TinyLlama, save_model
+from rhymerl.workers.reward.verifiers import RewardError
+
+WriteModule = Callable[[str], str]  # the reward_module fixture (conftest.py)
+
+# fails on responses of odd length, scores the others 1.0
+ODD_LENGTHS_FAIL = """
+def score(prompt, response, answer):
+    if len(response) % 2:
+        raise ValueError(f"odd length {len(response)}")
+    return 1.0
+"""
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    torch.manual_seed(0)
+    tok = CharTokenizer()
+    cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      intermediate_size=64, max_position_embeddings=512)
+    folder = tmp_path / "model"
+    save_model(TinyLlama(cfg), folder)
+    tok.save(folder / "tokenizer.json")
+    return folder
+
+
+def _job(model_dir: Path, reward: str) -> RLJob:
+    return parse_job(f"""
+apiVersion: rhymerl.io/v1alpha1
+kind: RLJob
+spec:
+  model: {{path: {model_dir}}}
+  data: {{num_prompts: 4, min_ops: 1, median_ops: 2, max_ops: 3}}
+  algorithm: {{group_size: 4, prompts_per_step: 2, max_response_length: 16, epochs: 1, lr: 0.01}}
+  rollout: {{speculation: {{method: none}}}}
+  reward: {reward}
+""")
+
+
+def _start(job: RLJob, path: Path) -> RunDir:
+    run = RunDir(path)
+    run.create(job)
+    return run
+
+
+def test_samples_whose_reward_call_failed_are_recorded_and_the_run_goes_on(
+        model_dir: Path, tmp_path: Path, reward_module: WriteModule) -> None:
+    ref = reward_module(ODD_LENGTHS_FAIL)
+    job = _job(model_dir, f"{{function: '{ref}', failure_reward: -1.0, max_failed_fraction: 1.0}}")
+    run = _start(job, tmp_path / "run")
+    rows = list(run_steps(job, run))
+    records = dumps.read_run(run.path)
+    assert len(rows) == 2 and len(records) == 16
+    failed = [r for r in records if r.reward_error is not None]
+    assert 0 < len(failed) < len(records)
+    for r in records:
+        assert (r.reward_error is None) == (r.reward == 1.0)
+        assert r.reward_error is None or r.reward_error.startswith("raised ValueError: odd length")
+    assert sum(int(row["reward_failures"]) for row in rows) == len(failed)
+    assert multiprocessing.active_children() == []
+
+
+def test_too_many_failures_stop_the_run_naming_the_function_and_the_dump(
+        model_dir: Path, tmp_path: Path, reward_module: WriteModule) -> None:
+    ref = reward_module("def score(prompt, response, answer):\n    raise ValueError('nope')\n")
+    job = _job(model_dir, f"{{function: '{ref}'}}")
+    run = _start(job, tmp_path / "run")
+    dump = dumps.dump_path(run.path, 1)
+    with pytest.raises(RewardError) as err:
+        list(run_steps(job, run))
+    assert str(err.value) == (
+        f"spec.reward.function '{ref}' failed on 8 of 8 samples in step 1, more than "
+        f"spec.reward.max_failed_fraction (0.5); first: raised ValueError: nope; "
+        f"the reward_error of every sample is in {dump}")
+    assert [r.reward_error for r in dumps.read_file(dump)] == ["raised ValueError: nope"] * 8
+    assert multiprocessing.active_children() == []
+
+
+def test_a_consumer_that_stops_early_closes_the_reward_workers(
+        model_dir: Path, tmp_path: Path, reward_module: WriteModule) -> None:
+    ref = reward_module(ODD_LENGTHS_FAIL)
+    job = _job(model_dir, f"{{function: '{ref}', max_failed_fraction: 1.0}}")
+    steps = run_steps(job, _start(job, tmp_path / "run"))
+    assert len(list(itertools.islice(steps, 1))) == 1
+    assert len(multiprocessing.active_children()) == job.spec.reward.workers
+    steps.close()
+    assert multiprocessing.active_children() == []

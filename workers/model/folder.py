@@ -1,0 +1,96 @@
+"""Where a model lives and what its config.json says, read without importing torch.
+
+Checks that run before a job starts (`rhymerl validate`, `rhymerl run`) need the model's context
+length and tokenizer but not its weights; keeping this torch-free keeps them fast. Every problem
+with a model folder is a ModelError naming the file at fault.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from importlib import resources
+from pathlib import Path
+
+from rhymerl.errors import UserError
+
+BUILTIN = {"builtin:tiny-arith": "tiny-arith"}
+CONFIG = "config.json"
+
+
+class ModelError(UserError):
+    """A model folder that cannot be used; the message names the file."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 128
+    hidden_size: int = 128
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    intermediate_size: int = 352
+    max_position_embeddings: int = 1024
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def to_json(self) -> str:
+        return json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                           "tie_word_embeddings": True, **asdict(self)}, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelConfig:
+        """Parse config.json text; raises ValueError saying which key is wrong."""
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("expected a JSON object")
+        values: dict[str, int | float] = {}
+        for f in fields(cls):
+            if f.name not in data:
+                continue
+            value = data[f.name]
+            ok = isinstance(value, int) if f.type == "int" else isinstance(value, int | float)
+            if isinstance(value, bool) or not ok or not value > 0 or value == float("inf"):
+                raise ValueError(f"{f.name}: {value!r} is not a positive {'integer' if f.type == 'int' else 'number'}")
+            values[f.name] = value
+        cfg = cls(**values)  # type: ignore[arg-type]
+        if cfg.hidden_size % cfg.num_attention_heads or cfg.head_dim % 2:
+            raise ValueError(f"hidden_size: {cfg.hidden_size} is not num_attention_heads ({cfg.num_attention_heads}) "
+                             "times an even head size")
+        return cfg
+
+
+def read_config(folder: Path) -> ModelConfig:
+    path = folder / CONFIG
+    try:
+        return ModelConfig.from_json(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelError(f"{folder}: missing {CONFIG}; is this a rhymerl model folder?") from None
+    except OSError as exc:
+        raise ModelError(f"{path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ModelError(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"{path}:{exc.lineno}: not JSON: {exc.msg}") from None
+    except ValueError as exc:
+        raise ModelError(f"{path}: {exc}") from None
+
+
+def model_dir(path: str) -> Path:
+    """The folder of `model.path`: the embedded model's or the path itself."""
+    if path in BUILTIN:
+        folder = Path(str(resources.files("rhymerl").joinpath("assets", BUILTIN[path])))
+        if not (folder / "model.safetensors").is_file():
+            raise ModelError(
+                f"model.path: the embedded model is missing at {folder}; rebuild it with "
+                f"`python -P -m rhymerl.workers.model.pretrain --out {folder}`")
+        return folder
+    if path.startswith("builtin:"):
+        raise ModelError(f"model.path: unknown builtin '{path}' (known: {', '.join(BUILTIN)})")
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ModelError(f"model.path: {path} is not a folder")
+    return folder
