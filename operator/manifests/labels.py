@@ -1,0 +1,35 @@
+"""The labels every child of an RLJob carries, after the `app.kubernetes.io/*` conventions.
+
+Selectors use only the labels that never change for a pod's lifetime (name, instance, component):
+a StatefulSet's selector is immutable, so nothing versioned or descriptive may be in it.
+"""
+
+from __future__ import annotations
+
+NAME = "rhymerl"
+MANAGED_BY = "rhymerl-operator"
+NAME_KEY = "app.kubernetes.io/name"
+INSTANCE_KEY = "app.kubernetes.io/instance"
+COMPONENT_KEY = "app.kubernetes.io/component"
+PART_OF_KEY = "app.kubernetes.io/part-of"
+MANAGED_BY_KEY = "app.kubernetes.io/managed-by"
+
+
+def labels(job_name: str, role: str | None = None) -> dict[str, str]:
+    """Labels of a child of job `job_name`; `role` is set for the objects of one role."""
+    out = {NAME_KEY: NAME, INSTANCE_KEY: job_name}
+    if role is not None:
+        out[COMPONENT_KEY] = role
+    out[PART_OF_KEY] = NAME
+    out[MANAGED_BY_KEY] = MANAGED_BY
+    return out
+
+
+def selector(job_name: str, role: str) -> dict[str, str]:
+    """matchLabels of the pods of one role of one job."""
+    return {NAME_KEY: NAME, INSTANCE_KEY: job_name, COMPONENT_KEY: role}
+
+
+def selector_string(job_name: str, role: str) -> str:
+    """The same selector as a label-selector string (status.selector, for the scale subresource and HPA)."""
+    return ",".join(f"{key}={value}" for key, value in selector(job_name, role).items())

@@ -1,0 +1,94 @@
+"""What each role's process is: its command, environment, ports and health endpoints.
+
+The one place the operator (pod templates), the distributed runtime (`rhymerl worker`, which
+arrives with the distributed-runtime issue) and "pods as processes" tests read them from. Plain
+data: builders.py turns it into Kubernetes shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Role = Literal["controller", "rollout", "train", "reward", "history"]
+ROLES: tuple[Role, ...] = ("controller", "rollout", "train", "reward", "history")
+
+SPEC_DIR = "/etc/rhymerl"
+SPEC_FILE = "spec.yaml"
+SPEC_PATH = f"{SPEC_DIR}/{SPEC_FILE}"
+DATA_DIR = "/var/lib/rhymerl"  # run folder and checkpoints; a volume claim on stateful roles
+SCRATCH_DIR = "/tmp"  # the only other writable path: root filesystems are read-only
+HTTP_PORT = 9090  # every worker: /metrics, /healthz (alive), /readyz (ready to take work)
+HEALTH_PATH = "/healthz"
+READY_PATH = "/readyz"
+RAY_GCS_PORT = 6379  # the controller pod is the Ray head
+RAY_CLIENT_PORT = 10001
+RAY_DASHBOARD_PORT = 8265
+REDIS_PASSWORD_ENV = "RHYMERL_REDIS_PASSWORD"
+# Environment the pod's own identity fills in (downward API in a cluster, the launcher elsewhere).
+FIELD_ENV: dict[str, str] = {
+    "RHYMERL_POD_NAME": "metadata.name",
+    "RHYMERL_NAMESPACE": "metadata.namespace",
+    "RHYMERL_POD_IP": "status.podIP",
+}
+
+
+@dataclass(frozen=True)
+class Port:
+    name: str
+    port: int
+
+
+@dataclass(frozen=True)
+class RoleRuntime:
+    """How one role runs, apart from anything the spec decides (images, replicas, resources)."""
+
+    role: Role
+    ports: tuple[Port, ...]
+    stateful: bool  # keeps checkpoints on a volume claim that outlives its pods
+    kube_api: bool  # talks to the Kubernetes API (patches its job's status.progress)
+    history_client: bool  # reads or writes the history store (gets the Redis password, if any)
+    startup_s: int  # how long start-up (loading a model) may take before liveness applies
+
+
+_HTTP = Port("http", HTTP_PORT)
+RUNTIME: dict[Role, RoleRuntime] = {
+    "controller": RoleRuntime("controller", (_HTTP, Port("ray-gcs", RAY_GCS_PORT), Port("ray-client", RAY_CLIENT_PORT),
+                                             Port("ray-dashboard", RAY_DASHBOARD_PORT)),
+                              stateful=True, kube_api=True, history_client=True, startup_s=300),
+    "rollout": RoleRuntime("rollout", (_HTTP,), stateful=False, kube_api=False, history_client=True, startup_s=1200),
+    "train": RoleRuntime("train", (_HTTP,), stateful=True, kube_api=False, history_client=False, startup_s=1200),
+    "reward": RoleRuntime("reward", (_HTTP,), stateful=False, kube_api=False, history_client=False, startup_s=300),
+    "history": RoleRuntime("history", (_HTTP,), stateful=False, kube_api=False, history_client=True, startup_s=300),
+}
+
+
+def child_name(job_name: str, suffix: str) -> str:
+    """`<job>-<suffix>`: the name of a child object (a role, `spec`, ...) of one job."""
+    return f"{job_name}-{suffix}"
+
+
+def controller_address(job_name: str) -> str:
+    """host:port of the Ray head: pod 0 of the controller StatefulSet, through its headless Service
+    (a short name: it resolves inside the job's namespace)."""
+    service = child_name(job_name, "controller")
+    return f"{service}-0.{service}:{RAY_GCS_PORT}"
+
+
+def argv(role: Role) -> list[str]:
+    """The process of one role; the image's entrypoint is the same `rhymerl` console script."""
+    return ["rhymerl", "worker", "--role", role, "--spec", SPEC_PATH]
+
+
+def environment(job_name: str, role: Role) -> dict[str, str]:
+    """Environment every pod of `role` gets besides FIELD_ENV (and the Redis password, when set)."""
+    return {
+        "RHYMERL_JOB": job_name,
+        "RHYMERL_ROLE": role,
+        "RHYMERL_SPEC": SPEC_PATH,
+        "RHYMERL_DATA_DIR": DATA_DIR,
+        "RHYMERL_CONTROLLER": controller_address(job_name),
+        "RHYMERL_HTTP_PORT": str(HTTP_PORT),
+        "HOME": SCRATCH_DIR,  # caches (torch, vLLM, Hugging Face) need a writable home
+        "PYTHONUNBUFFERED": "1",
+    }

@@ -1,0 +1,231 @@
+"""The operator's only door to the Kubernetes API: read a job's children, apply, delete, patch status.
+
+One generic REST path for every kind (the kinds are data, KINDS), on the official client's asyncio
+ApiClient, so that the handlers share kopf's event loop. Children are written with server-side apply
+under one field manager: the API server merges our fields with everyone else's and drops a field we
+stop setting. Every write is counted (`writes`), which is how the tests prove an idle pass writes nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib.metadata import version
+from typing import Any
+
+from kubernetes.aio.client import ApiClient
+from kubernetes.aio.client.exceptions import ApiException
+
+from rhymerl.api.crd import PLURAL
+from rhymerl.api.spec import API_VERSION, GROUP, KIND, VERSION
+from rhymerl.operator.manifests.labels import INSTANCE_KEY, MANAGED_BY, MANAGED_BY_KEY
+from rhymerl.operator.reconcile.diff import Manifest, ObjectRef
+
+log = logging.getLogger(__name__)
+FIELD_MANAGER = "rhymerl-operator"
+USER_AGENT = f"rhymerl-operator/{version('rhymerl')}"
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+
+
+@dataclass(frozen=True)
+class Kind:
+    group: str
+    version: str
+    plural: str
+
+    def path(self, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
+        root = f"/api/{self.version}" if not self.group else f"/apis/{self.group}/{self.version}"
+        out = root + (f"/namespaces/{namespace}" if namespace else "") + f"/{self.plural}"
+        return out + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
+
+
+# Every kind the builders emit (rhymerl.operator.manifests.desired), and what the operator reads.
+KINDS: dict[str, Kind] = {
+    "ConfigMap": Kind("", "v1", "configmaps"),
+    "ServiceAccount": Kind("", "v1", "serviceaccounts"),
+    "Role": Kind("rbac.authorization.k8s.io", "v1", "roles"),
+    "RoleBinding": Kind("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    "Service": Kind("", "v1", "services"),
+    "StatefulSet": Kind("apps", "v1", "statefulsets"),
+    "PodDisruptionBudget": Kind("policy", "v1", "poddisruptionbudgets"),
+}
+POD = Kind("", "v1", "pods")
+EVENT = Kind("", "v1", "events")
+SECRET = Kind("", "v1", "secrets")
+RLJOB = Kind(GROUP, VERSION, PLURAL)
+
+
+def ours(obj: Mapping[str, Any], job: str) -> bool:
+    labels = obj.get("metadata", {}).get("labels") or {}
+    return labels.get(INSTANCE_KEY) == job and labels.get(MANAGED_BY_KEY) == MANAGED_BY
+
+
+def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    return any(ref.get("uid") == uid for ref in obj.get("metadata", {}).get("ownerReferences") or [])
+
+
+def job_selector(job: str) -> str:
+    return f"{INSTANCE_KEY}={job},{MANAGED_BY_KEY}={MANAGED_BY}"
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Cluster:
+    """Async access to the API server through `api`; `on_write(verb, kind)` hears of every write."""
+
+    def __init__(self, api: ApiClient, timeout_s: float = 30.0,
+                 on_write: Callable[[str, str], None] | None = None) -> None:
+        self.api = api
+        self.api.user_agent = USER_AGENT
+        self.timeout_s = timeout_s
+        self.writes: Counter[tuple[str, str]] = Counter()
+        self._on_write = on_write
+        self._host = socket.gethostname()
+
+    async def _call(self, method: str, path: str, *, query: Sequence[tuple[str, str]] = (),
+                    body: Any = None, content_type: str = JSON) -> Any:
+        serialized = await self.api.param_serialize(
+            method, path, query_params=list(query), body=body, auth_settings=["BearerToken"],
+            header_params={"Content-Type": content_type, "Accept": JSON})
+        response = await self.api.call_api(*serialized, _request_timeout=self.timeout_s)
+        data = await response.read()
+        text = data.decode("utf-8", "replace") if data else ""
+        if not 200 <= response.status <= 299:
+            raise ApiException.from_response(http_resp=response, body=text, data=None)
+        return json.loads(text) if text else None
+
+    def _wrote(self, verb: str, kind: str) -> None:
+        self.writes[(verb, kind)] += 1
+        if self._on_write is not None:
+            self._on_write(verb, kind)
+
+    # reads
+
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            job: dict[str, Any] = await self._call("GET", RLJOB.path(namespace, name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return job
+
+    async def list_jobs(self, namespaces: Sequence[str] | None) -> list[dict[str, Any]]:
+        """Every RLJob in `namespaces` (None: in every namespace)."""
+        found: list[dict[str, Any]] = []
+        for namespace in namespaces if namespaces is not None else [None]:
+            listed = await self._call("GET", RLJOB.path(namespace))
+            found += listed.get("items") or []
+        return found
+
+    async def _list(self, kind: Kind, namespace: str, job: str) -> list[dict[str, Any]]:
+        listed = await self._call("GET", kind.path(namespace), query=[("labelSelector", job_selector(job))])
+        items = listed.get("items") or []
+        api_version = f"{kind.group}/{kind.version}" if kind.group else kind.version
+        kind_name = {v: k for k, v in KINDS.items()}.get(kind, "Pod")
+        out = []
+        for item in items:
+            if ours(item, job):  # the selector again: not every API server (nor every test double) filters
+                out.append({"apiVersion": api_version, "kind": kind_name, **item})
+        return out
+
+    async def list_children(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        """Every object of a kind the builders emit that carries job `job`'s labels."""
+        found: list[dict[str, Any]] = []
+        for kind in KINDS.values():
+            found += await self._list(kind, namespace, job)
+        return found
+
+    async def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        return await self._list(POD, namespace, job)
+
+    async def read_secret(self, namespace: str, name: str, key: str) -> str | None:
+        """The decoded value of one key of a Secret; None when the Secret or the key is missing, or the
+        operator may not read it."""
+        try:
+            secret = await self._call("GET", SECRET.path(namespace, name))
+        except ApiException as exc:
+            if exc.status in (403, 404):  # forbidden: the operator may not read Secrets (see history.py)
+                return None
+            raise
+        value = (secret.get("data") or {}).get(key)
+        return base64.b64decode(value).decode() if value is not None else None
+
+    # writes
+
+    async def apply(self, obj: Manifest) -> dict[str, Any]:
+        """Create or update `obj` by server-side apply (forced: the operator owns these fields)."""
+        kind = KINDS[obj["kind"]]
+        meta = obj["metadata"]
+        result: dict[str, Any] = await self._call(
+            "PATCH", kind.path(meta["namespace"], meta["name"]), body=obj, content_type=APPLY_PATCH,
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")])
+        self._wrote("apply", obj["kind"])
+        return result
+
+    async def delete(self, namespace: str, ref: ObjectRef) -> None:
+        """Delete one child; its pods and the like go with it (background garbage collection)."""
+        try:
+            await self._call("DELETE", KINDS[ref.kind].path(namespace, ref.name),
+                             query=[("propagationPolicy", "Background")])
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        self._wrote("delete", ref.kind)
+
+    async def delete_pod(self, namespace: str, name: str) -> None:
+        try:
+            await self._call("DELETE", POD.path(namespace, name))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        self._wrote("delete", "Pod")
+
+    async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        """Merge `status` into the job's status (the status subresource: spec and metadata untouched)."""
+        await self._call("PATCH", RLJOB.path(namespace, name, "status"), body={"status": dict(status)},
+                         content_type=MERGE_PATCH)
+        self._wrote("patch", "RLJob/status")
+
+    async def set_finalizers(self, job: Mapping[str, Any], finalizers: Sequence[str]) -> None:
+        """Replace the job's finalizers, if it has not changed since it was read (else 409)."""
+        meta = job["metadata"]
+        patch: dict[str, Any] = {"metadata": {"finalizers": list(finalizers) or None}}
+        if meta.get("resourceVersion"):
+            patch["metadata"]["resourceVersion"] = meta["resourceVersion"]
+        await self._call("PATCH", RLJOB.path(meta["namespace"], meta["name"]), body=patch, content_type=MERGE_PATCH)
+        self._wrote("patch", "RLJob")
+
+    async def event(self, job: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """Record a Kubernetes Event about `job` (what `kubectl describe rljob` lists); a refused or failed
+        post is logged, not raised."""
+        meta = job["metadata"]
+        stamp = now_rfc3339()
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{time.time_ns():x}", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta.get("uid", "")},
+            "type": type_, "reason": reason, "message": message[:1024],
+            "source": {"component": FIELD_MANAGER, "host": self._host},
+            "reportingComponent": f"{GROUP}/operator", "reportingInstance": self._host,
+            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+        }
+        try:
+            await self._call("POST", EVENT.path(meta["namespace"]), body=body)
+        except ApiException as exc:  # best effort, as client-go's recorder: the status says the same
+            log.warning("%s/%s: cannot record the event %s: %s", meta["namespace"], meta["name"], reason,
+                        exc.reason or exc.status)
+            return
+        self._wrote("create", "Event")

@@ -1,0 +1,162 @@
+"""What a job's pods say: ready, crashed, preempted, unschedulable; and the failure count. Pure.
+
+Crashes are container restarts (the kubelet restarts a crashed container in place and counts it in
+restartCount); they count against spec.failure_policy.backoff_limit. A pod taken away by the
+platform (spot preemption, eviction, node shutdown or loss: the DisruptionTarget condition, or the
+pod's reason) is a preemption: the StatefulSet replaces it and it never counts as a crash. Which pods
+are already counted is kept in status.failures.counted, so an operator restart counts nothing twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rhymerl.api.spec import CountedPod, Failures
+from rhymerl.operator.manifests.labels import COMPONENT_KEY
+
+Pod = Mapping[str, Any]
+
+# Pod reasons of the platform taking a pod away (status.reason, or the DisruptionTarget condition's).
+PREEMPTION_REASONS = frozenset({
+    "PreemptionByScheduler", "PreemptionByKubeScheduler", "Preempting", "Preempted", "DeletionByTaintManager",
+    "EvictionByEvictionAPI", "DeletionByPodGC", "TerminationByKubelet", "Evicted", "NodeLost", "NodeShutdown",
+    "Shutdown", "Terminated", "NodeAffinity",
+})
+IMAGE_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
+CONFIG_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
+CRASH_REASONS = frozenset({"CrashLoopBackOff"})
+MAX_GONE = 32  # counted pods kept after they went away
+
+
+@dataclass(frozen=True)
+class PodView:
+    """The facts about one pod the operator acts on."""
+
+    name: str
+    uid: str
+    role: str
+    ready: bool
+    deleting: bool
+    restarts: int
+    preempted: str | None  # why, when the platform took it away
+    unschedulable: str | None  # the scheduler's message
+    waiting: str | None  # "container X: ImagePullBackOff: message" for image and config problems
+    crash: str | None  # "container X exited 1 (Error)" for the last non-zero exit, if any
+    crash_looping: bool
+
+
+def _conditions(pod: Pod) -> dict[str, Mapping[str, Any]]:
+    return {c.get("type", ""): c for c in pod.get("status", {}).get("conditions") or []}
+
+
+def _containers(pod: Pod) -> list[Mapping[str, Any]]:
+    status = pod.get("status", {})
+    return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+
+
+def preemption(pod: Pod) -> str | None:
+    """Why the platform took this pod away (spot preemption, eviction, node shutdown or loss), or None."""
+    disruption = _conditions(pod).get("DisruptionTarget")
+    if disruption is not None and disruption.get("status") == "True":
+        reason = disruption.get("reason") or "DisruptionTarget"
+        message = disruption.get("message")
+        return f"{reason}: {message}" if message else reason
+    reason = pod.get("status", {}).get("reason")
+    if reason in PREEMPTION_REASONS or (isinstance(reason, str) and reason.startswith("Preempt")):
+        message = pod.get("status", {}).get("message")
+        return f"{reason}: {message}" if message else str(reason)
+    return None
+
+
+def _exit(terminated: Mapping[str, Any]) -> str:
+    code = terminated.get("exitCode")
+    reason = terminated.get("reason")
+    return f"exited {code}" + (f" ({reason})" if reason else "")
+
+
+def view(pod: Pod) -> PodView:
+    meta = pod.get("metadata", {})
+    conditions = _conditions(pod)
+    ready = conditions.get("Ready", {}).get("status") == "True"
+    scheduled = conditions.get("PodScheduled", {})
+    unschedulable = None
+    if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+        unschedulable = scheduled.get("message") or "no node fits the pod"
+    restarts = 0
+    waiting = crash = None
+    looping = False
+    for c in _containers(pod):
+        name = c.get("name", "?")
+        restarts += int(c.get("restartCount") or 0)
+        state = c.get("state") or {}
+        wait = state.get("waiting") or {}
+        reason = wait.get("reason")
+        if reason in IMAGE_REASONS or reason in CONFIG_REASONS:
+            detail = f": {wait['message']}" if wait.get("message") else ""
+            waiting = waiting or f"container {name}: {reason}{detail}"
+        looping = looping or reason in CRASH_REASONS
+        for terminated in ((state.get("terminated") or {}), ((c.get("lastState") or {}).get("terminated") or {})):
+            if terminated and terminated.get("exitCode") not in (None, 0) and crash is None:
+                crash = f"container {name} {_exit(terminated)}"
+    return PodView(
+        name=meta.get("name", ""), uid=meta.get("uid", ""), role=(meta.get("labels") or {}).get(COMPONENT_KEY, ""),
+        ready=ready and not meta.get("deletionTimestamp"), deleting=bool(meta.get("deletionTimestamp")),
+        restarts=restarts, preempted=preemption(pod), unschedulable=unschedulable, waiting=waiting, crash=crash,
+        crash_looping=looping,
+    )
+
+
+@dataclass(frozen=True)
+class FailureNote:
+    """One newly counted failure, for a Kubernetes Event."""
+
+    kind: str  # "crash" or "preemption"
+    pod: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Count:
+    failures: Failures
+    notes: tuple[FailureNote, ...] = field(default=())
+
+
+def count(previous: Failures, pods: Sequence[PodView], gone: Iterable[PodView] = ()) -> Count:
+    """Fold the pods seen now (and `gone`: pods seen deleted since the last pass) into the failure count.
+
+    A pod's restarts are counted from what was already counted for the same pod uid (a replaced pod,
+    same name and new uid, starts from zero); a preempted pod counts once. `counted` keeps the pods that
+    exist and have something counted, plus the last MAX_GONE ones that went away (a deleted pod may be
+    reported again by a late watch event), so it stays about as small as the job."""
+    known = {c.uid: c for c in previous.counted}
+    crashes, preemptions, last = previous.crashes, previous.preemptions, previous.lastFailure
+    notes: list[FailureNote] = []
+    current = {p.uid for p in pods}
+    kept: list[CountedPod] = []
+    went: list[CountedPod] = []
+    seen: set[str] = set()
+    for pod in [*pods, *(g for g in gone if g.uid not in current)]:
+        if pod.uid in seen or not pod.uid:
+            continue
+        seen.add(pod.uid)
+        before = known.get(pod.uid, CountedPod(pod=pod.name, uid=pod.uid))
+        new_restarts = max(0, pod.restarts - before.restarts)
+        if new_restarts:
+            crashes += new_restarts
+            last = f"pod {pod.name}: {pod.crash or 'container restarted'}"
+            notes.append(FailureNote("crash", pod.name, f"{last} (crash {crashes})"))
+        preempted = before.preempted
+        if pod.preempted and not preempted:
+            preempted = True
+            preemptions += 1
+            last = f"pod {pod.name}: preempted ({pod.preempted})"
+            notes.append(FailureNote("preemption", pod.name, f"{last}; the StatefulSet replaces it (not a crash)"))
+        entry = CountedPod(pod=pod.name, uid=pod.uid, restarts=max(pod.restarts, before.restarts), preempted=preempted)
+        if entry.restarts or entry.preempted:
+            (kept if pod.uid in current else went).append(entry)
+    went = [c for c in previous.counted if c.uid not in seen] + went
+    kept.sort(key=lambda c: (c.pod, c.uid))
+    counted = kept + went[-MAX_GONE:]
+    return Count(Failures(crashes=crashes, preemptions=preemptions, lastFailure=last, counted=counted), tuple(notes))

@@ -1,0 +1,55 @@
+"""An RLJob as stored -> the spec or its problems (reconcile.validate); a metrics row -> status.progress
+(rhymerl.operator.progress)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from rhymerl.operator.progress import progress_of
+from rhymerl.operator.reconcile.validate import clamp_replicas, parse
+
+
+def stored(spec: dict[str, Any]) -> dict[str, Any]:
+    """An RLJob as the API server returns it: with its own metadata fields."""
+    return {"apiVersion": "rhymerl.io/v1alpha1", "kind": "RLJob",
+            "metadata": {"name": "j", "namespace": "ns", "uid": "u", "resourceVersion": "7", "generation": 2,
+                         "creationTimestamp": "2026-01-01T00:00:00Z", "finalizers": ["x"],
+                         "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"}},
+            "spec": spec, "status": {"phase": "Running"}}
+
+
+def test_a_stored_job_validates_whatever_the_server_added_to_its_metadata() -> None:
+    parsed = parse(stored({"rollout": {"replicas": 2, "max_replicas": 3}}))
+    assert parsed.problems is None and parsed.job is not None
+    assert (parsed.job.metadata.namespace, parsed.job.spec.rollout.replicas) == ("ns", 2)
+
+
+def test_an_invalid_spec_names_every_bad_field_as_rhymerl_validate_does() -> None:
+    parsed = parse(stored({"rollout": {"temperature": -1, "tempreature": 1}}))
+    assert parsed.job is None
+    assert parsed.problems == ("spec.rollout.temperature: Input should be greater than or equal to 0; "
+                               "spec.rollout.tempreature: unknown field; did you mean 'temperature'?")
+
+
+def test_scaled_replicas_out_of_bounds_are_clamped_not_refused() -> None:
+    high = parse(stored({"rollout": {"replicas": 10, "min_replicas": 2, "max_replicas": 4}}))
+    assert high.job is not None and high.job.spec.rollout.replicas == 4 and high.clamped_from == 10
+    low = parse(stored({"rollout": {"replicas": 0, "min_replicas": 2, "max_replicas": 4}}))
+    assert low.job is not None and low.job.spec.rollout.replicas == 2
+    assert clamp_replicas({"rollout": {"replicas": 3, "max_replicas": 4}}) is None
+    assert clamp_replicas({"rollout": {"replicas": "many"}}) is None
+    bounds_wrong = parse(stored({"rollout": {"replicas": 3, "min_replicas": 5, "max_replicas": 4}}))
+    assert bounds_wrong.problems is not None and "spec.rollout.max_replicas" in bounds_wrong.problems
+
+
+def test_a_metrics_row_becomes_status_progress_leaving_out_what_is_not_a_number() -> None:
+    row = {"step": 12, "epoch": 3, "policy_version": 12, "reward_mean": 0.5, "spec_acceptance": 0.75,
+           "rollout_bubble": 0.125, "time_rollout_s": 2.0, "time_reward_s": 0.5, "time_train_s": 1.25,
+           "loss": float("nan")}
+    at = datetime(2026, 5, 6, 7, 8, 9, tzinfo=UTC)
+    assert progress_of(row, at) == {"step": 12, "epoch": 3, "policyVersion": 12, "rewardMean": 0.5,
+                                    "acceptanceRate": 0.75, "bubbleRatio": 0.125, "lastStepSeconds": 3.75,
+                                    "updatedAt": "2026-05-06T07:08:09Z", "finished": False}
+    sparse = progress_of({"step": 1, "reward_mean": float("inf")}, at, finished=True)
+    assert sparse == {"step": 1, "updatedAt": "2026-05-06T07:08:09Z", "finished": True}
