@@ -19,9 +19,11 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from rhymerl.api import RLJob
+from rhymerl.api.load import SpecError, SpecProblem
 from rhymerl.errors import UserError
 from rhymerl.workers.controller.loop import run_steps
 from rhymerl.workers.controller.plots import plot_metrics
+from rhymerl.workers.controller.preflight import check_memory, preflight
 from rhymerl.workers.controller.prompts import load_prompts
 from rhymerl.workers.controller.run_dir import RunDir
 from rhymerl.workers.rollout.profile import cache_dir
@@ -62,9 +64,6 @@ def epoch_rewards(rows: list[dict[str, Any]]) -> dict[int, float]:
 def check_local(job: RLJob) -> None:
     """Reject, before anything is written, what the local backend cannot run: a SpecError for the
     spec, a DataError (file:line) for a prompt the model cannot take, a ModelError for its files."""
-    from rhymerl.api.load import SpecError, SpecProblem
-    from rhymerl.workers.controller.preflight import check_memory, preflight
-
     problems = []
     if job.spec.rollout.engine != "torch":
         problems.append(SpecProblem("spec.rollout.engine", f"'{job.spec.rollout.engine}' needs a cluster; the "
