@@ -30,14 +30,23 @@ def _rhymerl(user_code: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           timeout=600)
 
 
-def test_a_run_whose_reward_function_raises_on_some_samples_completes_and_records_them(tmp_path: Path) -> None:
+def _run_with_reward(tmp_path: Path, module: str, code: str,
+                     *sets: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """`rhymerl run` of the tiny quickstart scored by `module:score` (holding `code`), with more
+    `--set` items; returns the process and the run folder."""
     user_code = tmp_path / "user_code"
     user_code.mkdir()
-    (user_code / "my_reward.py").write_text(USER_REWARD)
+    (user_code / f"{module}.py").write_text(code)
     run = tmp_path / "run"
+    sets_args = [arg for item in (f"reward.function={module}:score", *sets) for arg in ("--set", item)]
     res = _rhymerl(user_code, "run", str(REPO / "examples" / "quickstart.yaml"), "--out", str(run), *TINY,
-                   "--set", "reward.function=my_reward:score", "--set", "reward.failure_reward=-1",
-                   "--set", "reward.max_failed_fraction=1")
+                   *sets_args)
+    return res, run
+
+
+def test_a_run_whose_reward_function_raises_on_some_samples_completes_and_records_them(tmp_path: Path) -> None:
+    res, run = _run_with_reward(tmp_path, "my_reward", USER_REWARD, "reward.failure_reward=-1",
+                                "reward.max_failed_fraction=1")
     assert res.returncode == 0, res.stderr
     records = [json.loads(line) for path in sorted((run / "rollouts").glob("step_*.jsonl"))
                for line in path.read_text().splitlines()]
@@ -50,12 +59,8 @@ def test_a_run_whose_reward_function_raises_on_some_samples_completes_and_record
 
 def test_a_run_whose_reward_function_always_raises_stops_with_one_line_saying_where_to_look(
         tmp_path: Path) -> None:
-    user_code = tmp_path / "user_code"
-    user_code.mkdir()
-    (user_code / "broken_reward.py").write_text("def score(prompt, response, answer):\n    raise ValueError('bad')\n")
-    run = tmp_path / "run"
-    res = _rhymerl(user_code, "run", str(REPO / "examples" / "quickstart.yaml"), "--out", str(run), *TINY,
-                   "--set", "reward.function=broken_reward:score")
+    res, run = _run_with_reward(tmp_path, "broken_reward",
+                                "def score(prompt, response, answer):\n    raise ValueError('bad')\n")
     assert res.returncode == 2, res.stderr
     assert "spec.reward.function 'broken_reward:score' failed on 8 of 8 samples in step 1" in res.stderr
     assert "first: raised ValueError: bad" in res.stderr
@@ -79,12 +84,7 @@ def score(prompt, response, answer):
 
 
 def test_a_nan_reward_stops_the_run_naming_the_prompt_sample_and_value_before_any_update(tmp_path: Path) -> None:
-    user_code = tmp_path / "user_code"
-    user_code.mkdir()
-    (user_code / "nan_reward.py").write_text(NAN_REWARD)
-    run = tmp_path / "run"
-    res = _rhymerl(user_code, "run", str(REPO / "examples" / "quickstart.yaml"), "--out", str(run), *TINY,
-                   "--set", "reward.function=nan_reward:score")
+    res, run = _run_with_reward(tmp_path, "nan_reward", NAN_REWARD)
     assert res.returncode == 2, res.stderr
     assert "step 1: prompt " in res.stderr and " sample " in res.stderr and "returned nan" in res.stderr
     assert "Traceback" not in res.stderr
@@ -92,13 +92,8 @@ def test_a_nan_reward_stops_the_run_naming_the_prompt_sample_and_value_before_an
 
 
 def test_with_skip_a_nan_reward_is_a_recorded_failure_and_every_file_stays_valid_json(tmp_path: Path) -> None:
-    user_code = tmp_path / "user_code"
-    user_code.mkdir()
-    (user_code / "nan_reward.py").write_text(NAN_REWARD)
-    run = tmp_path / "run"
-    res = _rhymerl(user_code, "run", str(REPO / "examples" / "quickstart.yaml"), "--out", str(run), *TINY,
-                   "--set", "reward.function=nan_reward:score", "--set", "algorithm.on_nonfinite=skip",
-                   "--set", "reward.max_failed_fraction=1")
+    res, run = _run_with_reward(tmp_path, "nan_reward", NAN_REWARD, "algorithm.on_nonfinite=skip",
+                                "reward.max_failed_fraction=1")
     assert res.returncode == 0, res.stderr
     records = [json.loads(line) for path in sorted((run / "rollouts").glob("step_*.jsonl"))
                for line in path.read_text().splitlines()]

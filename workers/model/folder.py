@@ -42,9 +42,8 @@ class ModelConfig:
                            "tie_word_embeddings": True, **asdict(self)}, indent=2)
 
     @classmethod
-    def from_json(cls, text: str) -> ModelConfig:
-        """Parse config.json text; raises ValueError saying which key is wrong."""
-        data = json.loads(text)
+    def from_data(cls, data: object) -> ModelConfig:
+        """Read config.json's parsed content; raises ValueError saying which key is wrong."""
         if not isinstance(data, dict):
             raise ValueError("expected a JSON object")
         values: dict[str, int | float] = {}
@@ -63,18 +62,26 @@ class ModelConfig:
         return cfg
 
 
-def read_config(folder: Path) -> ModelConfig:
-    path = folder / CONFIG
+def read_json(path: Path, missing: str = "") -> object:
+    """A JSON file of a model folder; every way it can be unreadable is a ModelError naming it
+    (`missing` is added to the message for an absent file)."""
     try:
-        return ModelConfig.from_json(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ModelError(f"{folder}: missing {CONFIG}; is this a rhymerl model folder?") from None
+        raise ModelError(f"{path.parent}: missing {path.name}{missing}") from None
     except OSError as exc:
         raise ModelError(f"{path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise ModelError(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise ModelError(f"{path}:{exc.lineno}: not JSON: {exc.msg}") from None
+
+
+def read_config(folder: Path) -> ModelConfig:
+    path = folder / CONFIG
+    data = read_json(path, "; is this a rhymerl model folder?")
+    try:
+        return ModelConfig.from_data(data)
     except ValueError as exc:
         raise ModelError(f"{path}: {exc}") from None
 

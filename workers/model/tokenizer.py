@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rhymerl.workers.model.folder import ModelError
+from rhymerl.workers.model.folder import ModelError, read_json
 
 SPECIALS = ("<pad>", "<bos>", "<eos>")
 CHARS = "\n" + "".join(chr(c) for c in range(32, 127))
@@ -48,16 +48,7 @@ class CharTokenizer:
 
     @classmethod
     def load(cls, path: Path) -> CharTokenizer:
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ModelError(f"{path.parent}: missing {path.name}") from None
-        except OSError as exc:
-            raise ModelError(f"{path}: {exc.strerror or exc}") from None
-        except UnicodeDecodeError as exc:
-            raise ModelError(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
-        except json.JSONDecodeError as exc:
-            raise ModelError(f"{path}:{exc.lineno}: not JSON: {exc.msg}") from None
+        data = read_json(path)
         tok = cls()
         if not isinstance(data, dict) or data.get("type") != "char" or data.get("vocab") != tok.vocab:
             raise ModelError(f"{path}: not a rhymerl character tokenizer of this version")
