@@ -168,12 +168,6 @@ def _interp2(bs: Sequence[int], ts: Sequence[int], grid: Sequence[Sequence[float
     return max(_interp1(bs, per_batch, b), 1e-9)
 
 
-def pass_seconds(profile: CostProfile, batch: int, drafts: Sequence[int]) -> float:
-    """Profiled time of a pass over `batch` sequences, of which these append 1 + draft tokens and
-    the rest 1: the engine computes real tokens only, so the pass is priced at its mean per row."""
-    return profile.cost(batch, (batch + sum(drafts)) / batch)
-
-
 def choose_cap(profile: CostProfile, batch: int, tracker: AcceptanceTracker, lengths: Sequence[int] | None = None,
                caps: Sequence[int] = CAPS, limit: int = 32, calibration: CostCalibration | None = None) -> int:
     """The draft cap with the highest expected tokens per second for `batch` running sequences.
