@@ -21,7 +21,7 @@ def _packages() -> list[str]:
     return sorted(set(found))
 
 
-HISTORY_NATIVE = "workers/history/native"
+HISTORY_NATIVE = "rhymerl/algorithms/drafting/native"
 MODEL_NATIVE = "workers/model/native"
 
 setup(
@@ -29,7 +29,7 @@ setup(
     package_dir=ROOTS,
     ext_modules=[
         Pybind11Extension(
-            "rhymerl.workers.history._suffix_index",
+            "rhymerl.algorithms.drafting._suffix_index",
             [f"{HISTORY_NATIVE}/suffix_index.cpp", f"{HISTORY_NATIVE}/bindings.cpp"],
             depends=[f"{HISTORY_NATIVE}/suffix_index.hpp"],
             cxx_std=17,

@@ -11,11 +11,11 @@ H100/7B roofline, synthetic:math, 16 workers, 8 groups, 16 steps after one warm-
 
 from __future__ import annotations
 
+from rhymerl.algorithms.scheduling import RooflineProfile, make_scheduler
+from rhymerl.algorithms.scheduling.histopipe import HistoPipe, MigrationConfig
 from rhymerl.api.spec import SchedulingSpec
-from rhymerl.workers.scheduling import RooflineProfile, make_scheduler
-from rhymerl.workers.scheduling.histopipe import HistoPipe, MigrationConfig
-from rhymerl.workers.sim import SimConfig, simulate
-from rhymerl.workers.traces import load_trace
+from rhymerl.tools.sim import SimConfig, simulate
+from rhymerl.tools.traces import load_trace
 
 trace, profile = load_trace("synthetic:math"), RooflineProfile()
 for lam, tail in [(None, 0.1), (0.5, 0.1), (0.7, 0.2), (0.3, 0.2), (0.5, 0.3)]:

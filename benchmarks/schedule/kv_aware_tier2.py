@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 import sys
 
+from rhymerl.algorithms.scheduling import RooflineProfile, make_scheduler
 from rhymerl.api.spec import SchedulingSpec
-from rhymerl.workers.scheduling import RooflineProfile, make_scheduler
-from rhymerl.workers.sim import SimConfig, simulate
-from rhymerl.workers.traces import load_trace
+from rhymerl.tools.sim import SimConfig, simulate
+from rhymerl.tools.traces import load_trace
 
 prompts, steps = int(sys.argv[1]), int(sys.argv[2])
 trace = load_trace("synthetic:math", prompts_per_step=prompts, num_prompts=8 * prompts)

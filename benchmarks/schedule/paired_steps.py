@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from rhymerl.algorithms.scheduling import RooflineProfile, make_scheduler
+from rhymerl.algorithms.scheduling.costmodel import NO_SPECULATION
 from rhymerl.api.spec import SchedulingSpec
-from rhymerl.workers.scheduling import RooflineProfile, make_scheduler
-from rhymerl.workers.scheduling.costmodel import NO_SPECULATION
-from rhymerl.workers.sim import SimConfig, simulate
-from rhymerl.workers.sim.metrics import lower_bound
-from rhymerl.workers.traces import Trace, load_trace
+from rhymerl.tools.sim import SimConfig, simulate
+from rhymerl.tools.sim.metrics import lower_bound
+from rhymerl.tools.traces import Trace, load_trace
 
 N, K, WARMUP, STEPS = 16, 8, 8, 16
 tr = load_trace("synthetic:math")

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from rhymerl.workers.scheduling.costmodel import NO_SPECULATION, RooflineProfile, group_decode_time
-from rhymerl.workers.sim.metrics import lower_bound
-from rhymerl.workers.traces import load_trace
+from rhymerl.algorithms.scheduling.costmodel import NO_SPECULATION, RooflineProfile, group_decode_time
+from rhymerl.tools.sim.metrics import lower_bound
+from rhymerl.tools.traces import load_trace
 
 N, K = 16, 8
 tr = load_trace("synthetic:math")

@@ -1,6 +1,6 @@
 """`rhymerl bench ...`: side-by-side benchmarks that print tables and write plots.
 
-Each benchmark's logic lives in rhymerl.bench.<name>; this module only wires commands.
+Each benchmark's logic lives in rhymerl.tools.bench.<name>; this module only wires commands.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def schedule(
     """Replay a workload trace under every rollout scheduling policy: table, Gantt plots, JSON."""
     from rich.console import Console
 
-    from rhymerl.bench.schedule import BenchConfig, main
+    from rhymerl.tools.bench.schedule import BenchConfig, main
 
     cfg = BenchConfig(trace=trace, workers=workers, groups=groups, steps=steps, warmup=warmup, profile=profile,
                       tokens_per_pass=tokens_per_pass, train_time_s=train_time, seed=seed,
@@ -75,7 +75,7 @@ def engine_profile(
     """Measure the torch engine's decode iteration time per (batch, context): a simulator profile."""
     from rich.console import Console
 
-    from rhymerl.bench.engine_profile import EngineProfileConfig, main
+    from rhymerl.tools.bench.engine_profile import EngineProfileConfig, main
 
     cfg = EngineProfileConfig(model, dtype, device, _ints("--batch-sizes", batch_sizes),
                               _ints("--contexts", contexts), prefill_tokens, rounds)
@@ -103,7 +103,7 @@ def drafter(
     """HistoSpec index vs arctic-inference's suffix cache vs n-gram: build, memory, draft latency."""
     from rich.console import Console
 
-    from rhymerl.bench.drafter import DrafterBenchConfig, run
+    from rhymerl.tools.bench.drafter import DrafterBenchConfig, run
 
     cfg = DrafterBenchConfig(prompts=prompts, responses=responses, length=length, seed=seed, dumps=dumps,
                              batches=tuple(batch or (1, 64, 256, 1024)), arctic_depths=tuple(depth or (24, 64)),
@@ -122,7 +122,7 @@ def acceptance(
     """Replay each epoch against the previous epoch's index: accepted tokens per draft source."""
     from rich.console import Console
 
-    from rhymerl.bench.acceptance import AcceptanceConfig, run
+    from rhymerl.tools.bench.acceptance import AcceptanceConfig, run
 
     run(AcceptanceConfig(dumps=dumps, arctic_depth=depth, arctic=not no_arctic), writable_folder(out), Console())
 
@@ -152,7 +152,7 @@ def rollout(
     """Speculative vs plain rollout on a run's prompts and weights: time, tokens/s, identical outputs."""
     from rich.console import Console
 
-    from rhymerl.bench.rollout import METHODS, RolloutBenchConfig, main
+    from rhymerl.tools.bench.rollout import METHODS, RolloutBenchConfig, main
 
     # plain decoding always runs first: it is the reference for timing and for identical outputs
     picked = [m.strip() for m in methods.split(",")] if methods else list(METHODS)
@@ -178,7 +178,7 @@ def replicas(
     """Scheduling policies placing a run's next epoch on N real engine replicas: measured makespans."""
     from rich.console import Console
 
-    from rhymerl.bench.replicas import ReplicaBenchConfig, main
+    from rhymerl.tools.bench.replicas import ReplicaBenchConfig, main
 
     chosen = tuple(p.strip() for p in policies.split(",")) if policies else ReplicaBenchConfig.policies
     main(ReplicaBenchConfig(run, replicas, chosen, groups, repeats), writable_folder(out) if out else None, Console())
@@ -199,6 +199,6 @@ def profile_recovery(
     """A verify-cost profile measured 10x too slow vs a clean one: how fast the passes correct it."""
     from rich.console import Console
 
-    from rhymerl.bench.profile_recovery import RecoveryBenchConfig, main
+    from rhymerl.tools.bench.profile_recovery import RecoveryBenchConfig, main
 
     main(RecoveryBenchConfig(run, spoil, steps, repeats), writable_folder(out) if out else None, Console())

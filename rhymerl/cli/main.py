@@ -101,7 +101,7 @@ def run(
     resume: Annotated[Path | None, typer.Option(help="continue the run in this folder")] = None,
 ) -> None:
     """Run an RLJob on this machine (the local backend)."""
-    from rhymerl.operator.local import run_local
+    from rhymerl.cli.local_run import run_local
 
     if resume is None and job is None:
         raise UserError("give an RLJob file, or --resume RUN_DIR")

@@ -14,8 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rhymerl.bench.tables import print_table
 from rhymerl.cli.report import App
+from rhymerl.tools.bench.tables import print_table
 
 trace_app = App(help="Workload traces (step,prompt_id,input_len,output_len) for `rhymerl bench schedule`.",
                 no_args_is_help=True)
@@ -27,7 +27,7 @@ def export(
     out: Annotated[Path, typer.Option("-o", "--out", help="trace CSV to write")],
 ) -> None:
     """Write a run's rollout dumps as a workload trace CSV, one row per response."""
-    from rhymerl.workers.traces.export import export_run
+    from rhymerl.tools.traces.export import export_run
 
     n = export_run(run_dir, out)
     typer.echo(f"wrote {n} rows to {out}")
@@ -44,7 +44,7 @@ def synth(
                                          "do)")] = False,
 ) -> None:
     """Generate a synthetic trace calibrated to published workload figures (docs/scheduling.md)."""
-    from rhymerl.workers.traces import synthetic, write_trace
+    from rhymerl.tools.traces import synthetic, write_trace
 
     overrides: dict[str, object] = {"seed": seed}
     if steps is not None:
@@ -64,7 +64,7 @@ def stats(
     """Length distribution per step and cross-epoch rank stability (RhymeRL §6.1)."""
     import numpy as np
 
-    from rhymerl.workers.traces import load_trace, rank_stability
+    from rhymerl.tools.traces import load_trace, rank_stability
 
     tr = load_trace(source)
     console = Console()

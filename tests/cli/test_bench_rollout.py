@@ -8,7 +8,7 @@ from pathlib import Path
 from cli_runner import rhymerl
 
 from rhymerl.api.spec import SpeculationSpec
-from rhymerl.bench.rollout import _sources, method_spec
+from rhymerl.tools.bench.rollout import _sources, method_spec
 from rhymerl.workers.history.store import MemoryHistoryStore
 from rhymerl.workers.rollout.speculators import HistoryDrafts, SpecController
 

@@ -7,7 +7,7 @@ import io
 from rich.console import Console
 from rich.table import Table
 
-from rhymerl.bench.tables import fit
+from rhymerl.tools.bench.tables import fit
 
 HEADERS = ("policy", "rollout s/step", "bubble %", "samples/s", "vs equal", "migrated %", "over bound %",
            "steady s/step", "steady over bound %", "mean batch", "ranked by")

@@ -6,16 +6,16 @@ import random
 
 import pytest
 
+from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
+from rhymerl.algorithms.scheduling.base import SampleState, Scheduler
+from rhymerl.algorithms.scheduling.baselines import Reallocate
+from rhymerl.algorithms.scheduling.factory import make_scheduler
+from rhymerl.algorithms.scheduling.types import Action, Move, Sample, StepPlan, Watch
 from rhymerl.api.spec import SchedulingSpec
 from rhymerl.workers.controller.rollout_pool import ExecutorError, PoolReport, RolloutPool, table_profile
 from rhymerl.workers.model.transformer import TinyLlama
-from rhymerl.workers.rollout.adaptive import CostProfile
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, TorchEngine
 from rhymerl.workers.rollout.sampling import sample_key
-from rhymerl.workers.scheduling.base import SampleState, Scheduler
-from rhymerl.workers.scheduling.baselines import Reallocate
-from rhymerl.workers.scheduling.factory import make_scheduler
-from rhymerl.workers.scheduling.types import Action, Move, Sample, StepPlan, Watch
 
 EOS = 2
 PARAMS = SamplingParams(temperature=1.0, seed=3, max_response_length=40)

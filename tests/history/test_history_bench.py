@@ -13,14 +13,14 @@ from hypothesis import strategies as st
 from rich.console import Console
 from typer.testing import CliRunner
 
-from rhymerl.bench.acceptance import BOUND, AcceptanceConfig
-from rhymerl.bench.acceptance import run as run_acceptance
-from rhymerl.bench.draft_sources import accepted_lengths, arctic_status, synthetic_workload
-from rhymerl.bench.drafter import DrafterBenchConfig
-from rhymerl.bench.drafter import run as run_drafter
+from rhymerl.algorithms.drafting import _suffix_index as native
 from rhymerl.cli.bench import bench_app
+from rhymerl.tools.bench.acceptance import BOUND, AcceptanceConfig
+from rhymerl.tools.bench.acceptance import run as run_acceptance
+from rhymerl.tools.bench.draft_sources import accepted_lengths, arctic_status, synthetic_workload
+from rhymerl.tools.bench.drafter import DrafterBenchConfig
+from rhymerl.tools.bench.drafter import run as run_drafter
 from rhymerl.workers.dumps import RolloutRecord, write_step
-from rhymerl.workers.history import _suffix_index as native
 
 QUIET = Console(quiet=True)
 
@@ -55,7 +55,7 @@ def test_synthetic_histories_share_long_spans_between_epochs() -> None:
     (unit,) = synthetic_workload(prompts=1, responses=4, length=2000, seed=1)
     assert len(unit.history) == 4 and len(unit.targets) == 4
     assert all(len(t) == 2000 for t, _ in unit.history)
-    from rhymerl.workers.history import HistoryIndex
+    from rhymerl.algorithms.drafting import HistoryIndex
 
     index = HistoryIndex.build(unit.history)
     bound = sum(index.oracle_accepted(t, 3) for t in unit.targets) / sum(len(t) for t in unit.targets)

@@ -10,8 +10,8 @@ from history_reference import ReferenceDrafter, ReferenceIndex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rhymerl.algorithms.drafting import HistoryDrafter, HistoryIndex
 from rhymerl.api.spec import SpeculationSpec
-from rhymerl.workers.history import HistoryDrafter, HistoryIndex
 
 Response = tuple[list[int], float]
 

@@ -8,7 +8,7 @@ from history_reference import ReferenceIndex, oracle_accepted, reward_weights
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rhymerl.workers.history import HistoryIndex
+from rhymerl.algorithms.drafting import HistoryIndex
 
 Response = tuple[list[int], float]
 

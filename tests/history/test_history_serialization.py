@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rhymerl.workers.history import HistoryIndex, IndexFormatError
-from rhymerl.workers.history import _suffix_index as native
+from rhymerl.algorithms.drafting import HistoryIndex, IndexFormatError
+from rhymerl.algorithms.drafting import _suffix_index as native
 
 HEADER = native.HEADER_SIZE
 

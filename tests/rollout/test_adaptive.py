@@ -9,8 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rhymerl.algorithms.drafting.adaptive_cap import (
+    AcceptanceTracker,
+    CostCalibration,
+    CostProfile,
+    choose_cap,
+)
 from rhymerl.workers.model.transformer import TinyLlama
-from rhymerl.workers.rollout.adaptive import AcceptanceTracker, CostCalibration, CostProfile, choose_cap
 from rhymerl.workers.rollout.profile import CacheEntry, load_or_measure
 
 

@@ -14,12 +14,17 @@ import pytest
 from rich.console import Console
 from rich.progress import MofNCompleteColumn, Progress, TextColumn
 
+from rhymerl.algorithms.drafting.adaptive_cap import (
+    AcceptanceTracker,
+    CostEvidence,
+    CostProfile,
+    profile_cells,
+)
 from rhymerl.api import parse_job
 from rhymerl.api.spec import SpeculationSpec
-from rhymerl.operator.local import profile_reporter
+from rhymerl.cli.local_run import profile_reporter
 from rhymerl.workers.controller.speculation import Speculation
 from rhymerl.workers.model.transformer import ModelConfig, TinyLlama
-from rhymerl.workers.rollout.adaptive import AcceptanceTracker, CostEvidence, CostProfile, profile_cells
 from rhymerl.workers.rollout.profile import MAX_AGE_S, CacheEntry, ProfileStore
 from rhymerl.workers.rollout.speculators import SpecController
 

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import torch
 
+from rhymerl.algorithms.drafting.adaptive_cap import AcceptanceTracker, CostProfile
+from rhymerl.algorithms.drafting.index import HistoryDrafter, HistoryIndex
 from rhymerl.api.spec import SpeculationSpec
-from rhymerl.workers.history.index import HistoryDrafter, HistoryIndex
 from rhymerl.workers.model.transformer import TinyLlama
-from rhymerl.workers.rollout.adaptive import AcceptanceTracker, CostProfile
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, TorchEngine
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.rollout.speculators import PROBE_EVERY, HistoryDrafts, NgramDrafts, SpecController

@@ -7,8 +7,7 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from rhymerl.api.spec import SchedulingSpec
-from rhymerl.workers.scheduling import (
+from rhymerl.algorithms.scheduling import (
     RooflineProfile,
     Speculation,
     TableProfile,
@@ -16,9 +15,10 @@ from rhymerl.workers.scheduling import (
     knee_batch,
     make_scheduler,
 )
-from rhymerl.workers.scheduling.costmodel import NO_SPECULATION, _walk_decode_time, worker_decode_time
-from rhymerl.workers.sim import SimConfig, simulate
-from rhymerl.workers.traces import Trace
+from rhymerl.algorithms.scheduling.costmodel import NO_SPECULATION, _walk_decode_time, worker_decode_time
+from rhymerl.api.spec import SchedulingSpec
+from rhymerl.tools.sim import SimConfig, simulate
+from rhymerl.tools.traces import Trace
 
 
 def test_the_roofline_reads_all_weights_once_per_iteration() -> None:

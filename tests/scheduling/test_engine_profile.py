@@ -8,13 +8,13 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from rhymerl.bench.schedule import _extrapolation_note
+from rhymerl.algorithms.scheduling import RooflineProfile, TableProfile
 from rhymerl.cli.bench import bench_app
+from rhymerl.tools.bench.schedule import _extrapolation_note
+from rhymerl.tools.sim.profile_file import load_profile
+from rhymerl.tools.traces import Trace
 from rhymerl.workers.model.transformer import ModelConfig, TinyLlama
 from rhymerl.workers.rollout.profile import measure_decode_grid
-from rhymerl.workers.scheduling import RooflineProfile, TableProfile
-from rhymerl.workers.sim.profile_file import load_profile
-from rhymerl.workers.traces import Trace
 
 cli = typer.Typer()
 cli.add_typer(bench_app, name="bench")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rhymerl.workers.scheduling import HistoPipe, LengthHistory, Sample
-from rhymerl.workers.scheduling.ranking import equal_share, layout, rank_prompts, step_order
+from rhymerl.algorithms.scheduling import HistoPipe, LengthHistory, Sample
+from rhymerl.algorithms.scheduling.ranking import equal_share, layout, rank_prompts, step_order
 
 
 def _history(medians: dict[str, list[int]]) -> LengthHistory:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rhymerl.workers.scheduling import (
+from rhymerl.algorithms.scheduling import (
     HistoPipe,
     LengthHistory,
     MigrationConfig,
@@ -13,7 +13,7 @@ from rhymerl.workers.scheduling import (
     SchedulingError,
     Watch,
 )
-from rhymerl.workers.scheduling import migration as mig
+from rhymerl.algorithms.scheduling import migration as mig
 
 
 def test_the_tail_is_the_last_fraction_of_a_group_and_at_least_one_sample() -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rhymerl.workers.scheduling import RooflineProfile
-from rhymerl.workers.sim.profile_file import (
+from rhymerl.algorithms.scheduling import RooflineProfile
+from rhymerl.tools.sim.profile_file import (
     ProfileError,
     ProfileFile,
     load_profile,

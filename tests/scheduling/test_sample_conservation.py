@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rhymerl.workers.scheduling import (
+from rhymerl.algorithms.scheduling import (
     AsyncRollout,
     EqualSplit,
     HistoPipe,
@@ -27,8 +27,8 @@ from rhymerl.workers.scheduling import (
     Speculation,
     TableProfile,
 )
-from rhymerl.workers.sim import SimConfig, simulate
-from rhymerl.workers.traces import Trace
+from rhymerl.tools.sim import SimConfig, simulate
+from rhymerl.tools.traces import Trace
 
 AGGRESSIVE = MigrationConfig(tail_fraction=0.6, min_lambda=1.0, growth_percentile=50.0)
 

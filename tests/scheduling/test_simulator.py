@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rhymerl.workers.scheduling import (
+from rhymerl.algorithms.scheduling import (
     EqualSplit,
     HistoPipe,
     LongestFirst,
@@ -14,10 +14,10 @@ from rhymerl.workers.scheduling import (
     Speculation,
     TableProfile,
 )
-from rhymerl.workers.scheduling.costmodel import NO_SPECULATION
-from rhymerl.workers.sim import SimConfig, simulate
-from rhymerl.workers.sim.metrics import lower_bound
-from rhymerl.workers.traces import Trace
+from rhymerl.algorithms.scheduling.costmodel import NO_SPECULATION
+from rhymerl.tools.sim import SimConfig, simulate
+from rhymerl.tools.sim.metrics import lower_bound
+from rhymerl.tools.traces import Trace
 
 
 def _cfg(workers: int, **kw: object) -> SimConfig:

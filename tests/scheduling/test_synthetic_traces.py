@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rhymerl.workers.traces import PRESETS, TraceError, rank_stability, synthetic
+from rhymerl.tools.traces import PRESETS, TraceError, rank_stability, synthetic
 
 
 @pytest.mark.parametrize(

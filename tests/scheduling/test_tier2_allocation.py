@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rhymerl.workers.scheduling.tiering import allocate, pair_time
+from rhymerl.algorithms.scheduling.tiering import allocate, pair_time
 
 
 def _costs(work: list[float], workers: int) -> np.ndarray:

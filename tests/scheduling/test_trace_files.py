@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from rhymerl.tools.traces import TraceError, read_trace, write_trace
+from rhymerl.tools.traces.export import export_run
 from rhymerl.workers.dumps import RolloutRecord, write_step
-from rhymerl.workers.traces import TraceError, read_trace, write_trace
-from rhymerl.workers.traces.export import export_run
 
 
 def _write(tmp_path: Path, text: str, name: str = "t.csv") -> Path:

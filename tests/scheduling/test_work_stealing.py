@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from rhymerl.workers.scheduling import HistoPipe, MigrationConfig, Sample, SchedulingError, TableProfile
-from rhymerl.workers.sim import SimConfig, simulate
-from rhymerl.workers.traces import Trace
+from rhymerl.algorithms.scheduling import HistoPipe, MigrationConfig, Sample, SchedulingError, TableProfile
+from rhymerl.tools.sim import SimConfig, simulate
+from rhymerl.tools.traces import Trace
 
 NO_MIGRATION = MigrationConfig(enabled=False)
 

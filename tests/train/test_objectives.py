@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rhymerl.workers.train import objectives as obj
+from rhymerl.algorithms import objectives as obj
 
 
 def test_group_advantages_are_centred_and_scaled_by_the_unbiased_std() -> None:

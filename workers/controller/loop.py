@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from rhymerl.algorithms import objectives as obj
+from rhymerl.algorithms.scheduling.factory import make_scheduler
 from rhymerl.api import RLJob
 from rhymerl.workers import dumps, faults
 from rhymerl.workers.controller.prompts import Prompt, epoch_order, load_prompts
@@ -32,8 +34,6 @@ from rhymerl.workers.reward.pool import Scorer, open_scorer
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, TorchEngine
 from rhymerl.workers.rollout.profile import Progress, load_or_measure
 from rhymerl.workers.rollout.sampling import sample_key
-from rhymerl.workers.scheduling.factory import make_scheduler
-from rhymerl.workers.train import objectives as obj
 from rhymerl.workers.train.guards import NonFiniteError
 from rhymerl.workers.train.trainer import Trainer, TrainSample
 

@@ -1,7 +1,7 @@
 """Rollout over several engine replicas, placed and rebalanced by the production scheduler.
 
 Why: HistoPipe's decisions must be the ones a real run makes, not a simulator-only copy. This
-executor drives the same `Scheduler` objects as the simulator (workers/sim/engine.py) with real
+executor drives the same `Scheduler` objects as the simulator (rhymerl/tools/sim/engine.py) with real
 engines: `plan_step` places a batch's samples on replicas, finishes and watched token counts go
 back as events, and the returned `Move`, `Rebalance` and `Watch` actions are carried out on the
 engines, a moved sample taking its generated tokens along (position-keyed sampling makes it
@@ -32,8 +32,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
+from rhymerl.algorithms.scheduling.base import Scheduler
+from rhymerl.algorithms.scheduling.costmodel import TableProfile
+from rhymerl.algorithms.scheduling.types import Action, Move, Rebalance, Sample, Watch
 from rhymerl.workers.dumps import RolloutRecord
-from rhymerl.workers.rollout.adaptive import CostProfile
 from rhymerl.workers.rollout.engine import (
     DraftSource,
     EngineSession,
@@ -42,9 +45,6 @@ from rhymerl.workers.rollout.engine import (
     SamplingParams,
     TorchEngine,
 )
-from rhymerl.workers.scheduling.base import Scheduler
-from rhymerl.workers.scheduling.costmodel import TableProfile
-from rhymerl.workers.scheduling.types import Action, Move, Rebalance, Sample, Watch
 
 
 class ExecutorError(RuntimeError):

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rhymerl.algorithms.drafting.adaptive_cap import CostEvidence
 from rhymerl.api import RLJob
 from rhymerl.workers import dumps
 from rhymerl.workers.history.store import MemoryHistoryStore
 from rhymerl.workers.model.transformer import TinyLlama
-from rhymerl.workers.rollout.adaptive import CostEvidence
 from rhymerl.workers.rollout.engine import DraftSource
 from rhymerl.workers.rollout.profile import BATCHES, ProfileStore, Progress
 from rhymerl.workers.rollout.speculators import HistoryDrafts, NgramDrafts, SpecController

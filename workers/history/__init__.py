@@ -1,9 +1,4 @@
-"""History: last epoch's responses per prompt, indexed so rollout workers can draft from them (HistoSpec).
+"""History stores: last epoch's responses per prompt, kept and shipped as serialised indexes.
 
-`index` holds the native reward-aware suffix index and the batched AIMD drafter; stores that keep
-and ship serialised indexes live beside it.
+The index itself is a pure library, `rhymerl.algorithms.drafting`.
 """
-
-from rhymerl.workers.history.index import HistoryDrafter, HistoryIndex, IndexFormatError, IndexStats
-
-__all__ = ["HistoryDrafter", "HistoryIndex", "IndexFormatError", "IndexStats"]

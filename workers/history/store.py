@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.workers.dumps import RolloutRecord
-from rhymerl.workers.history.index import HistoryIndex
 
 
 class MemoryHistoryStore:

@@ -93,7 +93,7 @@ def model_dir(path: str) -> Path:
         if not (folder / "model.safetensors").is_file():
             raise ModelError(
                 f"model.path: the embedded model is missing at {folder}; rebuild it with "
-                f"`python -P -m rhymerl.workers.model.pretrain --out {folder}`")
+                f"`python -P -m rhymerl.tools.pretrain --out {folder}`")
         return folder
     if path.startswith("builtin:"):
         raise ModelError(f"model.path: unknown builtin '{path}' (known: {', '.join(BUILTIN)})")

@@ -36,11 +36,11 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from rhymerl.algorithms.drafting.adaptive_cap import INCONSISTENT, CostEvidence, CostProfile, cells_profile
 from rhymerl.errors import user_paths
 from rhymerl.workers import atomic
 from rhymerl.workers.model import cached_attention
 from rhymerl.workers.model.transformer import KVCache, TinyLlama
-from rhymerl.workers.rollout.adaptive import INCONSISTENT, CostEvidence, CostProfile, cells_profile
 
 BATCHES = (1, 4, 16, 64, 128, 256)
 TOKENS = (1, 2, 3, 5, 9, 17, 33)

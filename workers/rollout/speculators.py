@@ -14,16 +14,16 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from rhymerl.api.spec import SpeculationSpec
-from rhymerl.workers.history import _suffix_index as native
-from rhymerl.workers.history.index import HistoryDrafter, HistoryIndex
-from rhymerl.workers.rollout.adaptive import (
+from rhymerl.algorithms.drafting import _suffix_index as native
+from rhymerl.algorithms.drafting.adaptive_cap import (
     AcceptanceTracker,
     CostCalibration,
     CostEvidence,
     CostProfile,
     choose_cap,
 )
+from rhymerl.algorithms.drafting.index import HistoryDrafter, HistoryIndex
+from rhymerl.api.spec import SpeculationSpec
 from rhymerl.workers.rollout.engine import GenRequest
 
 PROBE_EVERY = 16

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rhymerl.algorithms import objectives as obj
 from rhymerl.api.spec import AlgorithmSpec
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.train import guards
-from rhymerl.workers.train import objectives as obj
 
 
 @dataclass(frozen=True)

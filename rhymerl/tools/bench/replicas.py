@@ -28,16 +28,16 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
+from rhymerl.algorithms.scheduling.factory import POLICIES, make_scheduler
 from rhymerl.api.spec import SchedulingSpec
-from rhymerl.bench.tables import print_table
-from rhymerl.bench.workload import RunWorkload, load_run_workload
 from rhymerl.errors import OptionError, user_paths
+from rhymerl.tools.bench.tables import print_table
+from rhymerl.tools.bench.workload import RunWorkload, load_run_workload
 from rhymerl.workers.controller.rollout_pool import PoolReport, RolloutPool, prime_history, table_profile
 from rhymerl.workers.controller.speculation import reachable_batches
-from rhymerl.workers.rollout.adaptive import CostProfile
 from rhymerl.workers.rollout.engine import GenResult, TorchEngine
 from rhymerl.workers.rollout.profile import measure
-from rhymerl.workers.scheduling.factory import POLICIES, make_scheduler
 
 
 @dataclass

@@ -19,8 +19,10 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from rhymerl.bench import tables
-from rhymerl.bench.draft_sources import (
+from rhymerl.algorithms.drafting import HistoryIndex
+from rhymerl.errors import user_paths
+from rhymerl.tools.bench import tables
+from rhymerl.tools.bench.draft_sources import (
     ArcticCaches,
     ArcticSource,
     HistoSpecSource,
@@ -33,9 +35,7 @@ from rhymerl.bench.draft_sources import (
     dump_workload,
     replay_units,
 )
-from rhymerl.errors import user_paths
 from rhymerl.workers.dumps import DumpError
-from rhymerl.workers.history import HistoryIndex
 
 BOUND = "paper §5.1 bound"
 

@@ -22,12 +22,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from rhymerl.api.spec import ModelSpec
-from rhymerl.bench.drafter import machine
-from rhymerl.bench.tables import print_table
 from rhymerl.errors import OptionError, user_paths
+from rhymerl.tools.bench.drafter import machine
+from rhymerl.tools.bench.tables import print_table
+from rhymerl.tools.sim.profile_file import FORMAT, ProfileFile, ProfilePoint, save_profile
 from rhymerl.workers.model.registry import load_policy
 from rhymerl.workers.rollout.profile import measure_decode_grid, measure_prefill
-from rhymerl.workers.sim.profile_file import FORMAT, ProfileFile, ProfilePoint, save_profile
 
 
 @dataclass(frozen=True)

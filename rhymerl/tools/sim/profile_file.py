@@ -14,8 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rhymerl.algorithms.scheduling.costmodel import IterationProfile, RooflineProfile, TableProfile
 from rhymerl.errors import UserError
-from rhymerl.workers.scheduling.costmodel import IterationProfile, RooflineProfile, TableProfile
 
 FORMAT = "rhymerl.iteration-profile/v1"
 

@@ -24,7 +24,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from rhymerl.bench.draft_sources import (
+from rhymerl.algorithms.drafting import HistoryIndex
+from rhymerl.errors import user_paths
+from rhymerl.tools.bench.draft_sources import (
     ArcticCaches,
     ArcticSource,
     HistoSpecSource,
@@ -38,10 +40,8 @@ from rhymerl.bench.draft_sources import (
     replay_units,
     synthetic_workload,
 )
-from rhymerl.bench.tables import print_table
-from rhymerl.errors import user_paths
+from rhymerl.tools.bench.tables import print_table
 from rhymerl.workers.dumps import DumpError
-from rhymerl.workers.history import HistoryIndex
 
 
 @dataclass

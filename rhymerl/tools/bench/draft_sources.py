@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from rhymerl.workers.history import HistoryDrafter, HistoryIndex
-from rhymerl.workers.history import _suffix_index as _native
+from rhymerl.algorithms.drafting import HistoryDrafter, HistoryIndex
+from rhymerl.algorithms.drafting import _suffix_index as _native
 
 I32 = NDArray[np.int32]
 I64 = NDArray[np.int64]

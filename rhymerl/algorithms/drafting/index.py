@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from rhymerl.workers.history import _suffix_index as _native
+from rhymerl.algorithms.drafting import _suffix_index as _native
 
 if TYPE_CHECKING:
     from rhymerl.api.spec import SpeculationSpec

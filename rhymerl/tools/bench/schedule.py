@@ -1,7 +1,7 @@
 """`rhymerl bench schedule`: every rollout scheduling policy replayed on one trace, side by side.
 
-Each policy is the production scheduler object (rhymerl.workers.scheduling) driven by the
-trace-driven simulator (rhymerl.workers.sim). Output: a table (policy x time per step, bubbles,
+Each policy is the production scheduler object (rhymerl.algorithms.scheduling) driven by the
+trace-driven simulator (rhymerl.tools.sim). Output: a table (policy x time per step, bubbles,
 samples/s, speedup over the equal split, % migrated, gap to the lower bound), one Gantt PNG per
 policy, and a JSON with everything.
 """
@@ -22,17 +22,17 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rhymerl.algorithms.scheduling import POLICIES, Speculation, make_scheduler
+from rhymerl.algorithms.scheduling.costmodel import IterationProfile, TableProfile
+from rhymerl.algorithms.scheduling.histopipe import HistoPipe
 from rhymerl.api.spec import MigrationSpec, SchedulingSpec
-from rhymerl.bench.tables import print_table
 from rhymerl.errors import OptionError, user_paths
-from rhymerl.workers.scheduling import POLICIES, Speculation, make_scheduler
-from rhymerl.workers.scheduling.costmodel import IterationProfile, TableProfile
-from rhymerl.workers.scheduling.histopipe import HistoPipe
-from rhymerl.workers.sim import SimConfig, SimResult, simulate
-from rhymerl.workers.sim.gantt import plot_gantt
-from rhymerl.workers.sim.profile_file import resolve_profile
-from rhymerl.workers.traces import Trace, load_trace
-from rhymerl.workers.traces.synthetic import parse_overrides
+from rhymerl.tools.bench.tables import print_table
+from rhymerl.tools.sim import SimConfig, SimResult, simulate
+from rhymerl.tools.sim.gantt import plot_gantt
+from rhymerl.tools.sim.profile_file import resolve_profile
+from rhymerl.tools.traces import Trace, load_trace
+from rhymerl.tools.traces.synthetic import parse_overrides
 
 
 @dataclass(frozen=True)

@@ -33,12 +33,12 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
 from rhymerl.api.spec import SpeculationSpec
-from rhymerl.bench.tables import print_table
-from rhymerl.bench.workload import load_run_workload
 from rhymerl.errors import user_paths
+from rhymerl.tools.bench.tables import print_table
+from rhymerl.tools.bench.workload import load_run_workload
 from rhymerl.workers.history.store import MemoryHistoryStore
-from rhymerl.workers.rollout.adaptive import CostProfile
 from rhymerl.workers.rollout.engine import DraftSource, GenResult, TorchEngine
 from rhymerl.workers.rollout.profile import measure
 from rhymerl.workers.rollout.speculators import HistoryDrafts, NgramDrafts, SpecController

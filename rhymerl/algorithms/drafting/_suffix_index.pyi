@@ -1,4 +1,4 @@
-"""Type stubs for the native HistoSpec module (built from workers/history/native/)."""
+"""Type stubs for the native HistoSpec module (built from rhymerl/algorithms/drafting/native/)."""
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray

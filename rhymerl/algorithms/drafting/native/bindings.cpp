@@ -1,6 +1,6 @@
-// pybind11 bindings: rhymerl.workers.history._suffix_index. Thin: arrays in, arrays out, the GIL
+// pybind11 bindings: rhymerl.algorithms.drafting._suffix_index. Thin: arrays in, arrays out, the GIL
 // released around every call that loops over tokens or sequences. The typed Python API is
-// rhymerl.workers.history.index; this module is its engine.
+// rhymerl.algorithms.drafting.index; this module is its engine.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>

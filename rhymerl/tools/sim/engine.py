@@ -7,7 +7,7 @@ a worker's batch is constant, so time advances in closed form and the simulator 
 events: a 16-worker, 1000-sample step is a few thousand heap operations.
 
 The simulator is an executor: it asks a `Scheduler` (the production objects in
-rhymerl.workers.scheduling) for plans, reports finishes and watched progress, and carries out
+rhymerl.algorithms.scheduling) for plans, reports finishes and watched progress, and carries out
 the returned `Move`, `Rebalance` and `Watch` actions. A worker that finished its share of a step
 but may not start the next offers itself to `Scheduler.on_idle` (work stealing of waiting samples). Step gating follows the scheduler's
 pipeline and the off-policy bound: step s may start only after step s - 1 - staleness trained.
@@ -30,16 +30,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rhymerl.workers.scheduling.base import Scheduler
-from rhymerl.workers.scheduling.costmodel import (
+from rhymerl.algorithms.scheduling.base import Scheduler
+from rhymerl.algorithms.scheduling.costmodel import (
     KV_WATERMARK,
     NO_SPECULATION,
     IterationProfile,
     RooflineProfile,
     Speculation,
 )
-from rhymerl.workers.scheduling.types import Action, Move, Rebalance, Sample, StepPlan, Watch
-from rhymerl.workers.traces.model import Trace
+from rhymerl.algorithms.scheduling.types import Action, Move, Rebalance, Sample, StepPlan, Watch
+from rhymerl.tools.traces.model import Trace
 
 from .metrics import SimResult, StepRecord, lower_bound, window_bubbles
 

@@ -1,6 +1,6 @@
 """Reproducible SFT pretraining of the embedded default model on arith-chain worked answers.
 
-Run ``python -P -m rhymerl.workers.model.pretrain --out rhymerl/assets/tiny-arith --steps 1800
+Run ``python -P -m rhymerl.tools.pretrain --out rhymerl/assets/tiny-arith --steps 1800
 --short-steps 800`` (about 15 minutes on a 2-core CPU). The step budget is fixed, not timed, so the
 same seed gives the same weights on the same torch build. It deliberately stops early: RL should start from clearly non-zero but far from
 perfect accuracy, which is where GRPO has something to learn.

@@ -1,6 +1,6 @@
 """Rollout scheduling: HistoPipe (RhymeRL §6) and the baselines it is measured against.
 
-Pure decision logic, no I/O and no clock: the simulator (rhymerl.workers.sim) and the real
+Pure decision logic, no I/O and no clock: the simulator (rhymerl.tools.sim) and the real
 controller drive the same scheduler objects with events. See docs/scheduling.md.
 """
 

@@ -47,13 +47,13 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from rhymerl.bench.drafter import machine
-from rhymerl.bench.tables import print_table
-from rhymerl.bench.workload import RunWorkload, load_run_workload
+from rhymerl.algorithms.drafting.adaptive_cap import CostEvidence, CostProfile, profile_cells
 from rhymerl.errors import OptionError, user_paths
+from rhymerl.tools.bench.drafter import machine
+from rhymerl.tools.bench.tables import print_table
+from rhymerl.tools.bench.workload import RunWorkload, load_run_workload
 from rhymerl.workers.controller.speculation import Speculation, reachable_batches
 from rhymerl.workers.history.store import MemoryHistoryStore
-from rhymerl.workers.rollout.adaptive import CostEvidence, CostProfile, profile_cells
 from rhymerl.workers.rollout.engine import EngineSession, GenRequest, GenResult, TorchEngine
 from rhymerl.workers.rollout.profile import CacheEntry, ProfileStore, measure_cells
 from rhymerl.workers.rollout.speculators import SpecController

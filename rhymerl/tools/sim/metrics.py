@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from rhymerl.workers.scheduling.costmodel import IterationProfile, Speculation, TableProfile
+from rhymerl.algorithms.scheduling.costmodel import IterationProfile, Speculation, TableProfile
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,9 @@
+"""HistoSpec drafting as a pure library: the native reward-aware suffix index over last epoch's
+responses, its batched AIMD drafter, and the adaptive draft cap.
+
+`_suffix_index` (C++) is private: only `index` imports it.
+"""
+
+from rhymerl.algorithms.drafting.index import HistoryDrafter, HistoryIndex, IndexFormatError, IndexStats
+
+__all__ = ["HistoryDrafter", "HistoryIndex", "IndexFormatError", "IndexStats"]

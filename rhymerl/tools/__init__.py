@@ -1,0 +1,2 @@
+"""Offline tools that no pod runs: the trace-driven simulator, trace readers and writers, the
+benches, and the embedded model's pretraining."""
