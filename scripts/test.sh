@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 export PYTHONSAFEPATH=1  # see scripts/setup.sh: keep the repo root off sys.path
 bash scripts/setup.sh --dev
 .venv/bin/ruff check rhymerl operator workers tests
-.venv/bin/mypy rhymerl operator workers
+bash scripts/static_checks.sh  # mypy --strict and the import contracts (import-linter)
 .venv/bin/python -m pytest -q "$@"
 # the wheel as users get it (not editable), installed outside the checkout
 bash scripts/wheel_check.sh

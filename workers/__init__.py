@@ -1,1 +1,2 @@
-"""The RL runtime (data plane): controller loop, rollout engines, history index, scheduling, reward, train."""
+"""The data plane: what the pods run. The controller's step loop, rollout engines and speculators,
+history stores, reward scoring, the trainer, the embedded model and task, run-folder formats."""

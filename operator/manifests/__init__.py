@@ -8,7 +8,6 @@ from rhymerl.operator.manifests.builders import (
     RESOURCES,
     SPEC_HASH_ANNOTATION,
     Owner,
-    child_name,
     desired,
     replicas,
     rollout_replicas,
@@ -17,7 +16,7 @@ from rhymerl.operator.manifests.builders import (
     to_yaml,
 )
 from rhymerl.operator.manifests.labels import labels, selector, selector_string
-from rhymerl.operator.manifests.roles import ROLES, Role
+from rhymerl.operator.manifests.roles import ROLES, Role, child_name
 
 __all__ = [
     "RESOURCES",

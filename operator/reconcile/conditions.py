@@ -51,7 +51,7 @@ def over_budget(failures: Failures, backoff_limit: int) -> bool:
 
 
 def ready_counts(pods: Sequence[PodView]) -> dict[str, int]:
-    out = dict.fromkeys(ROLES, 0)
+    out: dict[str, int] = dict.fromkeys(ROLES, 0)
     for pod in pods:
         if pod.ready and pod.role in out:
             out[pod.role] += 1

@@ -167,7 +167,7 @@ class Operator:
     def register(self, registry: kopf.OperatorRegistry) -> kopf.OperatorRegistry:
         """Add this operator's handlers to `registry` (a kopf.SmartOperatorRegistry in a cluster: it logs in
         the way the kubernetes client does; tests add their own login handler)."""
-        ours = {MANAGED_BY_KEY: MANAGED_BY, INSTANCE_KEY: kopf.PRESENT}
+        ours: dict[str, Any] = {MANAGED_BY_KEY: MANAGED_BY, INSTANCE_KEY: kopf.PRESENT}
 
         @kopf.on.startup(registry=registry)
         async def start(**_: Any) -> None:

@@ -59,7 +59,7 @@ class SpecError(UserError):
 class _Refused(yaml.MarkedYAMLError):
     """A document the guarded loader will not build, marked at the node that broke a limit."""
 
-    def __init__(self, problem: str, mark: yaml.Mark | None) -> None:
+    def __init__(self, problem: str, mark: Any) -> None:  # a yaml.error.Mark or the C parser's Mark
         super().__init__(problem=problem, problem_mark=mark)
 
 
@@ -89,7 +89,7 @@ class _GuardedLoader(yaml.SafeLoader):
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
+            event: yaml.AliasEvent = self.peek_event()  # type: ignore[no-untyped-call]  # PyYAML ships no annotations
             target = self.anchors.get(event.anchor)
             if target is not None:
                 if id(target) not in self._done:
@@ -102,7 +102,7 @@ class _GuardedLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         self._depth += 1
         if self._depth > MAX_DEPTH:
-            raise _Refused(f"nested deeper than {MAX_DEPTH} levels", self.peek_event().start_mark)
+            raise _Refused(f"nested deeper than {MAX_DEPTH} levels", self.peek_event().start_mark)  # type: ignore[no-untyped-call]
         node = super().compose_node(parent, index)
         self._depth -= 1
         self._done.add(id(node))

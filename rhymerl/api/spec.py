@@ -6,7 +6,7 @@ Every default is defined here, once. Field names follow veRL where a veRL user w
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -255,20 +255,20 @@ class RewardSpec(Placement):
         return self
 
 
-class SpecWindow(Strict):
+class DraftWindowSpec(Strict):
     initial: PositiveInt = Field(2, le=1024, description="AIMD draft window at the start and after a rejection "
                                  "(at most 1024)")
     step: PositiveInt = Field(2, le=1024, description="additive increase after a fully accepted draft (at most 1024)")
     max: PositiveInt = Field(32, le=1024, description="cap of the draft window (at most 1024 tokens verified per pass)")
 
     @model_validator(mode="after")
-    def _ordered(self) -> SpecWindow:
+    def _ordered(self) -> DraftWindowSpec:
         if self.initial > self.max:
             raise ValueError("initial: larger than max")
         return self
 
 
-class SpecPrefix(Strict):
+class DraftPrefixSpec(Strict):
     """How much of a sequence's context is matched against its history (RhymeRL §5.3 uses 7 -> 3).
 
     The defaults match longer and fall back further than the paper; `min_prob` keeps the short
@@ -281,7 +281,7 @@ class SpecPrefix(Strict):
     min: PositiveInt = Field(1, description="shortest suffix tried before giving up on a draft")
 
     @model_validator(mode="after")
-    def _ordered(self) -> SpecPrefix:
+    def _ordered(self) -> DraftPrefixSpec:
         if self.min > self.max:
             raise ValueError("min: larger than max")
         return self
@@ -290,8 +290,8 @@ class SpecPrefix(Strict):
 class SpeculationSpec(Strict):
     method: Literal["none", "history", "ngram", "draft-model"] = "history"
     reward_weighted: bool = Field(True, description="history: rank branches by summed reward, not frequency")
-    window: SpecWindow = Field(default_factory=SpecWindow)
-    prefix: SpecPrefix = Field(default_factory=SpecPrefix)
+    window: DraftWindowSpec = Field(default_factory=DraftWindowSpec)
+    prefix: DraftPrefixSpec = Field(default_factory=DraftPrefixSpec)
     min_prob: float = Field(
         0.5, ge=0.0, le=1.0,
         description="history: end a draft before the token whose path probability under the branch priorities "
@@ -302,6 +302,12 @@ class SpeculationSpec(Strict):
         "profiled cost model"
     )
     draft_model: str | None = Field(None, max_length=MAX_PATH, description="draft-model: path of the draft model")
+
+    @classmethod
+    def paper_rule(cls, **fields: Any) -> SpeculationSpec:
+        """RhymeRL's drafting rule as published (§5.3): match the last 7 context tokens, fall back to 3,
+        follow the best branch to the window (no `min_prob` cut-off); `fields` set the rest."""
+        return cls(prefix=DraftPrefixSpec(max=7, min=3), min_prob=0.0, **fields)
 
     @model_validator(mode="after")
     def _draft_model_named(self) -> SpeculationSpec:

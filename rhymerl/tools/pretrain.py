@@ -1,26 +1,27 @@
 """Reproducible SFT pretraining of the embedded default model on arith-chain worked answers.
 
-Run ``python -P -m rhymerl.tools.pretrain --out rhymerl/assets/tiny-arith --steps 1800
---short-steps 800`` (about 15 minutes on a 2-core CPU). The step budget is fixed, not timed, so the
+Run ``rhymerl pretrain --out rhymerl/assets/tiny-arith`` (about 15 minutes on a 2-core CPU). The step budget is fixed, not timed, so the
 same seed gives the same weights on the same torch build. It deliberately stops early: RL should start from clearly non-zero but far from
 perfect accuracy, which is where GRPO has something to learn.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
+from rhymerl.tools.pretrain_recipe import PretrainConfig
+from rhymerl.workers import atomic
+from rhymerl.workers.model.folder import ModelConfig
 from rhymerl.workers.model.tokenizer import CharTokenizer
-from rhymerl.workers.model.transformer import ModelConfig, TinyLlama, save_model
+from rhymerl.workers.model.transformer import TinyLlama, save_model
 from rhymerl.workers.task import arith_chain
 
 
@@ -68,44 +69,34 @@ def greedy_accuracy(model: TinyLlama, tok: CharTokenizer, problems: list[arith_c
     out = engine.generate(reqs, SamplingParams(temperature=0.0, max_response_length=600))
     scores = [final_answer(tok.decode(r.response_ids), p.answer) for r, p in zip(out, problems, strict=True)]
     model.train()
-    return sum(scores) / len(scores)
+    return float(sum(scores) / len(scores))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--steps", type=int, default=1800)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--max-ops", type=int, default=52)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    ap.add_argument("--short-steps", type=int, default=800,
-                    help="first phase: steps on short chains only (double batch)")
-    ap.add_argument("--eval-every", type=int, default=250, help="save and report greedy accuracy every N steps")
-    args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    rng = random.Random(args.seed)
+def pretrain(cfg: PretrainConfig, out: Path, on_step: Callable[[int, float], None] | None = None,
+             on_eval: Callable[[dict[str, float]], None] | None = None) -> list[dict[str, float]]:
+    """Train from scratch, saving the model, tokenizer and a card (pretrain.json) into `out` at every
+    evaluation; `on_step(step, loss)` and `on_eval(row)` follow progress. Returns the eval history."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
     tok = CharTokenizer()
     model = TinyLlama(ModelConfig(vocab_size=tok.vocab_size))
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
-    warmup = max(1, args.steps // 20)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    warmup = max(1, cfg.steps // 20)
 
     def lr_at(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, args.steps - warmup)))
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, cfg.steps - warmup)))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     t0 = time.time()
     eval_set = arith_chain.generate(64, seed=10_000)
     history: list[dict[str, float]] = []
-    bar = tqdm(range(1, args.steps + 1), desc="sft", unit="step")
-    for step in bar:
-        short_phase = step <= args.short_steps
-        tokens, targets = make_batch(tok, rng, 2 * args.batch if short_phase else args.batch, args.max_ops,
+    for step in range(1, cfg.steps + 1):
+        short_phase = step <= cfg.short_steps
+        tokens, targets = make_batch(tok, rng, 2 * cfg.batch if short_phase else cfg.batch, cfg.max_ops,
                                      short_only=short_phase)
         logits = model(tokens)
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
@@ -114,22 +105,22 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        bar.set_postfix(loss=f"{loss.item():.4f}")
-        if step % args.eval_every == 0 or step == args.steps:
+        if on_step is not None:
+            on_step(step, loss.item())
+        if step % cfg.eval_every == 0 or step == cfg.steps:
             model.eval()
             acc = greedy_accuracy(model, tok, eval_set)
             history.append({"step": step, "loss": round(loss.item(), 5), "greedy_accuracy_eval64": acc,
                             "seconds": round(time.time() - t0, 1)})
-            bar.write(json.dumps(history[-1]))
-            args.out.mkdir(parents=True, exist_ok=True)
-            save_model(model, args.out)
-            tok.save(args.out / "tokenizer.json")
-            card = {"params": model.num_parameters(), "steps": step, "planned_steps": args.steps,
-                    "short_steps": args.short_steps, "batch": args.batch, "lr": args.lr, "seed": args.seed, "max_ops": args.max_ops,
-                    "torch": torch.__version__, "threads": torch.get_num_threads(), "history": history}
-            (args.out / "pretrain.json").write_text(json.dumps(card, indent=2) + "\n")
+            if on_eval is not None:
+                on_eval(history[-1])
+            out.mkdir(parents=True, exist_ok=True)
+            save_model(model, out)
+            tok.save(out / "tokenizer.json")
+            card = {"params": model.num_parameters(), "steps": step, "planned_steps": cfg.steps,
+                    "short_steps": cfg.short_steps, "batch": cfg.batch, "lr": cfg.lr, "seed": cfg.seed,
+                    "max_ops": cfg.max_ops, "torch": torch.__version__, "threads": torch.get_num_threads(),
+                    "history": history}
+            atomic.write_text(out / "pretrain.json", json.dumps(card, indent=2) + "\n")
             model.train()
-
-
-if __name__ == "__main__":
-    main()
+    return history

@@ -17,7 +17,9 @@ from rhymerl.algorithms.drafting import _suffix_index as native
 from rhymerl.cli.bench import bench_app
 from rhymerl.tools.bench.acceptance import BOUND, AcceptanceConfig
 from rhymerl.tools.bench.acceptance import run as run_acceptance
-from rhymerl.tools.bench.draft_sources import accepted_lengths, arctic_status, synthetic_workload
+from rhymerl.tools.bench.draft_replay import accepted_lengths
+from rhymerl.tools.bench.draft_sources import arctic_status
+from rhymerl.tools.bench.draft_workloads import synthetic_workload
 from rhymerl.tools.bench.drafter import DrafterBenchConfig
 from rhymerl.tools.bench.drafter import run as run_drafter
 from rhymerl.workers.dumps import RolloutRecord, write_step

@@ -16,6 +16,18 @@ from rhymerl.api.spec import SpeculationSpec
 Response = tuple[list[int], float]
 
 
+def make_drafter(**knobs: float) -> HistoryDrafter:
+    """A drafter with the paper's rule, any knob overridden (prefix_max=..., window_initial=..., min_prob=...),
+    unvalidated, so the native guard rails are what is tested."""
+    paper = SpeculationSpec.paper_rule()
+    prefix = paper.prefix.model_copy(update={k[7:]: v for k, v in knobs.items() if k.startswith("prefix_")})
+    window = paper.window.model_copy(update={k[7:]: v for k, v in knobs.items() if k.startswith("window_")})
+    update: dict[str, object] = {"prefix": prefix, "window": window}
+    if "min_prob" in knobs:
+        update["min_prob"] = knobs["min_prob"]
+    return HistoryDrafter(paper.model_copy(update=update))
+
+
 def one(drafter: HistoryDrafter, handle: int) -> list[int]:
     offsets, tokens = drafter.draft([handle])
     return tokens[offsets[0] : offsets[1]].tolist()
@@ -51,7 +63,7 @@ def test_incremental_matching_and_aimd_equal_the_reference_along_a_whole_generat
     hist = mutated_history(rng, 4, 60, 6)
     target = mutated_history(rng, 1, 80, 6)[0][0]
     prefix_max = prefix_min + extra
-    drafter = HistoryDrafter(prefix_max=prefix_max, prefix_min=prefix_min, window_max=window_max, min_prob=min_prob)
+    drafter = make_drafter(prefix_max=prefix_max, prefix_min=prefix_min, window_max=window_max, min_prob=min_prob)
     handle = drafter.add(HistoryIndex.build(hist))
     ref = ReferenceDrafter(ReferenceIndex(hist), prefix_max, prefix_min, 2, 2, window_max, min_prob)
     pos = 0
@@ -72,7 +84,7 @@ def test_incremental_matching_and_aimd_equal_the_reference_along_a_whole_generat
 
 def test_aimd_window_grows_by_step_on_full_acceptance_and_resets_on_any_rejection() -> None:
     seq = list(range(1000, 1200))
-    drafter = HistoryDrafter(window_initial=2, window_step=2, window_max=7)
+    drafter = make_drafter(window_initial=2, window_step=2, window_max=7)
     h = drafter.add(HistoryIndex.build([(seq, 1.0)]), seq[:3])
     window = lambda: int(drafter.stats([h]).window[0])  # noqa: E731
     assert window() == 2
@@ -94,7 +106,7 @@ def test_aimd_window_grows_by_step_on_full_acceptance_and_resets_on_any_rejectio
 
 
 def test_window_is_unchanged_when_there_was_no_draft() -> None:
-    drafter = HistoryDrafter()
+    drafter = make_drafter()
     h = drafter.add(HistoryIndex.build([([1, 2, 3, 4, 5, 6, 7, 8], 1.0)]), [1, 2, 3])
     assert one(drafter, h) == [4, 5]
     drafter.report([h], [2])
@@ -109,7 +121,7 @@ def test_batched_step_equals_per_sequence_calls() -> None:
     rng = np.random.default_rng(7)
     indexes = [HistoryIndex.build(mutated_history(rng, 4, 200, 8)) for _ in range(3)]
     n = 24
-    batch, single = HistoryDrafter(), HistoryDrafter()
+    batch, single = make_drafter(), make_drafter()
     owners = [int(rng.integers(0, 3)) for _ in range(n)]
     hb = np.array([batch.add(indexes[o]) for o in owners], dtype=np.int64)
     hs = [single.add(indexes[o]) for o in owners]
@@ -137,7 +149,7 @@ def test_batched_step_equals_per_sequence_calls() -> None:
 def test_sequences_of_different_prompts_draft_from_their_own_index() -> None:
     a = HistoryIndex.build([([1, 2, 3, 4, 4], 1.0)])
     b = HistoryIndex.build([([1, 2, 3, 5, 5], 1.0)])
-    drafter = HistoryDrafter()
+    drafter = make_drafter()
     ha, hb = drafter.add(a, [1, 2, 3]), drafter.add(b, [1, 2, 3])
     offsets, tokens = drafter.draft([ha, hb, ha])
     assert offsets.tolist() == [0, 2, 4, 6]
@@ -145,7 +157,7 @@ def test_sequences_of_different_prompts_draft_from_their_own_index() -> None:
 
 
 def test_report_rejects_more_accepted_than_drafted_without_changing_anything() -> None:
-    drafter = HistoryDrafter()
+    drafter = make_drafter()
     h = drafter.add(HistoryIndex.build([([1, 2, 3, 4, 5, 6], 1.0)]), [1, 2, 3])
     assert one(drafter, h) == [4, 5]
     with pytest.raises(ValueError, match="outside"):
@@ -157,7 +169,7 @@ def test_report_rejects_more_accepted_than_drafted_without_changing_anything() -
 
 
 def test_stale_or_unknown_handles_are_rejected() -> None:
-    drafter = HistoryDrafter()
+    drafter = make_drafter()
     index = HistoryIndex.build([([1, 2, 3, 4], 1.0)])
     h = drafter.add(index)
     drafter.remove(h)
@@ -173,7 +185,7 @@ def test_stale_or_unknown_handles_are_rejected() -> None:
 
 
 def test_batched_calls_validate_shapes_before_changing_anything() -> None:
-    drafter = HistoryDrafter()
+    drafter = make_drafter()
     h = drafter.add(HistoryIndex.build([([1, 2, 3, 4, 5], 1.0)]))
     with pytest.raises(ValueError, match="offsets"):
         drafter.feed([h], [0], [1])
@@ -187,7 +199,7 @@ def test_batched_calls_validate_shapes_before_changing_anything() -> None:
 
 
 def test_drafter_keeps_its_index_alive() -> None:
-    drafter = HistoryDrafter()
+    drafter = make_drafter()
     h = drafter.add(HistoryIndex.build([([1, 2, 3, 4, 5], 1.0)]), [1, 2, 3])
     gc.collect()
     assert one(drafter, h) == [4, 5]
@@ -198,25 +210,25 @@ def test_drafter_reads_its_knobs_from_the_speculation_spec() -> None:
         {"window": {"initial": 3, "step": 1, "max": 9}, "prefix": {"max": 5, "min": 2}, "min_prob": 0.25,
          "reward_weighted": False}
     )
-    native = HistoryDrafter.from_spec(spec)._native
+    native = HistoryDrafter(spec)._native
     assert (native.prefix_max, native.prefix_min, native.min_prob) == (5, 2, 0.25)
     assert (native.window_initial, native.window_step, native.window_max) == (3, 1, 9)
 
 
 def test_bad_knobs_are_rejected() -> None:
     with pytest.raises(ValueError, match="prefix_max"):
-        HistoryDrafter(prefix_max=2, prefix_min=3)
+        make_drafter(prefix_max=2, prefix_min=3)
     with pytest.raises(ValueError, match="prefix_min"):
-        HistoryDrafter(prefix_min=0)
+        make_drafter(prefix_min=0)
     with pytest.raises(ValueError, match="window_max"):
-        HistoryDrafter(window_initial=4, window_max=2)
+        make_drafter(window_initial=4, window_max=2)
 
 
 def test_replaying_a_history_response_accepts_almost_all_of_it() -> None:
     rng = np.random.default_rng(3)
     hist = mutated_history(rng, 8, 400, 50)
     target = hist[2][0]
-    drafter = HistoryDrafter()
+    drafter = make_drafter()
     h = drafter.add(HistoryIndex.build(hist, reward_weighted=False))
     pos, accepted_total, accepted = 0, 0, None
     while pos < len(target):
@@ -236,7 +248,7 @@ def test_replaying_a_history_response_accepts_almost_all_of_it() -> None:
 
 def test_per_sequence_caps_bound_drafts_below_the_window() -> None:
     seq = list(range(50, 90))
-    drafter = HistoryDrafter(window_initial=6, window_max=8)
+    drafter = make_drafter(window_initial=6, window_max=8)
     index = HistoryIndex.build([(seq, 1.0)])
     a, b = drafter.add(index, seq[:3]), drafter.add(index, seq[:3])
     offsets, tokens = drafter.draft([a, b], max_tokens=[2, 0])
@@ -253,7 +265,7 @@ def test_step_into_writes_the_same_drafts_into_caller_buffers() -> None:
     rng = np.random.default_rng(11)
     hist = mutated_history(rng, 4, 300, 8)
     index = HistoryIndex.build(hist)
-    one_, two = HistoryDrafter(), HistoryDrafter()
+    one_, two = make_drafter(), make_drafter()
     ha = np.array([one_.add(index, hist[i][0][:50]) for i in range(3)], dtype=np.int64)
     hb = np.array([two.add(index, hist[i][0][:50]) for i in range(3)], dtype=np.int64)
     out_offsets = np.zeros(4, dtype=np.int64)
@@ -276,7 +288,7 @@ def test_threads_can_drive_one_drafter_concurrently() -> None:
     rng = np.random.default_rng(5)
     hist = mutated_history(rng, 4, 2000, 16)
     index = HistoryIndex.build(hist)
-    shared, alone = HistoryDrafter(), HistoryDrafter()
+    shared, alone = make_drafter(), make_drafter()
     groups = [[shared.add(index) for _ in range(8)] for _ in range(4)]
     solo = [[alone.add(index) for _ in range(8)] for _ in range(4)]
     feeds = [rng.integers(0, 16, size=(50, 8, 3)).astype(np.int32) for _ in range(4)]

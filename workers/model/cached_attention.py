@@ -38,6 +38,7 @@ def _torch_openmp() -> str | None:
     return next((p for p in found if p.startswith(home)), found[0] if found else None)
 
 
+NATIVE_FILE: str = native.__file__  # the built kernel (profile caches key on its bytes)
 SHARED_THREADS = bool((library := _torch_openmp()) and native.use_openmp(library))
 """Whether parallel regions run on torch's OpenMP workers (else on threads of the kernel's own)."""
 
@@ -80,7 +81,8 @@ def attend(q: Tensor, k_new: Tensor, v_new: Tensor, keys: Tensor, values: Tensor
         raise ValueError(f"cached attention: {q.shape[0]} queries for {int(counts.sum())} counted tokens")
     offsets = ends - counts
     out = torch.empty_like(q)
+    ks, vs = keys.stride(), values.stride()
     native.attend(q.data_ptr(), k_new.data_ptr(), v_new.data_ptr(), keys.data_ptr(), values.data_ptr(),
                   out.data_ptr(), start.data_ptr(), counts.data_ptr(), offsets.data_ptr(), slots, heads, dim,
-                  max_len, *keys.stride()[:3], *values.stride()[:3], dim**-0.5, torch.get_num_threads())
+                  max_len, ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], dim**-0.5, torch.get_num_threads())
     return out

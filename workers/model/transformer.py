@@ -183,7 +183,8 @@ class Attention(nn.Module):
             cache, layer, slots, rows = store
             cache.write_prefix(layer, slots, ks, vs, rows)
         out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
-        return self.o_proj(out.transpose(1, 2).reshape(x.shape))
+        result: Tensor = self.o_proj(out.transpose(1, 2).reshape(x.shape))
+        return result
 
     def forward_cached(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int,
                        cells: Cells) -> Tensor:
@@ -194,7 +195,8 @@ class Attention(nn.Module):
         if cache.native and cells.shape[1] > 1:  # verify passes; the kernel stores keys and values itself
             out = cached_attention.attend(qs, ks, vs, cache.k[layer, :slots], cache.v[layer, :slots], cells.start,
                                           cells.counts)
-            return self.o_proj(out.reshape(t, -1))
+            result: Tensor = self.o_proj(out.reshape(t, -1))
+            return result
         cache.write_cells(layer, cells, ks, vs)
         queries = cells.pad(qs).transpose(1, 2)  # [S, heads, W, head_dim]
         span = cells.span
@@ -206,7 +208,8 @@ class Attention(nn.Module):
             out = torch.softmax(scores, dim=-1) @ values
         else:
             out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=cells.bias)
-        return self.o_proj(cells.unpad(out.transpose(1, 2)).reshape(t, -1))
+        attended: Tensor = self.o_proj(cells.unpad(out.transpose(1, 2)).reshape(t, -1))
+        return attended
 
 
 class MLP(nn.Module):
@@ -217,7 +220,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        result: Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return result
 
 
 class Block(nn.Module):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable
+from typing import cast
 
 from rhymerl.errors import UserError
 
@@ -55,4 +56,4 @@ def load_user_function(ref: str) -> RewardFn:
         raise RewardError(f"{where}: must accept (prompt, response, answer): {exc}") from exc
     except ValueError:
         pass  # a builtin without a signature: it is called as it is
-    return fn
+    return cast(RewardFn, fn)

@@ -47,7 +47,7 @@ TOKENS = (1, 2, 3, 5, 9, 17, 33)
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("RHYMERL_CACHE", Path.home() / ".cache" / "rhymerl")) / "profiles"
+    return Path(os.environ.get("RHYMERL_CACHE") or Path.home() / ".cache" / "rhymerl") / "profiles"
 
 
 def profile_key(model: TinyLlama, context: int, batches: tuple[int, ...], tokens: tuple[int, ...]) -> str:
@@ -55,7 +55,7 @@ def profile_key(model: TinyLlama, context: int, batches: tuple[int, ...], tokens
     # the forward pass's own code (and its native attention kernel) is part of the key: a changed
     # implementation costs differently; so is this file, which decides what is measured
     code = hashlib.sha256(b"".join(Path(f).read_bytes() for f in (inspect.getfile(TinyLlama), __file__,
-                                                                   cached_attention.native.__file__))).hexdigest()
+                                                                   cached_attention.NATIVE_FILE))).hexdigest()
     parts = [model.cfg.to_json(), str(param.device), str(param.dtype), torch.__version__,
              str(torch.get_num_threads()), str(context), str(batches), str(tokens), code,
              str(cached_attention.usable(param.device, param.dtype, model.cfg.head_dim))]
@@ -82,7 +82,9 @@ def monotone(grid: list[list[float]]) -> tuple[tuple[float, ...], ...]:
 def _timer(model: TinyLlama, repeats: int) -> Callable[..., float]:
     """Fastest of `repeats` timings of fn(*args) after one warm-up (interference only ever adds time)."""
     param = next(model.parameters())
-    sync = torch.cuda.synchronize if param.device.type == "cuda" else (lambda: None)
+    def sync() -> None:
+        if param.device.type == "cuda":
+            torch.cuda.synchronize()
 
     def fastest(fn: Callable[..., object], *args: object) -> float:
         fn(*args)

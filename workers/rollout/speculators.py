@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from rhymerl.algorithms.drafting import _suffix_index as native
 from rhymerl.algorithms.drafting.adaptive_cap import (
     AcceptanceTracker,
     CostCalibration,
@@ -22,7 +21,7 @@ from rhymerl.algorithms.drafting.adaptive_cap import (
     CostProfile,
     choose_cap,
 )
-from rhymerl.algorithms.drafting.index import HistoryDrafter, HistoryIndex
+from rhymerl.algorithms.drafting.index import AimdWindows, HistoryDrafter, HistoryIndex, ngram_draft
 from rhymerl.api.spec import SpeculationSpec
 from rhymerl.workers.rollout.engine import GenRequest
 
@@ -137,7 +136,7 @@ class HistoryDrafts:
     """
 
     def __init__(self, spec: SpeculationSpec, indexes: dict[str, HistoryIndex], control: SpecController) -> None:
-        self.drafter = HistoryDrafter.from_spec(spec)
+        self.drafter = HistoryDrafter(spec)
         self.indexes = indexes
         self.control = control
         self.handle: dict[int, int] = {}  # slot -> drafter handle (only prompts that have history)
@@ -217,38 +216,36 @@ class NgramDrafts:
         self.match = match
         self.context = np.zeros((0, max_len), dtype=np.int32)
         self.length: dict[int, int] = {}
-        self.window: dict[int, int] = {}
+        self.windows = AimdWindows(spec.window)
 
     def _row(self, slot: int) -> None:
         if slot >= self.context.shape[0]:
             grown = np.zeros((slot + 1, self.context.shape[1]), dtype=np.int32)
             grown[: self.context.shape[0]] = self.context
             self.context = grown
+            self.windows.resize(slot + 1)
 
     def begin(self, slot: int, request: GenRequest) -> None:
         self._row(slot)
         n = len(request.prompt_ids)
         self.context[slot, :n] = request.prompt_ids
         self.length[slot] = n
-        self.window[slot] = self.spec.window.initial
+        self.windows.reset(slot)
 
     def propose(self, slots: list[int], batch_size: int) -> list[list[int]]:
         if self.control.parked(batch_size):
             return [[] for _ in slots]
         rows = np.array(slots, dtype=np.int64)
-        windows = np.array([self.window[s] for s in slots], dtype=np.int32)
         lengths = np.array([self.length[s] for s in slots], dtype=np.int64)
-        offsets, tokens = native.ngram_draft(self.context[rows], lengths, windows, *self.match)
+        offsets, tokens = ngram_draft(self.context[rows], lengths, self.windows.windows[rows], *self.match)
         cap = self.control.cap(batch_size, np.diff(offsets).tolist())
         out = [tokens[offsets[i]: min(offsets[i + 1], offsets[i] + cap)].tolist() for i in range(len(slots))]
         return out
 
     def settle(self, slots: list[int], drafted: list[int], accepted: list[int], emitted: list[list[int]]) -> None:
         self.control.observe(drafted, accepted)
-        w = self.spec.window
-        for s, d, a, toks in zip(slots, drafted, accepted, emitted, strict=True):
-            if d > 0:
-                self.window[s] = min(self.window[s] + w.step, w.max) if a >= d else w.initial
+        self.windows.update(drafted, accepted, rows=slots)
+        for s, toks in zip(slots, emitted, strict=True):
             n = self.length[s]
             room = self.context.shape[1] - n
             self.context[s, n: n + min(room, len(toks))] = toks[:room]
@@ -256,9 +253,8 @@ class NgramDrafts:
 
     def end(self, slot: int) -> None:
         self.length.pop(slot, None)
-        self.window.pop(slot, None)
 
     def move(self, src: list[int], dst: list[int]) -> None:
         self.context[dst] = self.context[src]
         self.length = {d: self.length[s] for s, d in zip(src, dst, strict=True)}
-        self.window = {d: self.window[s] for s, d in zip(src, dst, strict=True)}
+        self.windows.windows[dst] = self.windows.windows[src]

@@ -4,6 +4,13 @@ responses, its batched AIMD drafter, and the adaptive draft cap.
 `_suffix_index` (C++) is private: only `index` imports it.
 """
 
-from rhymerl.algorithms.drafting.index import HistoryDrafter, HistoryIndex, IndexFormatError, IndexStats
+from rhymerl.algorithms.drafting.index import (
+    AimdWindows,
+    HistoryDrafter,
+    HistoryIndex,
+    IndexFormatError,
+    IndexStats,
+    ngram_draft,
+)
 
-__all__ = ["HistoryDrafter", "HistoryIndex", "IndexFormatError", "IndexStats"]
+__all__ = ["AimdWindows", "HistoryDrafter", "HistoryIndex", "IndexFormatError", "IndexStats", "ngram_draft"]

@@ -308,12 +308,12 @@ class CostEvidence:
             cells = np.minimum(bound, base * float(np.median(bound[low] / base[low])))
             cells[:, :-1] = np.maximum.accumulate(cells[:, :-1], axis=1)  # more tokens never cost less
             cells = np.maximum.accumulate(cells, axis=0)                  # nor do more sequences
-        return cells
+        return np.asarray(cells, dtype=np.float64)
 
     @property
     def bounds(self) -> NDArray[np.float64]:
         """The confirmed bound per cell (batch x tokens + verify column); inf where not confirmed."""
-        return self._bounds[-1].copy()
+        return np.array(self._bounds[-1], dtype=np.float64)
 
     @property
     def profile(self) -> CostProfile:

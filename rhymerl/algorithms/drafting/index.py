@@ -27,7 +27,7 @@ from numpy.typing import ArrayLike, NDArray
 from rhymerl.algorithms.drafting import _suffix_index as _native
 
 if TYPE_CHECKING:
-    from rhymerl.api.spec import SpeculationSpec
+    from rhymerl.api.spec import DraftWindowSpec, SpeculationSpec
 
 IndexFormatError = _native.IndexFormatError
 """Raised for bytes that are not a valid serialised index (a subclass of ValueError)."""
@@ -187,6 +187,50 @@ class SequenceStats:
     rounds: NDArray[np.int64]
 
 
+class AimdWindows:
+    """Per-sequence AIMD draft windows (RhymeRL §5.4) for draft sources that keep no state of their
+    own (n-gram, the benches' arctic); `HistoryDrafter` applies the same native rule inside.
+
+    `windows[i]` is sequence i's window; `update` applies one verify round to every row: a fully
+    accepted draft grows the window by `step` up to `max`, any rejection resets it to `initial`, a
+    row that drafted nothing keeps it.
+    """
+
+    __slots__ = ("spec", "windows")
+
+    def __init__(self, spec: DraftWindowSpec, n: int = 0) -> None:
+        self.spec = spec
+        self.windows = np.full(n, spec.initial, dtype=np.int32)
+
+    def resize(self, n: int) -> None:
+        """Keep the first n rows; new rows start at the initial window."""
+        kept = self.windows[:n]
+        self.windows = np.concatenate([kept, np.full(n - kept.size, self.spec.initial, dtype=np.int32)])
+
+    def reset(self, row: int) -> None:
+        self.windows[row] = self.spec.initial
+
+    def update(self, drafted: ArrayLike, accepted: ArrayLike, rows: ArrayLike | None = None) -> None:
+        """One verify round: `drafted[i]` tokens offered, `accepted[i]` of them accepted, for every
+        row (or for `rows`, in that order)."""
+        s = self.spec
+        if rows is None:
+            _native.aimd_update(self.windows, drafted, accepted, s.initial, s.step, s.max)
+            return
+        picked = np.asarray(rows, dtype=np.int64)
+        part = np.ascontiguousarray(self.windows[picked])
+        _native.aimd_update(part, drafted, accepted, s.initial, s.step, s.max)
+        self.windows[picked] = part
+
+
+def ngram_draft(contexts: NDArray[np.int32], lengths: ArrayLike, windows: ArrayLike, min_n: int,
+                max_n: int) -> Draft:
+    """vLLM-style n-gram (prompt lookup) drafts from each row's own context (`contexts[i, :lengths[i]]`):
+    the longest suffix of min_n..max_n tokens seen earlier in the row (most recent occurrence among
+    the longest), followed by up to windows[i] tokens. Native; the baseline HistoSpec is measured against."""
+    return _native.ngram_draft(contexts, lengths, windows, min_n, max_n)
+
+
 class HistoryDrafter:
     """Drafting state of the sequences one rollout worker is generating, driven in batches.
 
@@ -195,38 +239,18 @@ class HistoryDrafter:
     tokens of each sequence's last draft were accepted (AIMD update), feed the tokens appended to
     each sequence (accepted draft tokens plus the one the model produced), get the next drafts.
 
-    The constructor's defaults are the paper's rule. One option goes beyond it (off here; on in an
-    RLJob's defaults, `SpeculationSpec.min_prob`): `min_prob` ends a draft before a token whose
-    path probability under the branch priorities (priority of the chosen child over its parent's,
-    multiplied along the draft) drops below it: fewer rejections, so the AIMD window resets less
-    often.
+    Its knobs are an RLJob's `rollout.speculation` block (`SpeculationSpec`, where each default is
+    defined; `SpeculationSpec.paper_rule()` is the paper's). One option goes beyond the paper:
+    `min_prob` ends a draft before a token whose path probability under the branch priorities
+    (priority of the chosen child over its parent's, multiplied along the draft) drops below it:
+    fewer rejections, so the AIMD window resets less often.
     """
 
     __slots__ = ("_native",)
 
-    def __init__(
-        self,
-        *,
-        prefix_max: int = 7,
-        prefix_min: int = 3,
-        window_initial: int = 2,
-        window_step: int = 2,
-        window_max: int = 32,
-        min_prob: float = 0.0,
-    ) -> None:
-        self._native = _native.Drafter(prefix_max, prefix_min, window_initial, window_step, window_max, min_prob)
-
-    @classmethod
-    def from_spec(cls, spec: SpeculationSpec) -> HistoryDrafter:
-        """The drafter an RLJob's `rollout.speculation` block asks for."""
-        return cls(
-            prefix_max=spec.prefix.max,
-            prefix_min=spec.prefix.min,
-            window_initial=spec.window.initial,
-            window_step=spec.window.step,
-            window_max=spec.window.max,
-            min_prob=spec.min_prob,
-        )
+    def __init__(self, spec: SpeculationSpec) -> None:
+        self._native = _native.Drafter(spec.prefix.max, spec.prefix.min, spec.window.initial, spec.window.step,
+                                       spec.window.max, spec.min_prob)
 
     def add(self, index: HistoryIndex, context: Tokens | None = None) -> int:
         """Start drafting a sequence from `index`; `context` (e.g. tokens generated so far) is fed first."""

@@ -20,21 +20,20 @@ from rich.console import Console
 from rich.table import Table
 
 from rhymerl.algorithms.drafting import HistoryIndex
+from rhymerl.api.spec import SpeculationSpec
 from rhymerl.errors import user_paths
 from rhymerl.tools.bench import tables
+from rhymerl.tools.bench.draft_replay import ReplayStats, replay_units
 from rhymerl.tools.bench.draft_sources import (
     ArcticCaches,
     ArcticSource,
     HistoSpecSource,
-    Knobs,
     NgramSource,
-    PromptWork,
-    ReplayStats,
     Source,
     arctic_status,
-    dump_workload,
-    replay_units,
+    knob_record,
 )
+from rhymerl.tools.bench.draft_workloads import PromptWork, dump_workload
 from rhymerl.workers.dumps import DumpError
 
 BOUND = "paper §5.1 bound"
@@ -46,8 +45,8 @@ class AcceptanceConfig:
     arctic_depth: int = 64
     arctic: bool = True
     oracle_prefix: int = 3
-    knobs: Knobs = field(default_factory=Knobs)
-    tuned: Knobs = field(default_factory=lambda: Knobs(prefix_max=32, prefix_min=1, min_prob=0.5))
+    knobs: SpeculationSpec = field(default_factory=SpeculationSpec.paper_rule)
+    tuned: SpeculationSpec = field(default_factory=SpeculationSpec)  # an RLJob's defaults
 
 
 def _metrics(stats: ReplayStats) -> dict[str, float | int]:
@@ -88,8 +87,8 @@ def run(cfg: AcceptanceConfig, out: Path, console: Console | None = None) -> dic
     for u in units:
         pairs.setdefault(u.epoch, []).append(u)
 
-    results: dict[str, Any] = {"dumps": str(cfg.dumps), "arctic": arctic_note, "knobs": cfg.knobs.__dict__,
-                               "long_match_knobs": cfg.tuned.__dict__, "pairs": [], "all": {}}
+    results: dict[str, Any] = {"dumps": str(cfg.dumps), "arctic": arctic_note, "knobs": knob_record(cfg.knobs),
+                               "long_match_knobs": knob_record(cfg.tuned), "pairs": [], "all": {}}
     totals: dict[str, ReplayStats] = {}
     for epoch, pair_units in sorted(pairs.items()):
         label = f"{epoch - 1}->{epoch}"

@@ -16,7 +16,7 @@ import os
 import platform
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -25,21 +25,19 @@ from rich.console import Console
 from rich.table import Table
 
 from rhymerl.algorithms.drafting import HistoryIndex
+from rhymerl.api.spec import SpeculationSpec
 from rhymerl.errors import user_paths
+from rhymerl.tools.bench.draft_replay import replay, replay_units
 from rhymerl.tools.bench.draft_sources import (
     ArcticCaches,
     ArcticSource,
     HistoSpecSource,
-    Knobs,
     NgramSource,
-    PromptWork,
     Source,
     arctic_status,
-    dump_workload,
-    replay,
-    replay_units,
-    synthetic_workload,
+    knob_record,
 )
+from rhymerl.tools.bench.draft_workloads import PromptWork, dump_workload, synthetic_workload
 from rhymerl.tools.bench.tables import print_table
 from rhymerl.workers.dumps import DumpError
 
@@ -57,8 +55,8 @@ class DrafterBenchConfig:
     build_repeats: int = 3
     dumps: Path | None = None
     arctic: bool = True
-    knobs: Knobs = field(default_factory=Knobs)
-    tuned: Knobs = field(default_factory=lambda: Knobs(prefix_max=32, prefix_min=1, min_prob=0.5))
+    knobs: SpeculationSpec = field(default_factory=SpeculationSpec.paper_rule)
+    tuned: SpeculationSpec = field(default_factory=SpeculationSpec)  # an RLJob's defaults
     quality_units: int = 2  # prompts whose targets are replayed whole for the draft-quality table
 
     def steps_for(self, batch: int) -> int:
@@ -200,6 +198,14 @@ def latency_row(source: Source, units: Sequence[PromptWork], batch: int, steps: 
     }
 
 
+def _config_value(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, SpeculationSpec):
+        return knob_record(value)
+    return value
+
+
 def run(cfg: DrafterBenchConfig, out: Path, console: Console | None = None) -> dict[str, Any]:
     console = console or Console()
     with user_paths("write", out):
@@ -217,7 +223,7 @@ def run(cfg: DrafterBenchConfig, out: Path, console: Console | None = None) -> d
     results: dict[str, Any] = {
         "data": data,
         "machine": machine(),
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
+        "config": {f.name: _config_value(getattr(cfg, f.name)) for f in fields(cfg)},
         "arctic": arctic_note,
         "build": {},
         "latency": {},
@@ -258,7 +264,7 @@ def run(cfg: DrafterBenchConfig, out: Path, console: Console | None = None) -> d
     for depth in caches:
         quality.append(ArcticSource(ArcticCaches.build(sample, depth), cfg.knobs, name=f"arctic-d{depth}"))
     quality.append(NgramSource(cfg.knobs))
-    results["quality"] = {"responses": sum(len(u.targets) for u in sample), "knobs_tuned": asdict(cfg.tuned),
+    results["quality"] = {"responses": sum(len(u.targets) for u in sample), "knobs_tuned": knob_record(cfg.tuned),
                           "sources": {}}
     for source in quality:
         console.log(f"draft quality: {source.name} on {results['quality']['responses']} whole responses")

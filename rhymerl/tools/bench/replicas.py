@@ -97,7 +97,7 @@ def run_bench(cfg: ReplicaBenchConfig, console: Console) -> dict[str, Any]:
             console.print(f"    [dim]run {rep + 1}/{cfg.repeats} {policy}: makespan "
                           f"{sum(makespans[policy][-1]):.2f}s, bubble {100 * bubbles[policy][-1]:.1f}%[/]",
                           highlight=False)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for policy in cfg.policies:
         results, reports = last[policy]
         per_step = [statistics.median(run[i] for run in makespans[policy]) for i in range(len(reports))]

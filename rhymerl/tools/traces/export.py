@@ -12,7 +12,7 @@ from .io import write_trace
 
 def trace_rows(records: Iterable[RolloutRecord]) -> list[tuple[int, str | None, int, int]]:
     """One (step, prompt_id, input_len, output_len) row per response, in step order."""
-    rows = [(r.step, r.prompt_id, r.prompt_len, len(r.response_ids)) for r in records]
+    rows: list[tuple[int, str | None, int, int]] = [(r.step, r.prompt_id, r.prompt_len, len(r.response_ids)) for r in records]
     rows.sort(key=lambda r: r[0])
     return rows
 

@@ -103,7 +103,7 @@ class Trace:
         for pid, st in zip(self.prompt_id, self.step.tolist(), strict=True):
             first = seen.setdefault(pid, st)
             if first != st:
-                return st - 1
+                return int(st) - 1
         return 0
 
     def id_note(self) -> str:

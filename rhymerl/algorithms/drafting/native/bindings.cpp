@@ -372,6 +372,33 @@ PYBIND11_MODULE(_suffix_index, m) {
       .def_property_readonly("min_prob", [](const Drafter& d) { return d.params().min_prob; });
 
   m.def(
+      "aimd_update",
+      [](py::array_t<int32_t, py::array::c_style>& windows, const py::object& drafted, const py::object& accepted,
+         int64_t initial, int64_t step, int64_t max) {
+        if (windows.ndim() != 1) throw py::value_error("windows must be one-dimensional");
+        auto d = in1d<int32_t>(drafted, "drafted");
+        auto a = in1d<int32_t>(accepted, "accepted");
+        const auto n = static_cast<std::size_t>(windows.shape(0));
+        if (d.size != n || a.size != n) throw py::value_error("drafted and accepted need one entry per window");
+        const uint32_t lo = as_u32(initial, "initial");
+        const uint32_t up = as_u32(step, "step");
+        const uint32_t hi = as_u32(max, "max");
+        if (lo < 1 || hi < lo) throw py::value_error("need 1 <= initial <= max");
+        int32_t* w = windows.mutable_data();
+        for (std::size_t i = 0; i < n; ++i) {
+          if (w[i] < 0 || d.ptr[i] < 0 || a.ptr[i] < 0 || a.ptr[i] > d.ptr[i]) {
+            throw py::value_error("windows, drafted and accepted must be >= 0 with accepted <= drafted");
+          }
+        }
+        for (std::size_t i = 0; i < n; ++i) {
+          w[i] = static_cast<int32_t>(rhymerl::aimd_next(static_cast<uint32_t>(w[i]), static_cast<uint32_t>(d.ptr[i]),
+                                                         static_cast<uint32_t>(a.ptr[i]), lo, up, hi));
+        }
+      },
+      py::arg("windows"), py::arg("drafted"), py::arg("accepted"), py::arg("initial"), py::arg("step"),
+      py::arg("max"));
+
+  m.def(
       "ngram_draft",
       [](const Arr<int32_t>& contexts, const py::object& lengths, const py::object& windows, int64_t min_n,
          int64_t max_n) {

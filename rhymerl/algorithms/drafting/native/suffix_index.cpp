@@ -684,13 +684,7 @@ void Drafter::report_locked(const int64_t* handles, std::size_t n, const int32_t
   for (std::size_t i = 0; i < n; ++i) {
     Seq& s = seq(handles[i]);
     const auto a = static_cast<uint32_t>(accepted[i]);
-    if (s.last_draft > 0) {
-      if (a >= s.last_draft) {  // additive increase after a fully accepted draft
-        s.window = std::min(s.window + params_.window_step, params_.window_max);
-      } else {  // any rejection: back to the initial window
-        s.window = params_.window_initial;
-      }
-    }
+    s.window = aimd_next(s.window, s.last_draft, a, params_.window_initial, params_.window_step, params_.window_max);
     s.accepted += a;
     s.rounds += 1;
     s.last_draft = 0;

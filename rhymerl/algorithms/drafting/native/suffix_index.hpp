@@ -12,6 +12,7 @@
 // Pure C++17, no Python here; bindings.cpp wraps it with pybind11.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -181,6 +182,15 @@ struct DrafterParams {
   uint32_t window_max = 32;
   double min_prob = 0.0;  // 0: the paper's rule (draft the whole window along the best branch)
 };
+
+// RhymeRL §5.4's AIMD draft window, the one implementation of the rule: after a verified draft of
+// `drafted` > 0 tokens, grow by `step` (up to `max`) if all were accepted, else fall back to
+// `initial`; a round without a draft leaves the window as it was.
+inline uint32_t aimd_next(uint32_t window, uint32_t drafted, uint32_t accepted, uint32_t initial, uint32_t step,
+                          uint32_t max) {
+  if (drafted == 0) return window;
+  return accepted >= drafted ? std::min(window + step, max) : initial;
+}
 
 // Batched drafting state for the sequences a rollout worker is generating. Each sequence is bound
 // to its prompt's index. All batched calls validate every argument before changing anything and

@@ -1,0 +1,154 @@
+"""Lockstep replay of target responses through a draft source, and the vectorised verifier that
+decides how much of each draft a target accepts: the benches' stand-in for an engine."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from rhymerl.api.spec import SpeculationSpec
+from rhymerl.tools.bench.draft_sources import Source
+from rhymerl.tools.bench.draft_workloads import PromptWork
+
+I32 = NDArray[np.int32]
+I64 = NDArray[np.int64]
+
+
+
+
+def accepted_lengths(offsets: I64, tokens: I32, targets: I32, positions: I64, target_lens: I64) -> I64:
+    """Accepted prefix length of each draft: drafts[i] vs targets[i, positions[i]:] (row-major 2-D)."""
+    lens = np.diff(offsets)
+    if tokens.size == 0:
+        return np.zeros(lens.size, dtype=np.int64)
+    seg = np.repeat(np.arange(lens.size), lens)
+    k = np.arange(tokens.size) - offsets[:-1][seg]
+    col = positions[seg] + k
+    valid = col < target_lens[seg]
+    truth = targets[seg, np.minimum(col, targets.shape[1] - 1)]
+    bad_k = np.where((tokens != truth) | ~valid, k, np.iinfo(np.int64).max)
+    first_bad = np.full(lens.size, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first_bad, seg, bad_k)
+    return np.minimum(lens, first_bad)
+
+
+def gather_new_tokens(targets: I32, positions: I64, counts: I64) -> tuple[I64, I32]:
+    """Flat (offsets, tokens) of targets[i, positions[i] : positions[i] + counts[i]]."""
+    offsets = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    seg = np.repeat(np.arange(counts.size), counts)
+    k = np.arange(int(offsets[-1])) - offsets[:-1][seg]
+    return offsets, targets[seg, positions[seg] + k].astype(np.int32)
+
+
+def pad_rows(rows: Sequence[I32], extra: int = 0) -> tuple[I32, I64]:
+    width = max((len(r) for r in rows), default=0) + extra + 1
+    out = np.zeros((len(rows), width), dtype=np.int32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out, np.asarray([len(r) for r in rows], dtype=np.int64)
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Lockstep replay: every sequence drafts, the verifier accepts the matching prefix plus the one
+# token the model produces, and the sequence advances, like an engine's decode loop.
+
+
+@dataclass
+class ReplayStats:
+    batch: int
+    step_seconds: list[float] = field(default_factory=list)  # timed part of each batched step
+    generated: int = 0  # target tokens covered
+    accepted: int = 0  # draft tokens accepted
+    drafted: int = 0  # draft tokens proposed
+    verify_steps: int = 0  # sequence-steps (one forward pass per sequence and step)
+
+    @property
+    def accepted_fraction(self) -> float:
+        return self.accepted / max(self.generated, 1)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / max(self.drafted, 1)
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.generated / max(self.verify_steps, 1)
+
+    def per_sequence_us(self) -> NDArray[np.float64]:
+        return np.asarray(self.step_seconds, dtype=np.float64) / max(self.batch, 1) * 1e6
+
+
+def replay(
+    source: Source,
+    units: Sequence[int],
+    prompts: Sequence[I32],
+    targets: Sequence[I32],
+    starts: Sequence[int],
+    *,
+    iterations: int | None = None,
+    rng: np.random.Generator | None = None,
+    restart_fraction: float = 0.9,
+) -> ReplayStats:
+    """Generate `targets` (from `starts`) through `source`'s drafts.
+
+    iterations=None: run until every sequence is complete (acceptance measurement). Otherwise run
+    that many batched steps, restarting finished sequences at a random point (latency measurement).
+    """
+    n = len(targets)
+    rows, tlens = pad_rows(targets, extra=source_pad(source))
+    pos = np.asarray(starts, dtype=np.int64).copy()
+    source.start(units, prompts, [t[: int(s)] for t, s in zip(targets, pos, strict=True)], rows.shape[1])
+    stats = ReplayStats(batch=n)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    tokens = np.zeros(0, dtype=np.int32)
+    accepted: I32 | None = None
+    active = pos < tlens
+    rng = rng or np.random.default_rng(0)
+    done_steps = 0
+    while active.any() if iterations is None else done_steps < iterations:
+        d_off, d_tok, secs = source.step(offsets, tokens, accepted)
+        stats.step_seconds.append(secs)
+        acc = accepted_lengths(d_off, d_tok, rows, pos, tlens)
+        lens = np.diff(d_off)
+        counts = np.where(active, np.minimum(acc + 1, tlens - pos), 0)
+        stats.drafted += int(lens[active].sum())
+        stats.accepted += int(acc[active].sum())
+        stats.generated += int(counts.sum())
+        stats.verify_steps += int(active.sum())
+        new_pos = pos + counts
+        if iterations is not None:
+            finished = np.flatnonzero(new_pos >= tlens)
+            for i in finished.tolist():
+                start = int(rng.integers(0, max(1, int(tlens[i] * restart_fraction))))
+                source.restart(i, units[i], prompts[i], targets[i][:start])
+                counts[i], acc[i], pos[i], new_pos[i] = 0, 0, start, start
+        offsets, tokens = gather_new_tokens(rows, pos, counts)
+        pos = new_pos
+        accepted = acc.astype(np.int32)
+        if iterations is None:
+            active &= pos < tlens
+        done_steps += 1
+    source.close()
+    return stats
+
+
+def source_pad(source: Source) -> int:
+    knobs = getattr(source, "knobs", None)
+    return (knobs.window.max if isinstance(knobs, SpeculationSpec) else 64) + 2
+
+
+def replay_units(source: Source, units: Sequence[PromptWork]) -> ReplayStats:
+    """Replay every target response of every unit from its start against the unit's history."""
+    seq_units, prompts, targets = [], [], []
+    for i, u in enumerate(units):
+        for t in u.targets:
+            seq_units.append(i)
+            prompts.append(u.prompt)
+            targets.append(t)
+    return replay(source, seq_units, prompts, targets, [0] * len(targets))
+
