@@ -13,6 +13,14 @@ trap 'rm -rf "$work"' EXIT
 cd "$work"
 bin="$work/venv/bin/rhymerl"
 "$bin" --version
+# every module of the installed package imports (a folder left out of the wheel, a missing data file)
+"$work/venv/bin/python" -c "
+import importlib, pkgutil, rhymerl
+names = [m.name for m in pkgutil.walk_packages(rhymerl.__path__, 'rhymerl.')]
+for name in names:
+    importlib.import_module(name)
+assert len(names) > 100, names
+print(f'{len(names)} modules import from the wheel')"
 "$bin" validate "$repo/examples/quickstart.yaml"
 "$bin" run "$repo/examples/quickstart.yaml" --out "$work/run" --set data.num_prompts=2 \
   --set algorithm.prompts_per_step=2 --set algorithm.group_size=2 --set algorithm.epochs=1 \

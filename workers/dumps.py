@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from rhymerl.errors import UserError
 from rhymerl.workers import atomic
@@ -19,7 +19,7 @@ DUMP_DIR = "rollouts"
 DUMP_GLOB = "step_*.jsonl"
 
 
-class SpecStats(BaseModel):
+class SpeculationStats(BaseModel):
     """Per-sample speculation counters (all zero when speculation was off)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -45,7 +45,9 @@ class RolloutRecord(BaseModel):
         "None when it scored")
     finish_reason: Literal["stop", "length"]
     policy_version: int = Field(ge=0)
-    spec: SpecStats = Field(default_factory=SpecStats)
+    # dumps written before 2026-11-24 call this field `spec`
+    speculation: SpeculationStats = Field(default_factory=SpeculationStats,
+                                          validation_alias=AliasChoices("speculation", "spec"))
 
 
 class DumpError(UserError):

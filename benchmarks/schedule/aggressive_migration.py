@@ -12,8 +12,8 @@ H100/7B roofline, synthetic:math, 16 workers, 8 groups, 16 steps after one warm-
 from __future__ import annotations
 
 from rhymerl.algorithms.scheduling import RooflineProfile, make_scheduler
-from rhymerl.algorithms.scheduling.histopipe import HistoPipe, MigrationConfig
-from rhymerl.api.spec import SchedulingSpec
+from rhymerl.algorithms.scheduling.histopipe import HistoPipe
+from rhymerl.api.spec import MigrationSpec, SchedulingSpec
 from rhymerl.tools.sim import SimConfig, simulate
 from rhymerl.tools.traces import load_trace
 
@@ -22,7 +22,7 @@ for lam, tail in [(None, 0.1), (0.5, 0.1), (0.7, 0.2), (0.3, 0.2), (0.5, 0.3)]:
     sched = make_scheduler(SchedulingSpec(policy="histopipe", ranking_groups=8), 16, profile=profile)
     assert isinstance(sched, HistoPipe)
     if lam is not None:
-        sched.migration = MigrationConfig(tail_fraction=tail, min_lambda=0.0)
+        sched.migration = MigrationSpec.model_construct(tail_fraction=tail, min_lambda=0.0)  # below the spec's floor on purpose
         sched.history.growth_lambda = lambda percentile, floor, lam=lam: lam  # type: ignore[method-assign]
     r = simulate(trace, sched, SimConfig(workers=16, profile=profile), warmup_steps=8, steps=16)
     label = "paper's rule (lambda >= 1.1, tail 10%)" if lam is None else f"lambda {lam}, tail {tail:.0%}"

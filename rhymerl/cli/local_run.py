@@ -10,9 +10,8 @@ policy, so the scheduler's decisions can be exercised and measured on one machin
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -26,38 +25,38 @@ from rhymerl.workers.controller.plots import plot_metrics
 from rhymerl.workers.controller.preflight import check_memory, preflight
 from rhymerl.workers.controller.prompts import load_prompts
 from rhymerl.workers.controller.run_dir import RunDir
-from rhymerl.workers.rollout.profile import cache_dir
+from rhymerl.workers.controller.step_metrics import StepMetrics
+from rhymerl.workers.rollout.verify_cost import cache_dir
 
 
 def default_out(job: RLJob) -> Path:
     return Path("runs") / f"{job.metadata.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def step_line(row: dict[str, Any]) -> str:
-    def get(key: str, fmt: str) -> str:
-        v = row.get(key)
-        return "-" if v is None else format(v, fmt)
+def step_line(m: StepMetrics) -> str:
+    def show(value: float | None, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
 
     replicas = ""
-    if "rollout_replicas" in row:
-        replicas = (f" | {row['rollout_replicas']} replicas makespan {get('rollout_makespan_s', '.1f')}s "
-                    f"bubble {get('rollout_bubble', '.0%')} migrated {row['rollout_migrated']}")
-    return (f"step {row['step']:>3} ep {row['epoch']} | reward {get('reward_mean', '.3f')} "
-            f"zero-std {get('zero_std_frac', '.2f')} | len {get('response_length_mean', '.0f')}/"
-            f"{row['response_length_max']} | rollout {get('time_rollout_s', '.1f')}s "
-            f"{get('rollout_tokens_per_s', '.0f')} tok/s spec {get('spec_rate', '.2f')} "
-            f"acc {get('spec_acceptance', '.2f')} tok/pass {get('tokens_per_pass', '.2f')}{replicas} | "
-            f"reward {get('time_reward_s', '.2f')}s | train {get('time_train_s', '.1f')}s | "
-            f"kl {get('kl', '.4f')} ent {get('entropy', '.3f')} gnorm {get('grad_norm', '.3f')}")
+    if m.rollout_replicas is not None:
+        replicas = (f" | {m.rollout_replicas} replicas makespan {show(m.rollout_makespan_s, '.1f')}s "
+                    f"bubble {show(m.rollout_bubble, '.0%')} migrated {m.rollout_migrated}")
+    return (f"step {m.step:>3} ep {m.epoch} | reward {m.reward_mean:.3f} "
+            f"zero-std {m.zero_std_frac:.2f} | len {m.response_length_mean:.0f}/"
+            f"{m.response_length_max} | rollout {m.time_rollout_s:.1f}s "
+            f"{m.rollout_tokens_per_s:.0f} tok/s spec {m.spec_rate:.2f} "
+            f"acc {show(m.spec_acceptance, '.2f')} tok/pass {m.tokens_per_pass:.2f}{replicas} | "
+            f"reward {m.time_reward_s:.2f}s | train {m.time_train_s:.1f}s | "
+            f"kl {show(m.kl, '.4f')} ent {show(m.entropy, '.3f')} gnorm {show(m.grad_norm, '.3f')}")
 
 
-def epoch_rewards(rows: list[dict[str, Any]]) -> dict[int, float]:
+def epoch_rewards(rows: Sequence[StepMetrics]) -> dict[int, float]:
     """Sample-weighted mean reward per epoch."""
     sums: dict[int, list[float]] = {}
-    for r in rows:
-        acc = sums.setdefault(r["epoch"], [0.0, 0.0])
-        acc[0] += r["reward_mean"] * r["samples"]
-        acc[1] += r["samples"]
+    for m in rows:
+        acc = sums.setdefault(m.epoch, [0.0, 0.0])
+        acc[0] += m.reward_mean * m.samples
+        acc[1] += m.samples
     return {e: s / n for e, (s, n) in sorted(sums.items()) if n}
 
 
@@ -120,16 +119,16 @@ def run_local(job: RLJob | None, out: Path | None, console: Console | None = Non
 
 
 def where_it_stands(run: RunDir) -> str:
-    rows = run.metrics()
+    rows = run.step_metrics()
     ckpts = run.checkpoint_dirs()
-    done = f"after step {rows[-1]['step']}" if rows else "before its first step"
+    done = f"after step {rows[-1].step}" if rows else "before its first step"
     saved = f"the newest checkpoint is {ckpts[-1].name}" if ckpts else "no checkpoint yet (resuming starts at step 1)"
     return (f"run stopped {done}; {saved}; steps after the checkpoint run again, with the same tokens. "
             f"Resume with: rhymerl run --resume {run.path}")
 
 
 def profile_reporter(progress: Progress, console: Console) -> Callable[[int, int], None]:
-    """The verify-cost profile's measurement (rollout/profile.Progress) as a bar in `progress`, then
+    """The verify-cost profile's measurement (rollout/verify_cost.Progress) as a bar in `progress`, then
     one line saying what was measured; or one line saying the cached profile was used."""
     task: list[TaskID] = []
     began = [0.0]
@@ -161,9 +160,9 @@ def _drive(job: RLJob, run: RunDir, resume: bool, console: Console) -> dict[int,
     with progress:
         task = progress.add_task("rollout+train", total=total, unit="prompts")
         for row in run_steps(job, run, resume, profile_reporter(progress, console)):
-            progress.update(task, completed=min(total, sum(m["prompts"] for m in run.metrics())))
+            progress.update(task, completed=min(total, sum(m.prompts for m in run.step_metrics())))
             console.print(step_line(row), highlight=False, soft_wrap=True)
-    rows = run.metrics()
+    rows = run.step_metrics()
     plot = plot_metrics(rows, run.path / "plots" / "metrics.png")
     per_epoch = epoch_rewards(rows)
     for epoch, reward in per_epoch.items():

@@ -46,7 +46,7 @@ def _run(job: RLJob, path: Path, steps: int | None = None, resume: bool = False)
     run = RunDir(path)
     if not resume:
         run.create(job)
-    return list(itertools.islice(run_steps(job, run, resume), steps))
+    return [m.row() for m in itertools.islice(run_steps(job, run, resume), steps)]  # as metrics.jsonl has them
 
 
 # Wall-clock metrics, and the speculation counters that follow from caps chosen by measured cost,

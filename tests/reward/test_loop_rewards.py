@@ -73,7 +73,7 @@ def test_samples_whose_reward_call_failed_are_recorded_and_the_run_goes_on(
     for r in records:
         assert (r.reward_error is None) == (r.reward == 1.0)
         assert r.reward_error is None or r.reward_error.startswith("raised ValueError: odd length")
-    assert sum(int(row["reward_failures"]) for row in rows) == len(failed)
+    assert sum(row.reward_failures for row in rows) == len(failed)
     assert multiprocessing.active_children() == []
 
 

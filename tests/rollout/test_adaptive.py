@@ -16,7 +16,7 @@ from rhymerl.algorithms.drafting.adaptive_cap import (
     choose_cap,
 )
 from rhymerl.workers.model.transformer import TinyLlama
-from rhymerl.workers.rollout.profile import CacheEntry, load_or_measure
+from rhymerl.workers.rollout.verify_cost import CacheEntry, load_or_measure
 
 
 def test_expected_tokens_with_certain_acceptance_is_one_plus_k() -> None:
@@ -110,7 +110,7 @@ def test_a_profile_with_unsorted_axes_is_rejected() -> None:
 
 
 def test_a_disturbed_profile_is_made_monotone() -> None:
-    from rhymerl.workers.rollout.profile import monotone
+    from rhymerl.workers.rollout.verify_cost import monotone
 
     assert monotone([[1.0, 0.5, 2.0], [0.8, 3.0, 1.0]]) == ((1.0, 1.0, 2.0), (1.0, 3.0, 3.0))
 

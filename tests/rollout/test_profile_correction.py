@@ -23,10 +23,11 @@ from rhymerl.algorithms.drafting.adaptive_cap import (
 from rhymerl.api import parse_job
 from rhymerl.api.spec import SpeculationSpec
 from rhymerl.cli.local_run import profile_reporter
-from rhymerl.workers.controller.speculation import Speculation
+from rhymerl.workers.controller.speculation import RolloutSpeculation
+from rhymerl.workers.history.store import MemoryHistoryStore
 from rhymerl.workers.model.transformer import ModelConfig, TinyLlama
-from rhymerl.workers.rollout.profile import MAX_AGE_S, CacheEntry, ProfileStore
 from rhymerl.workers.rollout.speculators import SpecController
+from rhymerl.workers.rollout.verify_cost import MAX_AGE_S, CacheEntry, ProfileStore
 
 GRID = dict(context=8, batches=(1, 2), tokens=(1, 2))  # 2 x (2 + verify) = 6 cells on the tiny model
 
@@ -292,15 +293,15 @@ def test_a_jobs_speculation_reports_the_measurement_and_keeps_what_its_steps_sho
     job = parse_job("apiVersion: rhymerl.io/v1alpha1\nkind: RLJob\n"
                     "spec:\n  algorithm: {group_size: 2, prompts_per_step: 2}\n")  # batches up to 4: (1, 4)
     calls: list[tuple[int, int]] = []
-    spec = Speculation.for_job(job, model, progress=lambda d, t: calls.append((d, t)))
+    spec = RolloutSpeculation.for_job(job, model, MemoryHistoryStore(), progress=lambda d, t: calls.append((d, t)))
     assert calls == [(k, 16) for k in range(17)]  # 2 batch sizes x (7 token columns + verify)
     assert spec.control.evidence is not None and spec.control.profile == spec.control.evidence.profile
     plain = spec.control.profile.seconds[1][0]
     for _ in range(3):  # a step's passes (confirmed by 3): the 1-token cells cost less than measured
         spec.control.evidence.observe(4, 1.0, 0.9 * plain)
-    spec.remember([])
+    spec.keep_cost_evidence()
     calls.clear()
-    again = Speculation.for_job(job, model, progress=lambda d, t: calls.append((d, t)))
+    again = RolloutSpeculation.for_job(job, model, MemoryHistoryStore(), progress=lambda d, t: calls.append((d, t)))
     assert calls == [(0, 0)] and again.control.profile is not None
     assert again.control.profile.seconds[1][0] == 0.9 * plain
 

@@ -9,13 +9,13 @@ import pytest
 
 from rhymerl.algorithms.scheduling import (
     RooflineProfile,
-    Speculation,
+    SpeculationSpeedup,
     TableProfile,
     group_decode_time,
     knee_batch,
     make_scheduler,
 )
-from rhymerl.algorithms.scheduling.costmodel import NO_SPECULATION, _walk_decode_time, worker_decode_time
+from rhymerl.algorithms.scheduling.costmodel import NO_SPECULATION, walk_decode_time, worker_decode_time
 from rhymerl.api.spec import SchedulingSpec
 from rhymerl.tools.sim import SimConfig, simulate
 from rhymerl.tools.traces import Trace
@@ -61,7 +61,7 @@ def test_the_continuous_batching_walk_prices_a_full_batch_like_the_closed_form()
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 5000, size=40).astype(float)
     closed = worker_decode_time(lengths, 300.0, p)
-    walked = _walk_decode_time(np.sort(lengths)[::-1], 300.0, p, NO_SPECULATION)
+    walked = walk_decode_time(np.sort(lengths)[::-1], 300.0, p, NO_SPECULATION)
     assert walked == pytest.approx(closed, rel=1e-9)
 
 
@@ -77,12 +77,12 @@ def test_the_context_of_a_batch_counts_each_sequence_from_its_own_admission() ->
 def test_speculation_divides_iterations_by_tokens_per_pass_and_charges_the_pass_cost() -> None:
     p = TableProfile.constant(1.0)
     plain = worker_decode_time(np.array([100.0]), 0.0, p)
-    fast = worker_decode_time(np.array([100.0]), 0.0, p, Speculation(tokens_per_pass=2.5, pass_cost=1.2))
+    fast = worker_decode_time(np.array([100.0]), 0.0, p, SpeculationSpeedup(tokens_per_pass=2.5, pass_cost=1.2))
     assert plain == pytest.approx(100.0)
     assert fast == pytest.approx(100 / 2.5 * 1.2)
-    assert Speculation(tokens_per_pass=2.5).passes(100) == 40
+    assert SpeculationSpeedup(tokens_per_pass=2.5).passes(100) == 40
     with pytest.raises(ValueError):
-        Speculation(tokens_per_pass=0.5)
+        SpeculationSpeedup(tokens_per_pass=0.5)
 
 
 def test_a_group_finishes_with_its_slowest_worker_and_more_workers_never_hurt() -> None:

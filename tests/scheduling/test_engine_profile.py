@@ -11,10 +11,10 @@ from typer.testing import CliRunner
 from rhymerl.algorithms.scheduling import RooflineProfile, TableProfile
 from rhymerl.cli.bench import bench_app
 from rhymerl.tools.bench.schedule import _extrapolation_note
-from rhymerl.tools.sim.profile_file import load_profile
+from rhymerl.tools.sim.iteration_profile_file import load_profile
 from rhymerl.tools.traces import Trace
 from rhymerl.workers.model.transformer import ModelConfig, TinyLlama
-from rhymerl.workers.rollout.profile import measure_decode_grid
+from rhymerl.workers.rollout.verify_cost import measure_decode_grid
 
 cli = typer.Typer()
 cli.add_typer(bench_app, name="bench")

@@ -7,13 +7,13 @@ import pytest
 from rhymerl.algorithms.scheduling import (
     HistoPipe,
     LengthHistory,
-    MigrationConfig,
     Move,
     Sample,
     SchedulingError,
     Watch,
 )
 from rhymerl.algorithms.scheduling import migration as mig
+from rhymerl.api.spec import MigrationSpec
 
 
 def test_the_tail_is_the_last_fraction_of_a_group_and_at_least_one_sample() -> None:
@@ -60,7 +60,7 @@ def test_long_groups_defer_to_the_next_step_and_fall_back_to_intra_step() -> Non
 def _two_group_scheduler(inter_step: bool = True) -> tuple[HistoPipe, list[Sample]]:
     """4 workers, 2 ranking groups of 2 prompts x 5 samples; history: short prompts 100, long 1000 tokens."""
     sched = HistoPipe(4, groups=2, two_tier=False,
-                      migration=MigrationConfig(tail_fraction=0.2, min_lambda=1.1, inter_step=inter_step))
+                      migration=MigrationSpec(tail_fraction=0.2, min_lambda=1.1, inter_step=inter_step))
     for p, n in (("s0", 100), ("s1", 100), ("l0", 1000), ("l1", 1000)):
         sched.prime(p, [n] * 5)
     samples = [Sample(sid=10 * i + j, prompt_id=p, input_len=8) for i, p in enumerate(("s0", "s1", "l0", "l1"))

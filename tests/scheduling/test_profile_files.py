@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rhymerl.algorithms.scheduling import RooflineProfile
-from rhymerl.tools.sim.profile_file import (
+from rhymerl.tools.sim.iteration_profile_file import (
     ProfileError,
     ProfileFile,
     load_profile,

@@ -20,17 +20,17 @@ from rhymerl.algorithms.scheduling import (
     EqualSplit,
     HistoPipe,
     LongestFirst,
-    MigrationConfig,
     Reallocate,
     Scheduler,
     SkewAware,
-    Speculation,
+    SpeculationSpeedup,
     TableProfile,
 )
+from rhymerl.api.spec import MigrationSpec
 from rhymerl.tools.sim import SimConfig, simulate
 from rhymerl.tools.traces import Trace
 
-AGGRESSIVE = MigrationConfig(tail_fraction=0.6, min_lambda=1.0, growth_percentile=50.0)
+AGGRESSIVE = MigrationSpec(tail_fraction=0.6, min_lambda=1.0, growth_percentile=50.0)
 
 
 def _policies(workers: int) -> list[Scheduler]:
@@ -42,7 +42,7 @@ def _policies(workers: int) -> list[Scheduler]:
         AsyncRollout(workers, staleness=1),
         AsyncRollout(workers, staleness=0, interrupt_on_update=False),
         HistoPipe(workers, groups=3, two_tier=True, migration=AGGRESSIVE),
-        HistoPipe(workers, groups=2, two_tier=False, migration=MigrationConfig(tail_fraction=0.5, inter_step=True,
+        HistoPipe(workers, groups=2, two_tier=False, migration=MigrationSpec(tail_fraction=0.5, inter_step=True,
                                                                                 min_lambda=1.0)),
         HistoPipe(workers, groups=2, staleness=0, migration=AGGRESSIVE),
         HistoPipe(workers, groups=3, migration=AGGRESSIVE, work_stealing=False),
@@ -81,7 +81,7 @@ def test_every_sample_finishes_exactly_once_under_every_policy(
     const = TableProfile.constant(0.01, max_batch=3, prefill_seconds_per_token=prefill)
     # a small KV cache (prompts are 10 tokens, responses up to 400) forces preemptions mid-migration
     profile = dataclasses.replace(const, kv_capacity_tokens=kv)
-    cfg = SimConfig(workers=workers, profile=profile, speculation=Speculation(tokens_per_pass=alpha))
+    cfg = SimConfig(workers=workers, profile=profile, speculation=SpeculationSpeedup(tokens_per_pass=alpha))
     for sched in _policies(workers):
         sched.profile = cfg.profile
         with _deadline(60):
@@ -101,7 +101,7 @@ def test_a_full_kv_cache_with_fractional_tokens_per_pass_preempts_and_every_poli
     warm = [("p0", 100), ("p1", 100), ("p2", 100)]
     trace = Trace.from_steps([warm, warm, warm], input_len=37)
     profile = dataclasses.replace(TableProfile.constant(0.01, max_batch=3), kv_capacity_tokens=150)
-    cfg = SimConfig(workers=1, profile=profile, speculation=Speculation(tokens_per_pass=1.3))
+    cfg = SimConfig(workers=1, profile=profile, speculation=SpeculationSpeedup(tokens_per_pass=1.3))
     preempted = 0
     for sched in _policies(1):
         sched.profile = profile

@@ -9,12 +9,12 @@ from rhymerl.algorithms.scheduling import (
     EqualSplit,
     HistoPipe,
     LongestFirst,
-    MigrationConfig,
     RooflineProfile,
-    Speculation,
+    SpeculationSpeedup,
     TableProfile,
 )
 from rhymerl.algorithms.scheduling.costmodel import NO_SPECULATION
+from rhymerl.api.spec import MigrationSpec
 from rhymerl.tools.sim import SimConfig, simulate
 from rhymerl.tools.sim.metrics import lower_bound
 from rhymerl.tools.traces import Trace
@@ -72,7 +72,7 @@ def test_the_off_policy_bound_holds_the_pipeline_back() -> None:
 
 
 def test_speculation_generates_several_tokens_per_pass() -> None:
-    r = simulate(Trace.from_steps([[("a", 10)]]), EqualSplit(1), _cfg(1, speculation=Speculation(tokens_per_pass=2.0)))
+    r = simulate(Trace.from_steps([[("a", 10)]]), EqualSplit(1), _cfg(1, speculation=SpeculationSpeedup(tokens_per_pass=2.0)))
     assert r.makespan == pytest.approx(5.0)
 
 
@@ -86,10 +86,10 @@ def test_an_outlier_migrates_off_a_short_groups_worker_with_its_tokens() -> None
     warm = [("s", 10)] * 4 + [("l", 100)] * 4
     step = [("s", 10)] * 3 + [("s", 60)] + [("l", 100)] * 4
     tr = Trace.from_steps([warm, step, [("s", 10)] * 4 + [("l", 100)] * 4])
-    mig = MigrationConfig(tail_fraction=0.25, min_lambda=1.1)
+    mig = MigrationSpec(tail_fraction=0.25, min_lambda=1.1)
     cfg = SimConfig(workers=2, profile=TableProfile.constant(1.0, prefill_seconds_per_token=0.01))
     moved = simulate(tr, HistoPipe(2, groups=2, two_tier=False, migration=mig), cfg, warmup_steps=1)
-    kept = simulate(tr, HistoPipe(2, groups=2, two_tier=False, migration=MigrationConfig(enabled=False)), cfg,
+    kept = simulate(tr, HistoPipe(2, groups=2, two_tier=False, migration=MigrationSpec(enabled=False)), cfg,
                     warmup_steps=1)
     assert moved.intra_step == 1 and moved.migrated_samples == 1
     [(t, _, src, dst)] = moved.migrations

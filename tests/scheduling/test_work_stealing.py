@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from rhymerl.algorithms.scheduling import HistoPipe, MigrationConfig, Sample, SchedulingError, TableProfile
+from rhymerl.algorithms.scheduling import HistoPipe, Sample, SchedulingError, TableProfile
+from rhymerl.api.spec import MigrationSpec
 from rhymerl.tools.sim import SimConfig, simulate
 from rhymerl.tools.traces import Trace
 
-NO_MIGRATION = MigrationConfig(enabled=False)
+NO_MIGRATION = MigrationSpec(enabled=False)
 
 
 def _trace() -> Trace:

@@ -1,6 +1,7 @@
-"""The RL step loop, read top to bottom as the algorithm: rollout, reward, advantages, update.
+"""The RL step loop. `_steps` is the whole algorithm, one line per phase: sample a batch (rollout and
+reward, with DAPO's dynamic sampling), advantages, train, record the step, update history, save.
 
-`run_steps` yields one metrics row per finished step; the caller (the local backend, later the
+`run_steps` yields one `StepMetrics` per finished step; the caller (the local backend, later the
 controller pod) decides how to show them. The policy the engine samples from is the module the
 trainer updates, so every step's rollout uses the weights of the step before (off-policyness 0).
 With `rollout.replicas` > 1 the rollout runs on that many engine replicas placed by the
@@ -15,8 +16,7 @@ import functools
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,16 +24,20 @@ from rhymerl.algorithms import objectives as obj
 from rhymerl.algorithms.scheduling.factory import make_scheduler
 from rhymerl.api import RLJob
 from rhymerl.workers import dumps, faults
+from rhymerl.workers.controller.history import RunHistory
 from rhymerl.workers.controller.prompts import Prompt, epoch_order, load_prompts
-from rhymerl.workers.controller.rollout_pool import PoolReport, RolloutPool, prime_history, table_profile
+from rhymerl.workers.controller.rollout_pool import PoolReport, RolloutPool, table_profile
 from rhymerl.workers.controller.run_dir import LoopState, RunDir
-from rhymerl.workers.controller.speculation import Speculation, reachable_batches
+from rhymerl.workers.controller.speculation import RolloutSpeculation, reachable_batches, speculation_metrics
+from rhymerl.workers.controller.step_metrics import StepMetrics
 from rhymerl.workers.model.registry import load_policy
+from rhymerl.workers.model.tokenizer import CharTokenizer
+from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.reward.outcome import check_failures
 from rhymerl.workers.reward.pool import Scorer, open_scorer
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, TorchEngine
-from rhymerl.workers.rollout.profile import Progress, load_or_measure
 from rhymerl.workers.rollout.sampling import sample_key
+from rhymerl.workers.rollout.verify_cost import Progress, load_or_measure
 from rhymerl.workers.train.guards import NonFiniteError
 from rhymerl.workers.train.trainer import Trainer, TrainSample
 
@@ -49,8 +53,20 @@ class Group:
     reward_errors: list[str | None]  # why scoring each response failed; None where it scored
 
 
+@dataclass
+class Batch:
+    """A step's rollout: every group generated (dumped and learnt from), those kept for training
+    (with dynamic sampling, groups whose rewards differ), and where the time went."""
+
+    groups: list[Group] = field(default_factory=list)
+    kept: list[Group] = field(default_factory=list)
+    rounds: int = 0
+    clock: dict[str, float] = field(default_factory=lambda: {"rollout": 0.0, "reward": 0.0, "train": 0.0})
+    pool_reports: list[PoolReport] = field(default_factory=list)
+
+
 def run_steps(job: RLJob, run: RunDir, resume: bool = False,
-              profile_progress: Progress | None = None) -> Iterator[dict[str, Any]]:
+              profile_progress: Progress | None = None) -> Iterator[StepMetrics]:
     """The job's steps. The reward scorer (worker processes for a user function, its module
     imported first, so a typo fails before any rollout) lives as long as this generator: it is
     closed when the steps end, an exception propagates, or the consumer stops iterating."""
@@ -59,119 +75,166 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False,
 
 
 def _steps(job: RLJob, run: RunDir, resume: bool, scorer: Scorer,
-           profile_progress: Progress | None = None) -> Iterator[dict[str, Any]]:
-    """`profile_progress(done, total)` follows the verify-cost profile's measurement (profile.Progress)."""
+           profile_progress: Progress | None = None) -> Iterator[StepMetrics]:
+    """`profile_progress(done, total)` follows the verify-cost profile's measurement (verify_cost.Progress)."""
     spec, algo = job.spec, job.spec.algorithm
     torch.manual_seed(spec.rollout.seed)
     model, tok = load_policy(spec.model)
-    prompts = load_prompts(spec.data)
-    encoded = {p.prompt_id: [tok.bos_id, *tok.encode(p.text)] for p in prompts}
-    engine = TorchEngine(model, tok.eos_id, spec.rollout.max_batch_size)
     trainer = Trainer(model, algo, spec.rollout.temperature)
     state = run.restore(model, trainer.optimizer) if resume else LoopState()
-    speculation = Speculation.for_job(job, model, run.path if resume else None, profile_progress)
-    params = SamplingParams(spec.rollout.temperature, spec.rollout.top_p, spec.rollout.seed, algo.max_response_length)
-    assert algo.dynamic_sampling is not None
-    pool = rollout_pool(job, engine, params, speculation, run, resume) if spec.rollout.replicas > 1 else None
-    reports: list[PoolReport] = []
-
-    def rollout(batch: list[Prompt], epoch: int, clock: dict[str, float]) -> list[Group]:
-        reqs = [GenRequest(encoded[p.prompt_id], sample_key(p.prompt_id, epoch, k), p.prompt_id)
-                for p in batch for k in range(algo.group_size)]
-        prompt_ids = [p.prompt_id for p in batch]
-        t0 = time.perf_counter()
-        if pool is None:
-            results = engine.generate(reqs, params, speculation.drafts(epoch, prompt_ids))
-        else:
-            results, report = pool.run(reqs, speculation.replica_drafts(epoch, prompt_ids, pool.replicas))
-            reports.append(report)
-        t1 = time.perf_counter()
-        spans = [slice(i * algo.group_size, (i + 1) * algo.group_size) for i in range(len(batch))]
-        outcomes = scorer.score([(p.text, tok.decode(r.response_ids), p.answer)
-                                 for p, span in zip(batch, spans, strict=True) for r in results[span]])
-        for i, o in enumerate(outcomes):
-            if o.nonfinite is not None and algo.on_nonfinite == "fail":
-                p = batch[i // algo.group_size]
-                raise NonFiniteError(f"step {state.step + 1}: prompt {p.prompt_id} sample {i % algo.group_size}: the "
-                                     f"reward function returned {o.nonfinite}; no weight was changed; set "
-                                     "algorithm.on_nonfinite: skip to score such samples as failures "
-                                     "(reward.failure_reward) instead")
-        groups = []
-        for p, span in zip(batch, spans, strict=True):
-            groups.append(Group(p, encoded[p.prompt_id], results[span], [o.value for o in outcomes[span]],
-                                [o.error for o in outcomes[span]]))
-        clock["rollout"] += t1 - t0
-        clock["reward"] += time.perf_counter() - t1
-        return groups
+    history = RunHistory(keep_responses=spec.rollout.speculation.method == "history",
+                         reward_weighted=spec.rollout.speculation.reward_weighted)
+    if resume and (run.path / dumps.DUMP_DIR).is_dir():
+        history.record(dumps.read_run(run.path))
+    speculation = RolloutSpeculation.for_job(job, model, history.drafting, profile_progress)
+    rollout = Rollout.for_job(job, model, tok, speculation, history, run, resume)
+    prompts = load_prompts(spec.data)
 
     while state.epoch <= algo.epochs:
         order = epoch_order(len(prompts), spec.data.seed, state.epoch, spec.data.shuffle)
-        clock = {"rollout": 0.0, "reward": 0.0, "train": 0.0}
         faults.point("rollout", state.step + 1)
-        reports.clear()
-        groups: list[Group] = []
-        kept: list[Group] = []
-        rounds = 0
-        # DAPO dynamic sampling: keep drawing this epoch's prompts until the batch has groups with signal.
-        while state.cursor < len(order) and len(kept) < algo.prompts_per_step and (
-                rounds == 0 or (algo.dynamic_sampling.enabled and rounds < algo.dynamic_sampling.max_gen_batches)):
-            take = order[state.cursor: state.cursor + algo.prompts_per_step - len(kept)]
-            state.cursor += len(take)
-            fresh = rollout([prompts[i] for i in take], state.epoch, clock)
-            groups += fresh
-            kept += [g for g in fresh if not algo.dynamic_sampling.enabled or len(set(g.rewards)) > 1]
-            rounds += 1
-
-        rewards = torch.tensor([r for g in kept for r in shaped_rewards(g, job)], dtype=torch.float64)
-        samples: list[TrainSample] = []
-        if kept:
-            adv = obj.group_advantages(rewards, algo.group_size, algo.norm_adv_by_std)
-            samples = [TrainSample(g.prompt_ids, r.response_ids, float(adv[i * algo.group_size + k]),
-                                   f"step {state.step + 1}: prompt {g.prompt.prompt_id} sample {k}")
-                       for i, g in enumerate(kept) for k, r in enumerate(g.results)]
+        batch = sample_batch(job, rollout, scorer, [prompts[i] for i in order], state)
+        samples = training_samples(batch.kept, job, state.step + 1)
         faults.point("train", state.step + 1)
-        t0 = time.perf_counter()
-        train_stats = trainer.step(samples) if samples else {}
-        clock["train"] = time.perf_counter() - t0
-        if samples and (trainer.skipped_samples or trainer.skipped_updates):
-            run.note(f"step {state.step + 1}: on_nonfinite=skip left out {len(trainer.skipped_samples)} sample(s) "
-                     f"{trainer.skipped_samples} and {trainer.skipped_updates} update(s) with a nan/inf value")
+        train_stats = train(trainer, samples, batch, run, state.step + 1)
 
         state.step += 1
-        step_records = list(records(groups, state))
+        step_records = list(records(batch.groups, state))
         dumps.write_step(run.path, state.step, step_records)
         faults.point("dump", state.step)
-        speculation.remember(step_records)
+        history.record(step_records)
+        speculation.keep_cost_evidence()
         state.policy_version += 1 if samples else 0
-        row = step_metrics(groups, state, clock, train_stats, rounds) | speculation.metrics(groups)
-        if reports:
-            row |= functools.reduce(PoolReport.merged, reports).metrics()
+        metrics = step_metrics(batch, state, train_stats)
         if state.cursor >= len(order):
             state.epoch, state.cursor = state.epoch + 1, 0
-        run.append_metrics(row)
-        check_failures([e for g in groups for e in g.reward_errors], spec.reward, state.step,
+        run.append_metrics(metrics.row())
+        check_failures([e for g in batch.groups for e in g.reward_errors], spec.reward, state.step,
                        dumps.dump_path(run.path, state.step))
         faults.point("metrics", state.step)
         if state.step % spec.checkpoint.every_steps == 0 or state.epoch > algo.epochs:
             run.save_checkpoint(state, model, trainer.optimizer, spec.checkpoint.keep_last)
-        yield row
+        yield metrics
 
 
-def rollout_pool(job: RLJob, engine: TorchEngine, params: SamplingParams, speculation: Speculation, run: RunDir,
-                 resume: bool) -> RolloutPool:
+def sample_batch(job: RLJob, rollout: Rollout, scorer: Scorer, epoch_prompts: list[Prompt],
+                 state: LoopState) -> Batch:
+    """Roll out and score the next `prompts_per_step` prompts of the epoch. DAPO dynamic sampling
+    keeps drawing more of the epoch's prompts (up to `max_gen_batches` rounds) while groups whose
+    rewards are all equal (no learning signal) leave the batch short."""
+    algo = job.spec.algorithm
+    assert algo.dynamic_sampling is not None
+    dynamic = algo.dynamic_sampling
+    batch = Batch()
+    while state.cursor < len(epoch_prompts) and len(batch.kept) < algo.prompts_per_step and (
+            batch.rounds == 0 or (dynamic.enabled and batch.rounds < dynamic.max_gen_batches)):
+        take = epoch_prompts[state.cursor: state.cursor + algo.prompts_per_step - len(batch.kept)]
+        state.cursor += len(take)
+        t0 = time.perf_counter()
+        results = rollout.generate(take, state.epoch, batch)
+        t1 = time.perf_counter()
+        groups = score(job, scorer, rollout.tok, take, rollout.encoded, results, state.step + 1)
+        batch.clock["rollout"] += t1 - t0
+        batch.clock["reward"] += time.perf_counter() - t1
+        batch.groups += groups
+        batch.kept += [g for g in groups if not dynamic.enabled or len(set(g.rewards)) > 1]
+        batch.rounds += 1
+    return batch
+
+
+@dataclass
+class Rollout:
+    """Generates G responses per prompt: one engine, or `rollout.replicas` engines placed by the
+    scheduler (the prompts' encodings and the sampling rule are the same either way)."""
+
+    job: RLJob
+    engine: TorchEngine
+    tok: CharTokenizer
+    encoded: dict[str, list[int]]
+    params: SamplingParams
+    speculation: RolloutSpeculation
+    pool: RolloutPool | None
+
+    @classmethod
+    def for_job(cls, job: RLJob, model: TinyLlama, tok: CharTokenizer, speculation: RolloutSpeculation,
+                history: RunHistory, run: RunDir, resume: bool) -> Rollout:
+        spec, algo = job.spec, job.spec.algorithm
+        engine = TorchEngine(model, tok.eos_id, spec.rollout.max_batch_size)
+        encoded = {p.prompt_id: [tok.bos_id, *tok.encode(p.text)] for p in load_prompts(spec.data)}
+        params = SamplingParams(spec.rollout.temperature, spec.rollout.top_p, spec.rollout.seed,
+                                algo.max_response_length)
+        pool = rollout_pool(job, engine, params, speculation, history, run, resume) \
+            if spec.rollout.replicas > 1 else None
+        return cls(job, engine, tok, encoded, params, speculation, pool)
+
+    def generate(self, prompts: list[Prompt], epoch: int, batch: Batch) -> list[GenResult]:
+        g = self.job.spec.algorithm.group_size
+        reqs = [GenRequest(self.encoded[p.prompt_id], sample_key(p.prompt_id, epoch, k), p.prompt_id)
+                for p in prompts for k in range(g)]
+        prompt_ids = [p.prompt_id for p in prompts]
+        if self.pool is None:
+            return self.engine.generate(reqs, self.params, self.speculation.drafts(epoch, prompt_ids))
+        results, report = self.pool.run(reqs, self.speculation.replica_drafts(epoch, prompt_ids, self.pool.replicas))
+        batch.pool_reports.append(report)
+        return results
+
+
+def score(job: RLJob, scorer: Scorer, tok: CharTokenizer, prompts: list[Prompt], encoded: dict[str, list[int]],
+          results: list[GenResult], step: int) -> list[Group]:
+    """Reward every response; a nan/inf reward stops the run under `on_nonfinite: fail`."""
+    algo = job.spec.algorithm
+    spans = [slice(i * algo.group_size, (i + 1) * algo.group_size) for i in range(len(prompts))]
+    outcomes = scorer.score([(p.text, tok.decode(r.response_ids), p.answer)
+                             for p, span in zip(prompts, spans, strict=True) for r in results[span]])
+    for i, o in enumerate(outcomes):
+        if o.nonfinite is not None and algo.on_nonfinite == "fail":
+            p = prompts[i // algo.group_size]
+            raise NonFiniteError(f"step {step}: prompt {p.prompt_id} sample {i % algo.group_size}: the "
+                                 f"reward function returned {o.nonfinite}; no weight was changed; set "
+                                 "algorithm.on_nonfinite: skip to score such samples as failures "
+                                 "(reward.failure_reward) instead")
+    return [Group(p, encoded[p.prompt_id], results[span], [o.value for o in outcomes[span]],
+                  [o.error for o in outcomes[span]]) for p, span in zip(prompts, spans, strict=True)]
+
+
+def training_samples(kept: list[Group], job: RLJob, step: int) -> list[TrainSample]:
+    """GRPO group-relative advantages of the (shaped) rewards, one training sample per response."""
+    if not kept:
+        return []
+    algo = job.spec.algorithm
+    rewards = torch.tensor([r for g in kept for r in shaped_rewards(g, job)], dtype=torch.float64)
+    adv = obj.group_advantages(rewards, algo.group_size, algo.norm_adv_by_std)
+    return [TrainSample(g.prompt_ids, r.response_ids, float(adv[i * algo.group_size + k]),
+                        f"step {step}: prompt {g.prompt.prompt_id} sample {k}")
+            for i, g in enumerate(kept) for k, r in enumerate(g.results)]
+
+
+def train(trainer: Trainer, samples: list[TrainSample], batch: Batch, run: RunDir, step: int) -> dict[str, float]:
+    """One policy update on the batch (none without samples); what `on_nonfinite: skip` left out is noted."""
+    t0 = time.perf_counter()
+    stats = trainer.step(samples) if samples else {}
+    batch.clock["train"] = time.perf_counter() - t0
+    if samples and (trainer.skipped_samples or trainer.skipped_updates):
+        run.note(f"step {step}: on_nonfinite=skip left out {len(trainer.skipped_samples)} sample(s) "
+                 f"{trainer.skipped_samples} and {trainer.skipped_updates} update(s) with a nan/inf value")
+    return stats
+
+
+def rollout_pool(job: RLJob, engine: TorchEngine, params: SamplingParams, speculation: RolloutSpeculation,
+                 history: RunHistory, run: RunDir, resume: bool) -> RolloutPool:
     """The replicas and their scheduler. The cost model is the engine's measured pass times (the
-    profile speculation uses, measured now if speculation is off). The scheduler learns lengths as
-    groups finish; a resumed run first replays its dumps into that history and continues the
-    batch numbering (HistoPipe alternates its layout on odd and even batches), so it makes the
-    decisions the uninterrupted run would have made."""
+    profile speculation uses, measured now if speculation is off). The scheduler ranks by the run's
+    length history (which a resumed run has rebuilt from its dumps) and continues the batch
+    numbering (HistoPipe alternates its layout on odd and even batches), so it makes the decisions
+    the uninterrupted run would have made."""
     spec = job.spec
     cost = speculation.control.profile or load_or_measure(engine.model, batches=reachable_batches(job))
     sched = make_scheduler(spec.scheduling, spec.rollout.replicas, seed=spec.rollout.seed, max_off_policy=0,
-                           profile=table_profile(cost, engine.max_batch_size))
+                           profile=table_profile(cost, engine.max_batch_size), history=history.lengths,
+                           learns_lengths=False)
     first_step = 1
-    if resume and (run.path / dumps.DUMP_DIR).is_dir():
-        first_step += sum(int(r.get("gen_rounds", 1)) for r in run.metrics())
-        prime_history(sched, dumps.read_run(run.path))
+    if resume:
+        first_step += sum(m.gen_rounds for m in run.step_metrics())
     return RolloutPool(engine, sched, params, first_step)
 
 
@@ -193,29 +256,33 @@ def records(groups: list[Group], state: LoopState) -> Iterator[dumps.RolloutReco
                 prompt_len=len(g.prompt_ids), prompt_ids=g.prompt_ids, response_ids=res.response_ids,
                 reward=reward, reward_error=error, finish_reason="stop" if res.finish_reason == "stop" else "length",
                 policy_version=state.policy_version,
-                spec=dumps.SpecStats(drafted=res.drafted, accepted=res.accepted,
-                                     forward_passes=res.forward_passes))
+                speculation=dumps.SpeculationStats(drafted=res.drafted, accepted=res.accepted,
+                                                   forward_passes=res.forward_passes))
 
 
-def step_metrics(groups: list[Group], state: LoopState, clock: dict[str, float],
-                 train_stats: dict[str, float], rounds: int) -> dict[str, Any]:
-    lengths = [len(r.response_ids) for g in groups for r in g.results]
+def step_metrics(batch: Batch, state: LoopState, train_stats: dict[str, float]) -> StepMetrics:
+    groups, clock = batch.groups, batch.clock
+    results = [r for g in groups for r in g.results]
+    lengths = [len(r.response_ids) for r in results]
     rewards = [x for g in groups for x in g.rewards]
     tokens = sum(lengths)
-    return {
-        "step": state.step,
-        "epoch": state.epoch,
-        "policy_version": state.policy_version,
-        "prompts": len(groups),
-        "samples": len(lengths),
-        "gen_rounds": rounds,
+    pool = functools.reduce(PoolReport.merged, batch.pool_reports).metrics() if batch.pool_reports else {}
+    return StepMetrics(
+        step=state.step,
+        epoch=state.epoch,
+        policy_version=state.policy_version,
+        prompts=len(groups),
+        samples=len(lengths),
+        gen_rounds=batch.rounds,
         **{f"time_{k}_s": round(v, 3) for k, v in clock.items()},
-        "rollout_tokens": tokens,
-        "rollout_tokens_per_s": round(tokens / max(clock["rollout"], 1e-9), 1),
-        "response_length_mean": round(sum(lengths) / max(len(lengths), 1), 1),
-        "response_length_max": max(lengths, default=0),
-        "reward_mean": round(sum(rewards) / max(len(rewards), 1), 4),
-        "reward_failures": sum(e is not None for g in groups for e in g.reward_errors),
-        "zero_std_frac": round(sum(len(set(g.rewards)) <= 1 for g in groups) / max(len(groups), 1), 4),
+        rollout_tokens=tokens,
+        rollout_tokens_per_s=round(tokens / max(clock["rollout"], 1e-9), 1),
+        response_length_mean=round(sum(lengths) / max(len(lengths), 1), 1),
+        response_length_max=max(lengths, default=0),
+        reward_mean=round(sum(rewards) / max(len(rewards), 1), 4),
+        reward_failures=sum(e is not None for g in groups for e in g.reward_errors),
+        zero_std_frac=round(sum(len(set(g.rewards)) <= 1 for g in groups) / max(len(groups), 1), 4),
         **{k: (round(v, 5) if math.isfinite(v) else v) for k, v in train_stats.items()},
-    }
+        **speculation_metrics(results),
+        **pool,
+    )

@@ -28,15 +28,15 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
 from rhymerl.algorithms.scheduling.base import Scheduler
 from rhymerl.algorithms.scheduling.costmodel import TableProfile
-from rhymerl.algorithms.scheduling.types import Action, Move, Rebalance, Sample, Watch
-from rhymerl.workers.dumps import RolloutRecord
+from rhymerl.algorithms.scheduling.executor import carry_out, steal
+from rhymerl.algorithms.scheduling.types import Action, Move, Sample, SampleId
 from rhymerl.workers.rollout.engine import (
     DraftSource,
     EngineSession,
@@ -86,18 +86,8 @@ class PoolReport:
         }
 
 
-def prime_history(sched: Scheduler, records: Iterable[RolloutRecord]) -> None:
-    """Replay dumped responses (in step order) into the scheduler's length history, one GRPO group
-    per (step, prompt), as the groups finished in the run that dumped them."""
-    groups: dict[tuple[int, str], list[int]] = {}
-    for rec in records:
-        groups.setdefault((rec.step, rec.prompt_id), []).append(len(rec.response_ids))
-    for (_, prompt_id), lengths in groups.items():
-        sched.prime(prompt_id, lengths)
-
-
 def table_profile(cost: CostProfile, max_batch: int) -> TableProfile:
-    """The scheduler's cost model from the engine's measured pass times (rollout/profile.py): the
+    """The scheduler's cost model from the engine's measured pass times (rollout/verify_cost.py): the
     one-token column is a decode iteration per batch size; it was measured at one context length,
     so it is taken as constant in context; prefill is priced per token from the longest pass."""
     per_token = cost.seconds[0][-1] / cost.tokens[-1]
@@ -208,7 +198,7 @@ class RolloutPool:
             b.watches.pop(sid, None)
             del b.where[sid]
         for sid, res in finished:
-            self._apply(b, w, self.sched.on_sample_finished(sid, w, len(res.response_ids), b.clock[w]))
+            self._apply(b, self.sched.on_sample_finished(sid, w, len(res.response_ids), b.clock[w]))
         self._progress(b, w)
 
     def _progress(self, b: _Batch, w: int) -> None:
@@ -217,7 +207,7 @@ class RolloutPool:
         for sid, tokens in list(b.watches.items()):
             if b.where.get(sid) == w and sid in b.watches and session.generated(sid) >= tokens:
                 del b.watches[sid]
-                self._apply(b, w, self.sched.on_progress(sid, w, session.generated(sid), b.clock[w]))
+                self._apply(b, self.sched.on_progress(sid, w, session.generated(sid), b.clock[w]))
 
     def _pull(self, b: _Batch, w: int, share: int) -> None:
         """Shared pipeline: replica w takes samples from the shared queue up to its share."""
@@ -230,34 +220,34 @@ class RolloutPool:
 
     def _steal(self, b: _Batch, w: int) -> bool:
         """Idle replica w asks for samples of this batch that other replicas have not started."""
-        waiting = {v: [sid for sid in s.waiting() if s.generated(sid) == 0]
-                   for v, s in enumerate(b.sessions) if v != w}
-        waiting = {v: sids for v, sids in waiting.items() if sids}
-        if not waiting:
-            return False
-        moves = self.sched.on_idle(w, b.step, waiting)
-        for m in moves:
-            b.sessions[w].add(m.sid, b.requests[m.sid], b.sessions[m.src].take(m.sid))
-            b.where[m.sid] = w
+        moves = steal(self.sched, _PoolFleet(self, b), w, b.step)
         b.stolen += len(moves)
         return bool(moves)
 
-    # ------------------------------------------------------------------ actions
-    def _apply(self, b: _Batch, w: int, actions: list[Action]) -> None:
-        for a in actions:
-            if isinstance(a, Watch):
-                if a.sid in b.where:
-                    b.watches[a.sid] = a.tokens
-                    self._progress(b, b.where[a.sid])
-            elif isinstance(a, Move):
-                if a.dst is None:
-                    raise ExecutorError(f"sample {a.sid}: inter-step move, but the local loop runs one step at a time")
-                self._move(b, a.sid, a.src, a.dst, a.generated)
-            elif isinstance(a, Rebalance):
-                self.sched.on_moved(self._rebalance(b, a))
+    def _apply(self, b: _Batch, actions: list[Action]) -> None:
+        carry_out(self.sched, _PoolFleet(self, b), actions)
 
-    def _move(self, b: _Batch, sid: int, src: int, dst: int, generated: int | None) -> Move:
-        if b.where.get(sid) != src:
+
+class _PoolFleet:
+    """The replicas of one batch as the executor's `Fleet` (rhymerl.algorithms.scheduling.executor).
+    A moved sample keeps its tokens and is prefilled again on its new replica (recompute): the
+    replicas share no KV cache."""
+
+    def __init__(self, pool: RolloutPool, b: _Batch) -> None:
+        self.pool = pool
+        self.b = b
+
+    def watch(self, sid: SampleId, tokens: int) -> None:
+        b = self.b
+        if sid in b.where:
+            b.watches[sid] = tokens
+            self.pool._progress(b, b.where[sid])
+
+    def move(self, sid: SampleId, src: int | None, dst: int | None, generated: int | None, recompute: bool) -> Move:
+        b = self.b
+        if dst is None:
+            raise ExecutorError(f"sample {sid}: inter-step move, but the local loop runs one step at a time")
+        if src is None or b.where.get(sid) != src:
             raise ExecutorError(f"sample {sid}: moved from replica {src}, but it is on {b.where.get(sid)}")
         have = b.sessions[src].generated(sid)
         if generated is not None and have != generated:
@@ -270,11 +260,21 @@ class RolloutPool:
         b.migrated += 1
         return Move(sid=sid, src=src, dst=dst, generated=have, recompute=True)
 
-    def _rebalance(self, b: _Batch, a: Rebalance) -> list[Move]:
-        """The samples with the fewest generated tokens, waiting ones first (last queued first)."""
-        session = b.sessions[a.src]
-        chosen = session.waiting()[::-1][: a.count]
-        if len(chosen) < a.count:
-            running = sorted(session.running(), key=lambda sid: (session.generated(sid), sid))
-            chosen += running[: a.count - len(chosen)]
-        return [self._move(b, sid, a.src, a.dst, None) for sid in chosen]
+    def waiting(self, worker: int) -> Sequence[SampleId]:
+        return self.b.sessions[worker].waiting()
+
+    def running(self, worker: int) -> Sequence[SampleId]:
+        return self.b.sessions[worker].running()
+
+    def generated(self, sid: SampleId) -> int:
+        return self.b.sessions[self.b.where[sid]].generated(sid)
+
+    def unstarted(self, worker: int, step: int) -> Sequence[SampleId]:
+        session = self.b.sessions[worker]
+        return [sid for sid in session.waiting() if session.generated(sid) == 0]
+
+    def hand_over(self, move: Move) -> None:
+        b = self.b
+        assert move.dst is not None
+        b.sessions[move.dst].add(move.sid, b.requests[move.sid], b.sessions[move.src].take(move.sid))
+        b.where[move.sid] = move.dst

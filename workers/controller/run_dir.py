@@ -35,6 +35,7 @@ from rhymerl.errors import UserError
 from rhymerl.workers import atomic, dumps
 from rhymerl.workers.controller import checkpoints
 from rhymerl.workers.controller.run_lock import RunLock
+from rhymerl.workers.controller.step_metrics import StepMetrics
 from rhymerl.workers.model.transformer import TinyLlama, load_model, save_model
 
 SPEC = "spec.yaml"
@@ -152,6 +153,10 @@ class RunDir:
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
+
+    def step_metrics(self) -> list[StepMetrics]:
+        """Finished steps, typed (a row some older version wrote without a field now required fails)."""
+        return [StepMetrics.model_validate(row) for row in self.metrics()]
 
     def metrics(self) -> list[dict[str, Any]]:
         """Finished steps' rows. A last line cut short by a crash (no newline) is not a step."""

@@ -2,29 +2,23 @@
 
 From the second epoch on, each prompt's rollout drafts from the index of its previous epoch's
 responses (method `history`); `ngram` drafts from each sequence's own context. The cost profile
-that decides the per-pass cap is measured once per machine and cached (rollout/profile.py); the
+that decides the per-pass cap is measured once per machine and cached (rollout/verify_cost.py); the
 passes of every step correct it, and after each step what they showed is kept in the cache and
 cells shown measured disturbed are measured again (ProfileStore.update).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from rhymerl.algorithms.drafting.adaptive_cap import CostEvidence
 from rhymerl.api import RLJob
-from rhymerl.workers import dumps
 from rhymerl.workers.history.store import MemoryHistoryStore
 from rhymerl.workers.model.transformer import TinyLlama
-from rhymerl.workers.rollout.engine import DraftSource
-from rhymerl.workers.rollout.profile import BATCHES, ProfileStore, Progress
+from rhymerl.workers.rollout.engine import DraftSource, GenResult
 from rhymerl.workers.rollout.speculators import HistoryDrafts, NgramDrafts, SpecController
-
-if TYPE_CHECKING:
-    from rhymerl.workers.controller.loop import Group
+from rhymerl.workers.rollout.verify_cost import BATCHES, ProfileStore, Progress
 
 
 def reachable_batches(job: RLJob) -> tuple[int, ...]:
@@ -34,16 +28,20 @@ def reachable_batches(job: RLJob) -> tuple[int, ...]:
 
 
 @dataclass
-class Speculation:
+class RolloutSpeculation:
+    """The job's speculation method for its rollouts: a draft source per rollout, the controller of
+    the per-pass draft cap, and the cached verify-cost profile behind it."""
+
     method: str
     control: SpecController
-    store: MemoryHistoryStore
+    drafting: MemoryHistoryStore
     costs: ProfileStore | None = None
 
     @classmethod
-    def for_job(cls, job: RLJob, model: TinyLlama, resume_from: Path | None = None,
-                progress: Progress | None = None) -> Speculation:
-        """`progress(done, total)` follows the cost profile's measurement (profile.Progress)."""
+    def for_job(cls, job: RLJob, model: TinyLlama, drafting: MemoryHistoryStore,
+                progress: Progress | None = None) -> RolloutSpeculation:
+        """`drafting` holds the responses history drafting reads (RunHistory.drafting);
+        `progress(done, total)` follows the cost profile's measurement (verify_cost.Progress)."""
         spec = job.spec.rollout.speculation
         if spec.method == "draft-model":
             raise ValueError("spec.rollout.speculation.method: draft-model needs the vllm engine; "
@@ -53,15 +51,12 @@ class Speculation:
             costs = ProfileStore.open(model, batches=reachable_batches(job), progress=progress)
             evidence = CostEvidence(costs.profile)
         control = SpecController(spec, evidence.profile if evidence else None, evidence=evidence)
-        out = cls(spec.method, control, MemoryHistoryStore(spec.reward_weighted), costs)
-        if resume_from is not None and spec.method == "history" and (resume_from / dumps.DUMP_DIR).is_dir():
-            out.store.update(r for path in dumps.step_files(resume_from) for r in dumps.read_file(path))
-        return out
+        return cls(spec.method, control, drafting, costs)
 
     def drafts(self, epoch: int, prompt_ids: Sequence[str]) -> DraftSource | None:
         spec = self.control.spec
         if self.method == "history":
-            indexes = self.store.indexes_before(epoch, prompt_ids)
+            indexes = self.drafting.indexes_before(epoch, prompt_ids)
             return HistoryDrafts(spec, indexes, self.control) if indexes else None
         if self.method == "ngram":
             return NgramDrafts(spec, self.control)
@@ -73,26 +68,25 @@ class Speculation:
         indexes are built once and shared (they are immutable)."""
         spec = self.control.spec
         if self.method == "history":
-            indexes = self.store.indexes_before(epoch, prompt_ids)
+            indexes = self.drafting.indexes_before(epoch, prompt_ids)
             return [HistoryDrafts(spec, indexes, self.control) if indexes else None for _ in range(replicas)]
         return [self.drafts(epoch, prompt_ids) for _ in range(replicas)]
 
-    def remember(self, records: Iterable[dumps.RolloutRecord]) -> None:
-        """After a step: its responses become history, and what its passes showed about the cost
-        profile is cached (cells shown measured disturbed are measured again)."""
-        if self.method == "history":
-            self.store.update(records)
+    def keep_cost_evidence(self) -> None:
+        """After a step: what its passes showed about the cost profile goes into the cache (cells
+        shown measured disturbed are measured again)."""
         if self.costs is not None and self.control.evidence is not None:
             self.costs.update(self.control.evidence)
 
-    def metrics(self, groups: list[Group]) -> dict[str, Any]:
-        results = [r for g in groups for r in g.results]
-        tokens = sum(len(r.response_ids) for r in results)
-        drafted = sum(r.drafted for r in results)
-        accepted = sum(r.accepted for r in results)
-        passes = sum(r.forward_passes for r in results)
-        return {
-            "spec_rate": round(accepted / max(tokens, 1), 4),
-            "spec_acceptance": round(accepted / drafted, 4) if drafted else None,
-            "tokens_per_pass": round(tokens / max(passes, 1), 3),
-        }
+
+def speculation_metrics(results: Sequence[GenResult]) -> dict[str, float | None]:
+    """Speculation rate (accepted draft tokens per response token), acceptance rate, tokens per pass."""
+    tokens = sum(len(r.response_ids) for r in results)
+    drafted = sum(r.drafted for r in results)
+    accepted = sum(r.accepted for r in results)
+    passes = sum(r.forward_passes for r in results)
+    return {
+        "spec_rate": round(accepted / max(tokens, 1), 4),
+        "spec_acceptance": round(accepted / drafted, 4) if drafted else None,
+        "tokens_per_pass": round(tokens / max(passes, 1), 3),
+    }

@@ -83,7 +83,7 @@ class SpecController:
     def cap(self, batch_size: int, lengths: Sequence[int] | None = None) -> int:
         """This pass's cap; `lengths` are the drafts on offer (see adaptive.choose_cap)."""
         limit = self.spec.window.max
-        if self.evidence is not None:  # re-measured cells (profile.ProfileStore) count from the next choice
+        if self.evidence is not None:  # re-measured cells (verify_cost.ProfileStore) count from the next choice
             self.profile = self.evidence.profile
         if self.spec.disable_above_batch is not None and batch_size > self.spec.disable_above_batch:
             cap = 0

@@ -1,7 +1,7 @@
 """Adaptive speculation: choose each pass's draft-length cap (0 = off) to maximise tokens per second.
 
 Model (RhymeRL §5.4, RLHFSpec §5, SPECATOR §4.1). A verify pass over B sequences that each append
-1 + k tokens costs t(B, k), profiled on this machine (workers/rollout/profile.py). Draft position
+1 + k tokens costs t(B, k), profiled on this machine (workers/rollout/verify_cost.py). Draft position
 j is accepted only if positions 1..j-1 were, with conditional probability p_j, tracked online from
 what verification actually accepted. A sequence given a draft of k tokens then emits
 
@@ -36,7 +36,7 @@ so long drafts are not priced at the spoiled values meanwhile). A lowered cell t
 of the pass overhead, which the calibration stops counting: c is always priced against the
 corrected profile, and it is never negative (a pass faster than predicted is the grid's error,
 corrected per cell; it is not "explained" by a negative overhead that would make every other
-pass look cheaper). profile.ProfileStore keeps the evidence across runs and re-measures the
+pass look cheaper). verify_cost.ProfileStore keeps the evidence across runs and re-measures the
 cells it shows were measured disturbed.
 """
 

@@ -10,7 +10,7 @@ from .costmodel import (
     NO_SPECULATION,
     IterationProfile,
     RooflineProfile,
-    Speculation,
+    SpeculationSpeedup,
     TableProfile,
     group_decode_time,
     knee_batch,
@@ -18,7 +18,7 @@ from .costmodel import (
     worker_decode_time,
 )
 from .factory import POLICIES, make_scheduler
-from .histopipe import HistoPipe, MigrationConfig
+from .histopipe import HistoPipe
 from .history import LengthHistory
 from .types import Action, Move, Pipeline, Rebalance, Sample, SampleId, StepPlan, Watch
 
@@ -32,7 +32,6 @@ __all__ = [
     "IterationProfile",
     "LengthHistory",
     "LongestFirst",
-    "MigrationConfig",
     "Move",
     "Pipeline",
     "Reallocate",
@@ -44,7 +43,7 @@ __all__ = [
     "SchedulerStats",
     "SchedulingError",
     "SkewAware",
-    "Speculation",
+    "SpeculationSpeedup",
     "StepPlan",
     "TableProfile",
     "Watch",

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypedDict
 
-from .costmodel import NO_SPECULATION, IterationProfile, RooflineProfile, Speculation
+from .costmodel import NO_SPECULATION, IterationProfile, RooflineProfile, SpeculationSpeedup
 from .history import LengthHistory
 from .types import Action, Move, Pipeline, Sample, SampleId, StepPlan
 
@@ -29,10 +29,12 @@ class SchedulerOptions(TypedDict, total=False):
     """Keyword options every policy accepts (see `Scheduler.__init__`)."""
 
     profile: IterationProfile | None
-    speculation: Speculation
+    speculation: SpeculationSpeedup
     staleness: int
     seed: int
     final_step: int | None
+    history: LengthHistory | None
+    learns_lengths: bool
 
 
 class SchedulingError(RuntimeError):
@@ -77,11 +79,16 @@ class Scheduler:
         workers: int,
         *,
         profile: IterationProfile | None = None,
-        speculation: Speculation = NO_SPECULATION,
+        speculation: SpeculationSpeedup = NO_SPECULATION,
         staleness: int = 1,
         seed: int = 0,
         final_step: int | None = None,
+        history: LengthHistory | None = None,
+        learns_lengths: bool = True,
     ) -> None:
+        """history: the length history to rank by (shared with its owner; a fresh one if None);
+        learns_lengths: observe each group's lengths as its last sample finishes (the simulator,
+        standing in for a controller); False where the controller records history after each step."""
         if workers < 1:
             raise ValueError("workers: at least 1")
         if staleness < 0:
@@ -92,7 +99,8 @@ class Scheduler:
         self.staleness = staleness
         self.seed = seed
         self.final_step = final_step
-        self.history = LengthHistory()
+        self.history = LengthHistory() if history is None else history
+        self.learns_lengths = learns_lengths
         self.stats = SchedulerStats()
         self.last_planned = 0
         self._samples: dict[SampleId, SampleState] = {}
@@ -156,7 +164,9 @@ class Scheduler:
         self._visit_left[st.visit] -= 1
         self._visit_lengths[st.visit].append(output_len)
         if self._visit_left[st.visit] == 0:
-            self.history.observe(st.visit[0], self._visit_lengths.pop(st.visit))
+            lengths = self._visit_lengths.pop(st.visit)
+            if self.learns_lengths:
+                self.history.observe(st.visit[0], lengths)
             del self._visit_left[st.visit]
         return self._after_finish(st, now)
 

@@ -23,6 +23,8 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from .batching import admits, last_fitting_iteration, segment_seconds
+
 FloatArray = NDArray[np.float64]
 
 
@@ -175,7 +177,7 @@ class TableProfile:
 
 
 @dataclass(frozen=True)
-class Speculation:
+class SpeculationSpeedup:
     """Speculative decoding as a speedup model: each forward pass yields `tokens_per_pass` tokens
     per sequence on average (1.0: off) and costs `pass_cost` plain iterations (verification of the
     draft makes a pass slightly dearer)."""
@@ -194,14 +196,14 @@ class Speculation:
         return math.ceil(tokens / self.tokens_per_pass - 1e-9) if tokens > 0 else 0
 
 
-NO_SPECULATION = Speculation()
+NO_SPECULATION = SpeculationSpeedup()
 
 
 def worker_decode_time(
     lengths: FloatArray,
     input_len: float,
     profile: IterationProfile,
-    spec: Speculation = NO_SPECULATION,
+    spec: SpeculationSpeedup = NO_SPECULATION,
 ) -> float:
     """Seconds for one worker to decode sequences of these output lengths, queued together.
 
@@ -209,14 +211,14 @@ def worker_decode_time(
     and (i+1)-th shortest lengths, n - i sequences decode together, at the context they have
     reached then. Beyond `max_batch`, or where their KV cache could outgrow the profile's
     `kv_capacity_tokens`, the worker is walked event by event the way the simulator runs it
-    (`_walk_decode_time`).
+    (`walk_decode_time`).
     """
     n = int(lengths.size)
     if n == 0:
         return 0.0
     cap = profile.kv_capacity_tokens
     if n > profile.max_batch or (cap is not None and float(np.sum(lengths)) + n * input_len > cap):
-        return _walk_decode_time(np.sort(lengths.astype(np.float64))[::-1], input_len, profile, spec)
+        return walk_decode_time(np.sort(lengths.astype(np.float64))[::-1], input_len, profile, spec)
     ls = np.sort(lengths.astype(np.float64))
     prev = np.concatenate(([0.0], ls[:-1]))
     delta = (ls - prev) / spec.tokens_per_pass
@@ -229,17 +231,11 @@ def worker_decode_time(
     return float(np.sum(delta[keep] * times)) * spec.pass_cost
 
 
-KV_WATERMARK = 0.01
-"""Share of the KV cache kept free at admission (vLLM's default); the simulator uses it too."""
-
-
-def _walk_decode_time(queue: FloatArray, input_len: float, profile: IterationProfile, spec: Speculation) -> float:
-    """Continuous batching of `queue` (admission order) on one worker, with the simulator's rules:
-    a waiting sequence is admitted when a slot is free and its KV cache fits below the watermark;
-    when the running sequences' cache would outgrow `kv_capacity_tokens`, the ones admitted last go
-    back to the front of the queue with their tokens and pay a recompute prefill when readmitted.
-    Between two events the batch is constant and an iteration costs the profile at its mean
-    context. First admissions' prefill is left out, as in the closed form."""
+def walk_decode_time(queue: FloatArray, input_len: float, profile: IterationProfile, spec: SpeculationSpeedup) -> float:
+    """Continuous batching of `queue` (admission order) on one worker, event by event, with the
+    simulator's rules (batching.py: admission under the watermark, recompute preemption of the
+    sequence admitted last, constant-batch segments). First admissions' prefill is left out, as in
+    the closed form."""
     alpha = spec.tokens_per_pass
     cap = math.inf if profile.kv_capacity_tokens is None else float(profile.kv_capacity_tokens)
     waiting: deque[tuple[float, float]] = deque((float(length), 0.0) for length in queue)  # (length, generated)
@@ -253,7 +249,7 @@ def _walk_decode_time(queue: FloatArray, input_len: float, profile: IterationPro
         while waiting and len(running) < profile.max_batch:
             length, gen = waiting[0]
             b = len(running)
-            if b and c0 + b * alpha * it + input_len + gen + (b + 1) * alpha > cap * (1.0 - KV_WATERMARK):
+            if not admits(c0 + b * alpha * it, input_len, gen, b + 1, alpha, cap):
                 break
             waiting.popleft()
             running[ident] = (it, gen, length)
@@ -270,9 +266,9 @@ def _walk_decode_time(queue: FloatArray, input_len: float, profile: IterationPro
         b = len(running)
         nxt = finishes[0][0]
         if b > 1 and cap < math.inf:
-            nxt = min(nxt, max(it, math.floor((cap - c0) / (b * alpha))))
+            nxt = min(nxt, max(it, last_fitting_iteration(c0, b, alpha, cap)))
         if nxt > it:
-            seconds += (nxt - it) * profile.iteration_time(b, (c0 + b * alpha * (it + nxt) / 2.0) / b)
+            seconds += segment_seconds(profile, b, c0, alpha, it, nxt)
             it = nxt
         while finishes and (finishes[0][1] not in running or finishes[0][0] <= it):
             _, done = heapq.heappop(finishes)
@@ -281,7 +277,7 @@ def _walk_decode_time(queue: FloatArray, input_len: float, profile: IterationPro
                 c0 -= input_len + gen - alpha * start
         if not running:
             c0 = 0.0  # no float drift carried into the next admissions
-        while cap < math.inf and len(running) > 1 and math.floor((cap - c0) / (len(running) * alpha)) <= it:
+        while cap < math.inf and len(running) > 1 and last_fitting_iteration(c0, len(running), alpha, cap) <= it:
             while admitted[-1] not in running:
                 admitted.pop()
             start, gen, length = running.pop(admitted.pop())
@@ -294,7 +290,7 @@ def group_decode_time(
     input_len: float,
     workers: int,
     profile: IterationProfile,
-    spec: Speculation = NO_SPECULATION,
+    spec: SpeculationSpeedup = NO_SPECULATION,
 ) -> float:
     """Estimated completion time of a group of predicted lengths spread over `workers` workers.
 
@@ -312,7 +308,7 @@ def group_decode_time(
     return max(worker_decode_time(order[lane == w], input_len, profile, spec) for w in range(workers))
 
 
-def token_cost(batch: int, context: float, profile: IterationProfile, spec: Speculation = NO_SPECULATION) -> float:
+def token_cost(batch: int, context: float, profile: IterationProfile, spec: SpeculationSpeedup = NO_SPECULATION) -> float:
     """Seconds per generated token for one sequence decoding in a batch of `batch` at `context`."""
     return profile.iteration_time(batch, context) * spec.pass_cost / (batch * spec.tokens_per_pass)
 

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import get_args
+
+from rhymerl.api.spec import SchedulingSpec
 
 from .base import Scheduler, SchedulerOptions
 from .baselines import AsyncRollout, EqualSplit, LongestFirst, Reallocate, SkewAware
-from .costmodel import NO_SPECULATION, IterationProfile, Speculation
-from .histopipe import HistoPipe, MigrationConfig
+from .costmodel import NO_SPECULATION, IterationProfile, SpeculationSpeedup
+from .histopipe import HistoPipe
+from .history import LengthHistory
 
-if TYPE_CHECKING:
-    from rhymerl.api.spec import SchedulingSpec
-
-POLICIES = ("histopipe", "equal", "lpt", "skew-aware", "realloc", "async")
+POLICIES: tuple[str, ...] = get_args(SchedulingSpec.model_fields["policy"].annotation)
+"""The policies `scheduling.policy` accepts, read from the spec."""
 
 
 def make_scheduler(
@@ -20,10 +21,12 @@ def make_scheduler(
     workers: int,
     *,
     profile: IterationProfile | None = None,
-    speculation: Speculation = NO_SPECULATION,
+    speculation: SpeculationSpeedup = NO_SPECULATION,
     max_off_policy: int = 1,
     seed: int = 0,
     final_step: int | None = None,
+    history: LengthHistory | None = None,
+    learns_lengths: bool = True,
 ) -> Scheduler:
     """The scheduler `spec.policy` names, configured from the spec.
 
@@ -36,22 +39,17 @@ def make_scheduler(
         "staleness": max_off_policy,
         "seed": seed,
         "final_step": final_step,
+        "history": history,
+        "learns_lengths": learns_lengths,
     }
     policy = spec.policy
     if policy == "histopipe":
-        m = spec.migration
         return HistoPipe(
             workers,
             groups=spec.ranking_groups,
             two_tier=spec.two_tier,
             first_epoch=spec.first_epoch,
-            migration=MigrationConfig(
-                enabled=m.enabled,
-                tail_fraction=m.tail_fraction,
-                growth_percentile=m.growth_percentile,
-                min_lambda=m.min_lambda,
-                inter_step=m.inter_step,
-            ),
+            migration=spec.migration,
             **common,
         )
     if policy == "equal":

@@ -23,23 +23,14 @@ from typing import Unpack
 
 import numpy as np
 
+from rhymerl.api.spec import MigrationSpec
+
 from . import migration as mig
 from .base import SampleState, Scheduler, SchedulerOptions
 from .costmodel import group_decode_time
 from .ranking import FirstEpoch, equal_share, layout, rank_prompts, step_order
 from .tiering import allocate
 from .types import Action, Move, Sample, SampleId, StepPlan, Watch
-
-
-@dataclass(frozen=True)
-class MigrationConfig:
-    """Mirrors rhymerl.api.spec.MigrationSpec (kept plain so this package needs no pydantic)."""
-
-    enabled: bool = True
-    tail_fraction: float = 0.1
-    growth_percentile: float = 75.0
-    min_lambda: float = 1.1
-    inter_step: bool = True
 
 
 @dataclass
@@ -86,7 +77,7 @@ class HistoPipe(Scheduler):
         groups: int = 8,
         two_tier: bool = True,
         first_epoch: FirstEpoch = "prompt-length",
-        migration: MigrationConfig | None = None,
+        migration: MigrationSpec | None = None,
         work_stealing: bool = True,
         **kwargs: Unpack[SchedulerOptions],
     ) -> None:
@@ -96,7 +87,7 @@ class HistoPipe(Scheduler):
         self.groups = groups
         self.two_tier = two_tier
         self.first_epoch = first_epoch
-        self.migration = migration if migration is not None else MigrationConfig()
+        self.migration = migration if migration is not None else MigrationSpec()
         self.work_stealing = work_stealing
         self._steps: dict[int, _StepGroups] = {}
         self._weight: dict[SampleId, float] = {}

@@ -10,7 +10,6 @@ rate (accepted / drafted) and mean tokens per verify step. Also the paper's §5.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from rich.table import Table
 from rhymerl.algorithms.drafting import HistoryIndex
 from rhymerl.api.spec import SpeculationSpec
 from rhymerl.errors import user_paths
-from rhymerl.tools.bench import tables
+from rhymerl.tools.bench import report, tables
 from rhymerl.tools.bench.draft_replay import ReplayStats, replay_units
 from rhymerl.tools.bench.draft_sources import (
     ArcticCaches,
@@ -117,7 +116,7 @@ def run(cfg: AcceptanceConfig, out: Path, console: Console | None = None) -> dic
     results["all"] = {name: _metrics(s) for name, s in totals.items()}
 
     with user_paths("write", out):
-        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        report.write_json(out / "results.json", results, indent=2)
         plot(results, out / "acceptance.png")
     print_table(results, console)
     console.print(f"wrote {out / 'results.json'} and {out / 'acceptance.png'}")
@@ -147,14 +146,12 @@ def print_table(results: dict[str, Any], console: Console) -> None:
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     labels = [p["epochs"] for p in results["pairs"]]
     names = list(results["all"].keys())
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig = Figure(figsize=(12, 4.5))
+    (ax1, ax2) = fig.subplots(1, 2)
     x = np.arange(len(labels))
     width = 0.8 / max(len(names), 1)
     for i, name in enumerate(names):
@@ -172,4 +169,3 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig.suptitle(f"Drafting epoch e from epoch e-1: {results['dumps']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)

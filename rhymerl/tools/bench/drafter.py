@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import json
 import os
-import platform
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
@@ -27,6 +25,7 @@ from rich.table import Table
 from rhymerl.algorithms.drafting import HistoryIndex
 from rhymerl.api.spec import SpeculationSpec
 from rhymerl.errors import user_paths
+from rhymerl.tools.bench import report
 from rhymerl.tools.bench.draft_replay import replay, replay_units
 from rhymerl.tools.bench.draft_sources import (
     ArcticCaches,
@@ -61,24 +60,6 @@ class DrafterBenchConfig:
 
     def steps_for(self, batch: int) -> int:
         return self.iterations if self.iterations is not None else max(30, 4096 // batch)
-
-
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "logical_cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-    }
 
 
 class _MallInfo2(ctypes.Structure):
@@ -222,7 +203,7 @@ def run(cfg: DrafterBenchConfig, out: Path, console: Console | None = None) -> d
     arctic_ok, arctic_note = arctic_status() if cfg.arctic else (False, "arctic-inference skipped (--no-arctic)")
     results: dict[str, Any] = {
         "data": data,
-        "machine": machine(),
+        "machine": report.machine(),
         "config": {f.name: _config_value(getattr(cfg, f.name)) for f in fields(cfg)},
         "arctic": arctic_note,
         "build": {},
@@ -277,8 +258,8 @@ def run(cfg: DrafterBenchConfig, out: Path, console: Console | None = None) -> d
         }
 
     with user_paths("write", out):
-        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-        (out / "table.md").write_text(markdown(results))
+        report.write_json(out / "results.json", results, indent=2)
+        report.write_text(out / "table.md", markdown(results))
         plot(results, out / "drafter.png")
     print_tables(results, console)
     console.print(f"wrote {out / 'results.json'}, {out / 'table.md'} and {out / 'drafter.png'}")
@@ -347,12 +328,10 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig = Figure(figsize=(12, 4.5))
+    (ax1, ax2) = fig.subplots(1, 2)
     for name, rows in results["latency"].items():
         b = [r["batch"] for r in rows]
         (line,) = ax1.plot(b, [r["p50_us"] for r in rows], marker="o", label=f"{name} p50")
@@ -376,4 +355,3 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig.suptitle(results["data"], fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -10,7 +10,6 @@ table.md and profile.png.
 
 from __future__ import annotations
 
-import json
 import shlex
 import time
 from dataclasses import dataclass
@@ -23,11 +22,11 @@ from rich.table import Table
 
 from rhymerl.api.spec import ModelSpec
 from rhymerl.errors import OptionError, user_paths
-from rhymerl.tools.bench.drafter import machine
+from rhymerl.tools.bench import report
 from rhymerl.tools.bench.tables import print_table
-from rhymerl.tools.sim.profile_file import FORMAT, ProfileFile, ProfilePoint, save_profile
+from rhymerl.tools.sim.iteration_profile_file import FORMAT, ProfileFile, ProfilePoint, save_profile
 from rhymerl.workers.model.registry import load_policy
-from rhymerl.workers.rollout.profile import measure_decode_grid, measure_prefill
+from rhymerl.workers.rollout.verify_cost import measure_decode_grid, measure_prefill
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,7 @@ def _check(cfg: EngineProfileConfig, max_positions: int) -> None:
 def device_name(device: str) -> str:
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
-    info = machine()
+    info = report.machine()
     return f"{info['cpu'] or 'CPU'} ({info['logical_cpus']} logical CPUs, {torch.get_num_threads()} torch threads)"
 
 
@@ -115,12 +114,10 @@ def table(doc: ProfileFile) -> Table:
 
 
 def plot(doc: ProfileFile, path: Path) -> Path:
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4))
+    (left, right) = fig.subplots(1, 2)
     for c in sorted({p.context_len for p in doc.points}):
         pts = sorted((p.batch_size, p.seconds) for p in doc.points if p.context_len == c)
         left.plot([b for b, _ in pts], [s * 1e3 for _, s in pts], marker="o", label=f"context {c}")
@@ -133,7 +130,6 @@ def plot(doc: ProfileFile, path: Path) -> Path:
     fig.suptitle(f"{doc.engine} engine on {doc.device}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
@@ -148,9 +144,9 @@ def main(cfg: EngineProfileConfig, out: Path, console: Console) -> ProfileFile:
                           str(cfg.prefill_tokens), "--rounds", str(cfg.rounds)])
     with user_paths("write", out):
         save_profile(out / "profile.json", doc)
-        (out / "table.md").write_text(f"```\n{command}\n```\n\n{markdown(doc)}", encoding="utf-8")
+        report.write_text(out / "table.md", f"```\n{command}\n```\n\n{markdown(doc)}")
         plot(doc, out / "profile.png")
-        (out / "machine.json").write_text(json.dumps(machine(), indent=2) + "\n", encoding="utf-8")
+        report.write_json(out / "machine.json", report.machine())
     console.print(f"wrote {out}/profile.json (use: rhymerl bench schedule --profile {out}/profile.json), "
                   f"table.md, profile.png [dim]{time.perf_counter() - t0:.1f} s[/dim]")
     return doc

@@ -5,7 +5,7 @@ A profile measured while the machine was busy comes out several times too slow a
 to steer every later run's draft lengths. This rolls out a finished run's next epoch (its policy,
 prompts and history, as `bench rollout` does) in the job's shape, one rollout of
 prompts_per_step x group_size samples per training step, through the objects `rhymerl run` uses
-(Speculation, SpecController, ProfileStore opened from a cache entry in a temporary folder), for
+(RolloutSpeculation, SpecController, ProfileStore opened from a cache entry in a temporary folder), for
 six variants side by side:
 
 - clean: a reference profile measured at the start (each cell the fastest of 3 sweeps),
@@ -49,14 +49,14 @@ from rich.table import Table
 
 from rhymerl.algorithms.drafting.adaptive_cap import CostEvidence, CostProfile, profile_cells
 from rhymerl.errors import OptionError, user_paths
-from rhymerl.tools.bench.drafter import machine
+from rhymerl.tools.bench import report
 from rhymerl.tools.bench.tables import print_table
 from rhymerl.tools.bench.workload import RunWorkload, load_run_workload
-from rhymerl.workers.controller.speculation import Speculation, reachable_batches
+from rhymerl.workers.controller.speculation import RolloutSpeculation, reachable_batches
 from rhymerl.workers.history.store import MemoryHistoryStore
 from rhymerl.workers.rollout.engine import EngineSession, GenRequest, GenResult, TorchEngine
-from rhymerl.workers.rollout.profile import CacheEntry, ProfileStore, measure_cells
 from rhymerl.workers.rollout.speculators import SpecController
+from rhymerl.workers.rollout.verify_cost import CacheEntry, ProfileStore, measure_cells
 
 VARIANTS = ("clean", "spoiled", "spoiled-as-is", "uneven", "uneven-as-is", "clean-as-is")
 UNEVEN = 5.5
@@ -124,17 +124,17 @@ class BusyClock:
 
 
 def _open(w: RunWorkload, variant: str, entry: dict[str, Any], name: str, folder: Path,
-          history: MemoryHistoryStore, clock: BusyClock) -> Speculation:
-    """The speculation state Speculation.for_job builds, from `entry` cached in `folder`."""
+          history: MemoryHistoryStore, clock: BusyClock) -> RolloutSpeculation:
+    """The speculation state RolloutSpeculation.for_job builds, from `entry` cached in `folder`."""
     with user_paths("write the bench's profile cache", folder):
         (folder / name).write_text(json.dumps(entry))
     costs = ProfileStore.open(w.model, batches=reachable_batches(w.job), folder=folder)
     spec = w.job.spec.rollout.speculation
     if variant.endswith("-as-is"):
-        return Speculation(spec.method, SpecController(spec, costs.profile, clock=clock), history)
+        return RolloutSpeculation(spec.method, SpecController(spec, costs.profile, clock=clock), history)
     evidence = CostEvidence(costs.profile)
     control = SpecController(spec, evidence.profile, evidence=evidence, clock=clock)
-    return Speculation(spec.method, control, history, costs)
+    return RolloutSpeculation(spec.method, control, history, costs)
 
 
 def _measure_clean(w: RunWorkload, folder: Path, sweeps: int, console: Console) -> ProfileStore:
@@ -192,16 +192,16 @@ def run_bench(cfg: RecoveryBenchConfig, console: Console) -> tuple[list[StepRun]
                 order = VARIANTS[(s + rep) % len(VARIANTS):] + VARIANTS[: (s + rep) % len(VARIANTS)]
                 out += _step(w, engine, chunk, order, state, clocks, clean, rep, s + 1, console)
                 loads.append(os.getloadavg()[0])
-    info = machine() | {"torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+    info = report.machine() | {"torch": torch.__version__, "torch_threads": torch.get_num_threads(),
                         "load_average_1min": {"min": min(loads), "max": max(loads)}}
     return out, clean, info
 
 
 def _step(w: RunWorkload, engine: TorchEngine, chunk: list[GenRequest], order: tuple[str, ...],
-          state: dict[str, Speculation], clocks: dict[str, BusyClock], clean: CostProfile, rep: int, step: int,
+          state: dict[str, RolloutSpeculation], clocks: dict[str, BusyClock], clean: CostProfile, rep: int, step: int,
           console: Console) -> list[StepRun]:
     """One training step's rollout for every variant, interleaved pass by pass, then what `rhymerl
-    run` does after a step (Speculation.remember: cache the evidence, re-measure)."""
+    run` does after a step (RolloutSpeculation.keep_cost_evidence: cache the evidence, re-measure)."""
     prompt_ids = list(dict.fromkeys(r.prompt_id for r in chunk))
     longest = max(len(r.prompt_ids) for r in chunk)
     sessions: dict[str, EngineSession] = {}
@@ -232,7 +232,7 @@ def _step(w: RunWorkload, engine: TorchEngine, chunk: list[GenRequest], order: t
         seconds = clocks[v].total - busy_before[v]
         measured_before = len(spec.costs.measured) if spec.costs else 0
         t0 = time.perf_counter()
-        spec.remember([])
+        spec.keep_cost_evidence()
         remeasure_s = time.perf_counter() - t0
         caps = {k: n - caps_before[v].get(k, 0) for k, n in sorted(spec.control.caps_chosen.items())
                 if n > caps_before[v].get(k, 0)}
@@ -362,12 +362,10 @@ def render(summary: dict[str, Any], console: Console) -> str:
 
 
 def plot(summary: dict[str, Any], runs: list[StepRun], path: Path) -> None:
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig = Figure(figsize=(15, 4.2))
+    (ax1, ax2, ax3) = fig.subplots(1, 3)
     steps = [row["step"] for row in summary["steps"]]
     for v in VARIANTS:
         ratios = [row[v]["vs_clean"] for row in summary["steps"]]
@@ -395,7 +393,6 @@ def plot(summary: dict[str, Any], runs: list[StepRun], path: Path) -> None:
     fig.suptitle(f"a verify-cost profile measured x{summary['spoil']:g} too slow, corrected by the passes it prices")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def main(cfg: RecoveryBenchConfig, out: Path | None, console: Console) -> dict[str, Any]:
@@ -412,8 +409,8 @@ def main(cfg: RecoveryBenchConfig, out: Path | None, console: Console) -> dict[s
     if out is not None:
         with user_paths("write the bench results into", out):
             out.mkdir(parents=True, exist_ok=True)
-            (out / "results.json").write_text(json.dumps(summary, indent=1) + "\n")
-            (out / "table.md").write_text(md)
+            report.write_json(out / "results.json", summary, indent=1)
+            report.write_text(out / "table.md", md)
             plot(summary, runs, out / "recovery.png")
         console.print(f"results in {out}")
     return summary

@@ -18,7 +18,6 @@ through `realloc`'s clock).
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass
 from functools import reduce
@@ -32,12 +31,14 @@ from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
 from rhymerl.algorithms.scheduling.factory import POLICIES, make_scheduler
 from rhymerl.api.spec import SchedulingSpec
 from rhymerl.errors import OptionError, user_paths
+from rhymerl.tools.bench import report
 from rhymerl.tools.bench.tables import print_table
 from rhymerl.tools.bench.workload import RunWorkload, load_run_workload
-from rhymerl.workers.controller.rollout_pool import PoolReport, RolloutPool, prime_history, table_profile
+from rhymerl.workers.controller.history import RunHistory
+from rhymerl.workers.controller.rollout_pool import PoolReport, RolloutPool, table_profile
 from rhymerl.workers.controller.speculation import reachable_batches
 from rhymerl.workers.rollout.engine import GenResult, TorchEngine
-from rhymerl.workers.rollout.profile import measure
+from rhymerl.workers.rollout.verify_cost import measure
 
 
 @dataclass
@@ -59,17 +60,23 @@ class ReplicaBenchConfig:
 def _scheduler_run(w: RunWorkload, engine: TorchEngine, policy: str, cfg: ReplicaBenchConfig,
                    profile: CostProfile, oracle: list[list[int]]) -> tuple[list[GenResult], list[PoolReport]]:
     spec = SchedulingSpec(policy=policy, ranking_groups=cfg.groups)
+    history = RunHistory(keep_responses=False, reward_weighted=True)
+    history.record(w.records)  # the length history a resumed run replays
     sched = make_scheduler(spec, cfg.replicas, seed=w.job.spec.rollout.seed, max_off_policy=0,
-                           profile=table_profile(profile, engine.max_batch_size))
-    prime_history(sched, w.records)  # the length history a resumed run replays
+                           profile=table_profile(profile, engine.max_batch_size), history=history.lengths,
+                           learns_lengths=False)
     done = max(rec.step for rec in w.records)
     pool = RolloutPool(engine, sched, w.params, first_step=done + 1)
     results: list[GenResult] = []
     reports: list[PoolReport] = []
     for chunk, lengths in zip(w.steps(), oracle, strict=True):
-        out, report = pool.run(chunk, oracle=lengths)
+        out, done = pool.run(chunk, oracle=lengths)
         results += out
-        reports.append(report)
+        reports.append(done)
+        groups: dict[str, list[int]] = {}  # as `rhymerl run` records its history after each step
+        for req, res in zip(chunk, out, strict=True):
+            groups.setdefault(req.prompt_id, []).append(len(res.response_ids))
+        history.lengths.observe_many(groups.items())
     return results, reports
 
 
@@ -134,14 +141,12 @@ def render(result: dict[str, Any], console: Console) -> str:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     rows = result["rows"]
     steps = len(rows[0]["per_step_makespan_s"])
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig = Figure(figsize=(9, 4.5))
+    ax = fig.subplots()
     width = 0.8 / len(rows)
     for i, r in enumerate(rows):
         ax.bar([s + i * width for s in range(steps)], r["per_step_makespan_s"], width,
@@ -153,7 +158,6 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def main(cfg: ReplicaBenchConfig, out: Path | None, console: Console) -> None:
@@ -162,7 +166,7 @@ def main(cfg: ReplicaBenchConfig, out: Path | None, console: Console) -> None:
     if out is not None:
         with user_paths("write", out):
             out.mkdir(parents=True, exist_ok=True)
-            (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-            (out / "table.md").write_text(md)
+            report.write_json(out / "results.json", result, indent=1)
+            report.write_text(out / "table.md", md)
             plot(result, out / "makespan.png")
         console.print(f"results in {out}", markup=False, highlight=False)

@@ -22,7 +22,6 @@ the median is reported. Methods:
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -36,12 +35,13 @@ from rich.table import Table
 from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
 from rhymerl.api.spec import SpeculationSpec
 from rhymerl.errors import user_paths
+from rhymerl.tools.bench import report
 from rhymerl.tools.bench.tables import print_table
 from rhymerl.tools.bench.workload import load_run_workload
 from rhymerl.workers.history.store import MemoryHistoryStore
 from rhymerl.workers.rollout.engine import DraftSource, GenResult, TorchEngine
-from rhymerl.workers.rollout.profile import measure
 from rhymerl.workers.rollout.speculators import HistoryDrafts, NgramDrafts, SpecController
+from rhymerl.workers.rollout.verify_cost import measure
 
 METHODS = ("none", "ngram", "history", "history-unweighted", "history-paper", "history-mismatched",
            "history-mismatched-fixed")
@@ -174,12 +174,10 @@ def render(rows: list[dict[str, Any]], console: Console) -> str:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig = Figure(figsize=(8, 4.5))
+    ax = fig.subplots()
     methods = list(dict.fromkeys(r["method"] for r in rows))
     batches = list(dict.fromkeys(r["batch"] for r in rows))
     width = 0.8 / len(methods)
@@ -193,17 +191,14 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def plot_profile(profile: CostProfile, path: Path) -> None:
     """The verify-cost profile: seconds per pass, and the per-token cost of a pass, by batch size."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig = Figure(figsize=(11, 4.2))
+    (ax1, ax2) = fig.subplots(1, 2)
     for i, (b, row) in enumerate(zip(profile.batch_sizes, profile.seconds, strict=True)):
         line, = ax1.plot(profile.tokens, [1e3 * t for t in row], marker="o", label=f"batch {b}")
         if profile.verify_one is not None:  # the verify path with no draft token: where drafting starts from
@@ -222,7 +217,6 @@ def plot_profile(profile: CostProfile, path: Path) -> None:
     fig.suptitle("verify-cost profile t(batch, tokens) of the rollout model on this machine")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def profile_table(profile: CostProfile) -> str:
@@ -241,8 +235,8 @@ def main(cfg: RolloutBenchConfig, out: Path | None, console: Console) -> None:
     if out is not None:
         with user_paths("write", out):
             out.mkdir(parents=True, exist_ok=True)
-            (out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
-            (out / "table.md").write_text(md + "\n" + profile_table(profile))
+            report.write_json(out / "results.json", rows, indent=1)
+            report.write_text(out / "table.md", md + "\n" + profile_table(profile))
             plot(rows, out / "speedup.png")
             plot_profile(profile, out / "verify_profile.png")
         console.print(f"results in {out}", markup=False, highlight=False)

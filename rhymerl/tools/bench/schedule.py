@@ -8,9 +8,6 @@ policy, and a JSON with everything.
 
 from __future__ import annotations
 
-import json
-import os
-import platform
 import shlex
 import sys
 import time
@@ -22,15 +19,16 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rhymerl.algorithms.scheduling import POLICIES, Speculation, make_scheduler
+from rhymerl.algorithms.scheduling import POLICIES, SpeculationSpeedup, make_scheduler
 from rhymerl.algorithms.scheduling.costmodel import IterationProfile, TableProfile
 from rhymerl.algorithms.scheduling.histopipe import HistoPipe
 from rhymerl.api.spec import MigrationSpec, SchedulingSpec
 from rhymerl.errors import OptionError, user_paths
+from rhymerl.tools.bench.report import machine, write_json, write_text
 from rhymerl.tools.bench.tables import print_table
 from rhymerl.tools.sim import SimConfig, SimResult, simulate
 from rhymerl.tools.sim.gantt import plot_gantt
-from rhymerl.tools.sim.profile_file import resolve_profile
+from rhymerl.tools.sim.iteration_profile_file import resolve_profile
 from rhymerl.tools.traces import Trace, load_trace
 from rhymerl.tools.traces.synthetic import parse_overrides
 
@@ -127,7 +125,7 @@ def run_bench(cfg: BenchConfig, console: Console | None = None) -> BenchReport:
     if warmup >= trace.num_steps:
         raise OptionError(f"--warmup: {warmup} leaves none of the trace's {trace.num_steps} steps to simulate")
     profile = resolve_profile(cfg.profile)
-    spec = Speculation(tokens_per_pass=cfg.tokens_per_pass, pass_cost=cfg.pass_cost)
+    spec = SpeculationSpeedup(tokens_per_pass=cfg.tokens_per_pass, pass_cost=cfg.pass_cost)
     sim_cfg = SimConfig(workers=cfg.workers, profile=profile, speculation=spec, train_time_s=cfg.train_time_s)
     chosen = variants(cfg.groups, cfg.first_epoch, cfg.max_staleness)
     if cfg.policies:
@@ -249,7 +247,7 @@ def to_json(report: BenchReport, command: str) -> dict[str, object]:
     tr = report.trace
     return {
         "command": command,
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
+        "machine": machine(),
         "seconds": report.seconds,
         "config": asdict(report.config),
         "trace": {
@@ -269,11 +267,9 @@ def write_outputs(report: BenchReport, out: Path, command: str) -> list[Path]:
         for v, r in report.results:
             paths.append(plot_gantt(r, out / f"gantt_{v.key}.png"))
         md = out / "table.md"
-        md.write_text(markdown(report), encoding="utf-8")
+        write_text(md, markdown(report))
         js = out / "results.json"
-        tmp = js.with_name(js.name + ".tmp")
-        tmp.write_text(json.dumps(to_json(report, command), indent=2) + "\n", encoding="utf-8")
-        tmp.replace(js)
+        write_json(js, to_json(report, command))
     return [*paths, md, js]
 
 

@@ -31,17 +31,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rhymerl.algorithms.scheduling.base import Scheduler
+from rhymerl.algorithms.scheduling.batching import admits, last_fitting_iteration, segment_seconds
 from rhymerl.algorithms.scheduling.costmodel import (
-    KV_WATERMARK,
     NO_SPECULATION,
     IterationProfile,
     RooflineProfile,
-    Speculation,
+    SpeculationSpeedup,
 )
-from rhymerl.algorithms.scheduling.types import Action, Move, Rebalance, Sample, StepPlan, Watch
+from rhymerl.algorithms.scheduling.executor import carry_out, steal
+from rhymerl.algorithms.scheduling.types import Sample, StepPlan
 from rhymerl.tools.traces.model import Trace
 
+from .fleet import SimFleet
 from .metrics import SimResult, StepRecord, lower_bound, window_bubbles
+from .state import SimSeq, SimWorker
 
 
 class SimulationError(RuntimeError):
@@ -52,61 +55,11 @@ class SimulationError(RuntimeError):
 class SimConfig:
     workers: int
     profile: IterationProfile = field(default_factory=RooflineProfile)
-    speculation: Speculation = NO_SPECULATION
+    speculation: SpeculationSpeedup = NO_SPECULATION
     train_time_s: float = 0.0
     """Seconds of training per step after its rollouts complete (0: rollout only)."""
     async_concurrency: int | None = None
     """Shared pipeline: sequences per worker; default the even-split share of a step."""
-
-
-@dataclass(slots=True)
-class _Seq:
-    sid: int
-    input_len: int
-    target: int
-    step: int
-    origin: int = 0
-    """The trace step it belongs to (`step` follows inter-step migrations)."""
-    generated: int = 0
-    start_it: int = 0
-    watch: int | None = None
-    recompute: bool = True
-    where: int = -1  # worker index, -1 nowhere (planned-not-placed, shared queue or deferred)
-    admitted: int = -1
-    """Order of its latest admission on any worker (preemption takes the last admitted first)."""
-    running: bool = False
-    done: bool = False
-
-
-class _Worker:
-    __slots__ = (
-        "busy_since",
-        "c0",
-        "clock",
-        "fin",
-        "idx",
-        "it",
-        "running",
-        "seg_step",
-        "step",
-        "version",
-        "waiting",
-        "wat",
-    )
-
-    def __init__(self, idx: int, step: int) -> None:
-        self.idx = idx
-        self.clock = 0.0
-        self.it = 0
-        self.running: dict[int, _Seq] = {}
-        self.fin: list[tuple[int, int]] = []
-        self.wat: list[tuple[int, int, int]] = []
-        self.waiting: deque[_Seq] = deque()
-        self.c0 = 0.0
-        self.step = step
-        self.version = 0
-        self.busy_since: float | None = None
-        self.seg_step = step
 
 
 class Simulator:
@@ -128,17 +81,17 @@ class Simulator:
         self.last_step = last
         self._prime(rows[:warmup_steps])
         self.step_samples: dict[int, list[Sample]] = {}
-        self.seqs: dict[int, _Seq] = {}
+        self.seqs: dict[int, SimSeq] = {}
         for s in range(self.first_step, last + 1):
             batch = []
             for i in rows[s - 1].tolist():
                 inp, out = int(trace.input_len[i]), int(trace.output_len[i])
                 batch.append(Sample(sid=i, prompt_id=trace.prompt_id[i], input_len=inp, oracle_len=out))
-                self.seqs[i] = _Seq(sid=i, input_len=inp, target=out, step=s, origin=s)
+                self.seqs[i] = SimSeq(sid=i, input_len=inp, target=out, step=s, origin=s)
             self.step_samples[s] = batch
         self.sched.final_step = last
         n = config.workers
-        self.workers = [_Worker(w, self.first_step - 1) for w in range(n)]
+        self.workers = [SimWorker(w, self.first_step - 1) for w in range(n)]
         per_step = np.mean([len(b) for b in self.step_samples.values()])
         self.share = max(1, math.ceil(per_step / n))
         self.cap = (config.async_concurrency or self.share) if scheduler.pipeline == "shared" else self.profile.max_batch
@@ -147,7 +100,7 @@ class Simulator:
         self.events: list[tuple[float, int, int, int]] = []  # (time, seq, kind, arg)
         self._counter = 0
         self.plans: dict[int, StepPlan] = {}
-        self.pending: dict[int, list[deque[_Seq]]] = {}
+        self.pending: dict[int, list[deque[SimSeq]]] = {}
         """Per step, per worker: planned samples the worker has not taken up yet (it is on an earlier step)."""
         self.step_left: dict[int, int] = {}
         self.completed: dict[int, float] = {}
@@ -156,7 +109,7 @@ class Simulator:
         self.train_end = 0.0
         self.step_start: dict[int, float] = {}
         self.idle: set[int] = set(range(n))
-        self.shared: deque[_Seq] = deque()
+        self.shared: deque[SimSeq] = deque()
         self.limbo: set[int] = set()
         self.finished: dict[int, tuple[float, int, int]] = {}
         self.segments: list[tuple[int, float, float, int]] = []
@@ -170,6 +123,7 @@ class Simulator:
         self.seq_iterations = 0
         self.peak_kv = 0.0
         self.now = 0.0
+        self.fleet = SimFleet(self)
 
     # ------------------------------------------------------------------ setup
     def _prime(self, rows: list[np.ndarray]) -> None:
@@ -187,18 +141,16 @@ class Simulator:
             return 0
         return math.ceil(tokens / self.alpha - 1e-9)
 
-    def _gen_at(self, q: _Seq, it: int) -> int:
+    def _gen_at(self, q: SimSeq, it: int) -> int:
         return q.generated + min(q.target - q.generated, math.floor((it - q.start_it) * self.alpha + 1e-9))
 
-    def _seg_time(self, w: _Worker, it_to: int) -> float:
+    def _seg_time(self, w: SimWorker, it_to: int) -> float:
         delta = it_to - w.it
         if delta <= 0 or not w.running:
             return 0.0
-        b = len(w.running)
-        mean_ctx = (w.c0 + b * self.alpha * (w.it + it_to) / 2.0) / b
-        return delta * self.profile.iteration_time(b, mean_ctx) * self.pass_cost
+        return segment_seconds(self.profile, len(w.running), w.c0, self.alpha, w.it, it_to) * self.pass_cost
 
-    def _next_it(self, w: _Worker) -> int | None:
+    def _next_it(self, w: SimWorker) -> int | None:
         while w.fin:
             fit, sid = w.fin[0]
             q = w.running.get(sid)
@@ -215,19 +167,19 @@ class Simulator:
             cands.append(max(w.it, self._kv_last_it(w)))
         return min(cands) if cands else None
 
-    def _live_watch(self, w: _Worker, wit: int, sid: int, tok: int) -> bool:
+    def _live_watch(self, w: SimWorker, wit: int, sid: int, tok: int) -> bool:
         """A heap entry is stale once its sequence left the worker, got a new watch, or was
         readmitted (preempted, moved back) and so reaches `tok` at another iteration."""
         q = w.running.get(sid)
         return q is not None and q.watch == tok and q.start_it + self._passes(tok - q.generated) == wit
 
-    def _kv_last_it(self, w: _Worker) -> int:
+    def _kv_last_it(self, w: SimWorker) -> int:
         """The last iteration at which the running sequences' KV cache still fits the worker's.
         `_next_it` schedules an event there and `_preempt` acts when it is reached: one expression
         for both, so float rounding cannot make one fire while the other holds back."""
-        return math.floor((self.kv_cap - w.c0) / (len(w.running) * self.alpha))
+        return last_fitting_iteration(w.c0, len(w.running), self.alpha, self.kv_cap)
 
-    def _schedule(self, w: _Worker) -> None:
+    def _schedule(self, w: SimWorker) -> None:
         w.version += 1
         nxt = self._next_it(w)
         if nxt is None:
@@ -239,7 +191,7 @@ class Simulator:
         self._counter += 1
         heapq.heappush(self.events, (t, self._counter, kind, arg))
 
-    def _reached_it(self, w: _Worker, now: float) -> int:
+    def _reached_it(self, w: SimWorker, now: float) -> int:
         """The whole iterations a worker has finished by `now`, short of its next event."""
         if not w.running or now <= w.clock:
             return w.it
@@ -251,14 +203,14 @@ class Simulator:
         per_it = self.profile.iteration_time(b, (w.c0 + b * self.alpha * w.it) / b) * self.pass_cost
         return w.it + (min(limit, int((now - w.clock) / per_it)) if per_it > 0 else 0)
 
-    def _advance(self, w: _Worker, now: float) -> None:
+    def _advance(self, w: SimWorker, now: float) -> None:
         """Bring a worker's decode state up to `now` (whole iterations; the partial one is spent)."""
         it = self._reached_it(w, now)
         if it > w.it:
             self._step_to(w, it)
         w.clock = max(w.clock, now)
 
-    def _step_to(self, w: _Worker, it_to: int) -> None:
+    def _step_to(self, w: SimWorker, it_to: int) -> None:
         """Decode whole iterations up to `it_to`, counting iterations, sequence-iterations and KV peak."""
         delta = it_to - w.it
         if delta <= 0:
@@ -273,7 +225,7 @@ class Simulator:
             self.peak_kv = kv
 
     # ------------------------------------------------------------------ busy bookkeeping
-    def _open(self, w: _Worker, t: float, step: int) -> None:
+    def _open(self, w: SimWorker, t: float, step: int) -> None:
         if w.busy_since is None:
             w.busy_since = t
             w.seg_step = step
@@ -282,14 +234,14 @@ class Simulator:
             w.busy_since = t
             w.seg_step = step
 
-    def _close(self, w: _Worker, t: float) -> None:
+    def _close(self, w: SimWorker, t: float) -> None:
         if w.busy_since is not None:
             if t > w.busy_since:
                 self.segments.append((w.idx, w.busy_since, t, w.seg_step))
             w.busy_since = None
 
     # ------------------------------------------------------------------ admission and steps
-    def _admit(self, w: _Worker, batch: list[_Seq]) -> None:
+    def _admit(self, w: SimWorker, batch: list[SimSeq]) -> None:
         if not batch:
             return
         self._advance(w, self.now)
@@ -315,7 +267,7 @@ class Simulator:
             if q.watch is not None:
                 heapq.heappush(w.wat, (q.start_it + self._passes(q.watch - q.generated), q.sid, q.watch))
 
-    def _remove(self, w: _Worker, q: _Seq) -> None:
+    def _remove(self, w: SimWorker, q: SimSeq) -> None:
         """Take a running sequence off its worker, freezing its generated tokens."""
         del w.running[q.sid]
         w.c0 -= q.input_len + q.generated - q.start_it * self.alpha
@@ -325,22 +277,19 @@ class Simulator:
         if not w.running:
             w.c0 = 0.0
 
-    def _kv_now(self, w: _Worker) -> float:
+    def _kv_now(self, w: SimWorker) -> float:
         """KV tokens the worker holds now: its running sequences' context at the iteration `_advance`
         would bring it to (computed without touching its state)."""
         return w.c0 + len(w.running) * self.alpha * self._reached_it(w, self.now) if w.running else 0.0
 
-    def _fits(self, w: _Worker, kv: float, q: _Seq, admitting: int) -> bool:
+    def _fits(self, w: SimWorker, kv: float, q: SimSeq, admitting: int) -> bool:
         """Whether `q` fits next to `kv` tokens of cache for the next iteration, below a 1% watermark
         (vLLM's default; it also keeps a just-preempted sequence from coming straight back). A worker
         with nothing running or being admitted always takes one: a sequence longer than the cache
         runs alone."""
-        if not w.running and admitting == 0:
-            return True
-        after = kv + q.input_len + q.generated + (len(w.running) + admitting + 1) * self.alpha
-        return after <= self.kv_cap * (1.0 - KV_WATERMARK)
+        return admits(kv, q.input_len, q.generated, len(w.running) + admitting + 1, self.alpha, self.kv_cap)
 
-    def _take(self, w: _Worker, queue: deque[_Seq], batch: list[_Seq], kv: float) -> float:
+    def _take(self, w: SimWorker, queue: deque[SimSeq], batch: list[SimSeq], kv: float) -> float:
         """Move sequences from the front of `queue` into `batch` while a slot is free and their KV
         cache fits next to `kv` tokens; returns the KV tokens with them."""
         while queue and len(w.running) + len(batch) < self.cap and self._fits(w, kv, queue[0], len(batch)):
@@ -349,9 +298,9 @@ class Simulator:
             kv += q.input_len + q.generated
         return kv
 
-    def _refill(self, w: _Worker) -> None:
+    def _refill(self, w: SimWorker) -> None:
         """Admit waiting work; a worker whose sub-batch is done moves on to its next step."""
-        batch: list[_Seq] = []
+        batch: list[SimSeq] = []
         kv = self._take(w, w.waiting, batch, self._kv_now(w) if self.kv_cap < math.inf else 0.0)
         shared = self.sched.pipeline == "shared"
         if shared and not w.waiting:  # in the shared pipeline a worker's own queue holds only its preempted sequences
@@ -388,7 +337,7 @@ class Simulator:
             self._complete(step)
         return plan
 
-    def _start_next(self, w: _Worker) -> None:
+    def _start_next(self, w: SimWorker) -> None:
         while True:
             step = w.step + 1
             if not self._gate(step):
@@ -406,38 +355,14 @@ class Simulator:
                 self._refill(w)
                 return
 
-    def _steal(self, w: _Worker) -> bool:
+    def _steal(self, w: SimWorker) -> bool:
         """An idle worker that may not start its next step asks the scheduler for waiting samples of
         the step it just finished (same weights) planned on other workers; True if it got some."""
-        step = w.step
-        pending = self.pending.get(step)
-        if pending is None or w.running or w.waiting:
+        if self.pending.get(w.step) is None or w.running or w.waiting:
             return False
-        waiting: dict[int, list[int]] = {}
-        for v in self.workers:
-            if v.idx == w.idx:
-                continue
-            if v.step < step:
-                sids = [q.sid for q in pending[v.idx]]
-            elif v.step == step:
-                sids = [q.sid for q in v.waiting if q.step == step and q.generated == 0]
-            else:
-                sids = []
-            if sids:
-                waiting[v.idx] = sids
-        if not waiting:
-            return False
-        moves = self.sched.on_idle(w.idx, step, waiting)
+        moves = steal(self.sched, self.fleet, w.idx, w.step)
         if not moves:
             return False
-        for m in moves:
-            q = self.seqs[m.sid]
-            src = self.workers[m.src]
-            if src.step < step:
-                pending[m.src].remove(q)
-            else:
-                src.waiting.remove(q)
-            w.waiting.append(q)
         self.stolen += len(moves)
         self.idle.discard(w.idx)
         self._refill(w)
@@ -456,89 +381,16 @@ class Simulator:
         if self.step_left[step] == 0:
             self._complete(step)
 
-    # ------------------------------------------------------------------ actions
-    def _apply(self, actions: list[Action], dirty: set[int], progress: deque[tuple[int, int, int]]) -> None:
-        for a in actions:
-            if isinstance(a, Watch):
-                self._watch(a, progress)
-            elif isinstance(a, Move):
-                self._move(a.sid, a.dst, a.recompute, dirty, expect=a.generated)
-            elif isinstance(a, Rebalance):
-                moved = self._rebalance(a, dirty)
-                self.sched.on_moved(moved)
-
-    def _watch(self, a: Watch, progress: deque[tuple[int, int, int]]) -> None:
-        q = self.seqs[a.sid]
-        if q.done or q.sid in self.limbo:
-            return
-        q.watch = a.tokens
-        if q.running:
-            w = self.workers[q.where]
-            self._advance(w, self.now)
-            wit = q.start_it + self._passes(a.tokens - q.generated)
-            if wit <= w.it:
-                q.watch = None
-                progress.append((q.sid, q.where, a.tokens))
-            else:
-                heapq.heappush(w.wat, (wit, q.sid, a.tokens))
-                self._schedule(w)
-
-    def _detach(self, q: _Seq) -> int:
-        """Remove a running or waiting sequence from its worker; returns the worker index."""
-        if q.running:
-            w = self.workers[q.where]
-            self._advance(w, self.now)
-            src = w.idx
-            self._remove(w, q)
-            return src
-        for w in self.workers:
-            if q in w.waiting:
-                w.waiting.remove(q)
-                return w.idx
-        raise AssertionError(f"sample {q.sid}: not on any worker")
-
-    def _move(self, sid: int, dst: int | None, recompute: bool, dirty: set[int], expect: int | None = None) -> Move:
-        q = self.seqs[sid]
-        # a sequence preempted back to its queue has no KV cache left to transfer
-        recompute = recompute or (not q.running and q.generated > 0)
-        src = self._detach(q)
-        if expect is not None and q.generated != expect:
-            raise AssertionError(f"sample {sid}: scheduler moved it at {expect} tokens, simulator has {q.generated}")
-        q.watch = None
-        q.recompute = recompute
-        self.migrations.append((self.now, sid, src, -1 if dst is None else dst))
-        self.moves_of[q.step] = self.moves_of.get(q.step, 0) + 1
-        dirty.add(src)
-        if dst is None:
-            self.limbo.add(sid)
-            self._sample_left(q.step)
-        else:
-            target = self.workers[dst]
-            self._advance(target, self.now)
-            target.waiting.appendleft(q)
-            self.idle.discard(dst)
-            dirty.add(dst)
-        return Move(sid=sid, src=src, dst=dst, generated=q.generated, recompute=recompute)
-
-    def _rebalance(self, a: Rebalance, dirty: set[int]) -> list[Move]:
-        w = self.workers[a.src]
-        self._advance(w, self.now)
-        chosen: list[_Seq] = list(w.waiting)[::-1][: a.count]
-        if len(chosen) < a.count:
-            running = sorted(w.running.values(), key=lambda q: (self._gen_at(q, w.it), q.sid))
-            chosen += running[: a.count - len(chosen)]
-        return [self._move(q.sid, a.dst, False, dirty) for q in chosen]
-
     # ------------------------------------------------------------------ event loop
-    def _on_worker(self, w: _Worker) -> None:
+    def _on_worker(self, w: SimWorker) -> None:
         nxt = self._next_it(w)
         if nxt is None:
             return
         self._step_to(w, nxt)
         self.now = max(self.now, w.clock)
-        dirty: set[int] = {w.idx}
-        progress: deque[tuple[int, int, int]] = deque()  # (sample, worker, watched tokens)
-        done: dict[int, _Seq] = {}  # heaps may hold stale duplicates of a sequence that moved and came back
+        dirty = self.fleet.dirty = {w.idx}
+        progress = self.fleet.progress = deque()  # (sample, worker, watched tokens)
+        done: dict[int, SimSeq] = {}  # heaps may hold stale duplicates of a sequence that moved and came back
         while w.fin and w.fin[0][0] <= w.it:
             _, sid = heapq.heappop(w.fin)
             q = w.running.get(sid)
@@ -555,7 +407,7 @@ class Simulator:
             q.done = True
             self.finished[q.sid] = (self.now, w.idx, q.step)
         for q in done.values():
-            self._apply(self.sched.on_sample_finished(q.sid, w.idx, q.target, self.now), dirty, progress)
+            carry_out(self.sched, self.fleet, self.sched.on_sample_finished(q.sid, w.idx, q.target, self.now))
             self._sample_left(q.step)
         while progress:
             sid, where, watched = progress.popleft()
@@ -566,12 +418,12 @@ class Simulator:
             gen = self._gen_at(q, self.workers[where].it)
             if gen < watched:
                 raise AssertionError(f"sample {sid}: progress reported at {gen} tokens, watched for {watched}")
-            self._apply(self.sched.on_progress(sid, where, gen, self.now), dirty, progress)
+            carry_out(self.sched, self.fleet, self.sched.on_progress(sid, where, gen, self.now))
         self._preempt(w)
         for idx in sorted(dirty):
             self._refill(self.workers[idx])
 
-    def _preempt(self, w: _Worker) -> None:
+    def _preempt(self, w: SimWorker) -> None:
         """KV cache full: the sequences admitted last go back to the front of the worker's queue,
         keeping their tokens, and are recomputed when readmitted (vLLM's recompute preemption).
         The scheduler is not told: the sample stays on its worker."""

@@ -6,9 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from .metrics import SimResult
@@ -20,9 +18,10 @@ def plot_gantt(result: SimResult, path: Path, title: str | None = None) -> Path:
     A worker running several steps at once (the async pipeline) is coloured by the step it
     admitted samples of last.
     """
-    cmap = plt.get_cmap("tab20")
+    cmap = matplotlib.colormaps["tab20"]
     n = result.workers
-    fig, ax = plt.subplots(figsize=(12, max(3.0, 0.28 * n + 1.6)), dpi=110)
+    fig = Figure(figsize=(12, max(3.0, 0.28 * n + 1.6)), dpi=110)
+    ax = fig.subplots()
     by_worker: dict[int, list[tuple[float, float]]] = {}
     colors: dict[int, list[tuple[float, float, float, float]]] = {}
     for w, start, end, step in result.segments:
@@ -53,7 +52,6 @@ def plot_gantt(result: SimResult, path: Path, title: str | None = None) -> Path:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
-    plt.close(fig)
     return path
 
 

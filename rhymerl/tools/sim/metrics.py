@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from rhymerl.algorithms.scheduling.costmodel import IterationProfile, Speculation, TableProfile
+from rhymerl.algorithms.scheduling.costmodel import IterationProfile, SpeculationSpeedup, TableProfile
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ def lower_bound(
     workers: int,
     share: int,
     profile: IterationProfile,
-    spec: Speculation,
+    spec: SpeculationSpeedup,
 ) -> LowerBound:
     """max(total work / N, longest sample) for these samples; see the module docstring."""
     batch = max(1, min(profile.max_batch, share))

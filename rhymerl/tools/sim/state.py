@@ -1,0 +1,56 @@
+"""The simulator's state of one sample and one worker (engine.py drives them, fleet.py moves them)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class SimSeq:
+    sid: int
+    input_len: int
+    target: int
+    step: int
+    origin: int = 0
+    """The trace step it belongs to (`step` follows inter-step migrations)."""
+    generated: int = 0
+    start_it: int = 0
+    watch: int | None = None
+    recompute: bool = True
+    where: int = -1  # worker index, -1 nowhere (planned-not-placed, shared queue or deferred)
+    admitted: int = -1
+    """Order of its latest admission on any worker (preemption takes the last admitted first)."""
+    running: bool = False
+    done: bool = False
+
+
+class SimWorker:
+    __slots__ = (
+        "busy_since",
+        "c0",
+        "clock",
+        "fin",
+        "idx",
+        "it",
+        "running",
+        "seg_step",
+        "step",
+        "version",
+        "waiting",
+        "wat",
+    )
+
+    def __init__(self, idx: int, step: int) -> None:
+        self.idx = idx
+        self.clock = 0.0
+        self.it = 0
+        self.running: dict[int, SimSeq] = {}
+        self.fin: list[tuple[int, int]] = []
+        self.wat: list[tuple[int, int, int]] = []
+        self.waiting: deque[SimSeq] = deque()
+        self.c0 = 0.0
+        self.step = step
+        self.version = 0
+        self.busy_since: float | None = None
+        self.seg_step = step
