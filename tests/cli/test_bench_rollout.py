@@ -10,7 +10,7 @@ from cli_runner import rhymerl
 from rhymerl.api.spec import SpeculationSpec
 from rhymerl.tools.bench.rollout import _sources, method_spec
 from rhymerl.workers.history.store import MemoryHistoryStore
-from rhymerl.workers.rollout.speculators import HistoryDrafts, SpecController
+from rhymerl.workers.rollout.speculators import DraftCapController, HistoryDrafts
 
 
 def test_bench_rollout_compares_methods_on_the_jobs_steps_and_on_a_pool(tiny_run: Path, tmp_path: Path) -> None:
@@ -42,7 +42,7 @@ def test_each_history_method_drafts_with_its_own_knobs() -> None:
     knobs = {}
     for method in ("history", "history-paper", "history-mismatched-fixed"):
         spec = method_spec(method, job)
-        source = _sources(method, spec, stores, 1, ["p"], SpecController(spec))
+        source = _sources(method, spec, stores, 1, ["p"], DraftCapController(spec))
         assert isinstance(source, HistoryDrafts)
         native = source.drafter._native
         knobs[method] = (native.prefix_max, native.prefix_min, native.min_prob, spec.disable_above_batch)

@@ -26,7 +26,7 @@ from rhymerl.cli.local_run import profile_reporter
 from rhymerl.workers.controller.speculation import RolloutSpeculation
 from rhymerl.workers.history.store import MemoryHistoryStore
 from rhymerl.workers.model.transformer import ModelConfig, TinyLlama
-from rhymerl.workers.rollout.speculators import SpecController
+from rhymerl.workers.rollout.speculators import DraftCapController
 from rhymerl.workers.rollout.verify_cost import MAX_AGE_S, CacheEntry, ProfileStore
 
 GRID = dict(context=8, batches=(1, 2), tokens=(1, 2))  # 2 x (2 + verify) = 6 cells on the tiny model
@@ -130,7 +130,7 @@ class _Clock:
         return self.now
 
 
-def _plain_passes(control: SpecController, clock: _Clock, n: int, seconds: float) -> None:
+def _plain_passes(control: DraftCapController, clock: _Clock, n: int, seconds: float) -> None:
     """n passes over 4 sequences with nothing on offer (plain), `seconds` apart."""
     for _ in range(n):
         control.cap(4, [0, 0, 0, 0])
@@ -140,14 +140,14 @@ def _plain_passes(control: SpecController, clock: _Clock, n: int, seconds: float
 def test_the_overhead_and_the_cells_share_a_pass_without_double_counting() -> None:
     # every plain pass over 4 sequences takes 5 ms: a 4 ms forward (the clean cell) + 1 ms of engine
     clock = _Clock()
-    clean = SpecController(SpeculationSpec(), _profile(), AcceptanceTracker(), evidence=CostEvidence(_profile()),
+    clean = DraftCapController(SpeculationSpec(), _profile(), AcceptanceTracker(), evidence=CostEvidence(_profile()),
                            clock=clock)
     _plain_passes(clean, clock, 6, 0.005)
     assert clean.profile is not None and clean.profile.seconds == _profile().seconds  # 5 ms > 4 ms: kept
     assert clean.calibration.plain == pytest.approx(0.001)  # the overhead is what the cell leaves over
     # the same passes priced by a profile measured 10x too slow: the cell takes the evidence
     clock = _Clock()
-    spoiled = SpecController(SpeculationSpec(), _profile(10.0), AcceptanceTracker(),
+    spoiled = DraftCapController(SpeculationSpec(), _profile(10.0), AcceptanceTracker(),
                              evidence=CostEvidence(_profile(10.0)), clock=clock)
     _plain_passes(spoiled, clock, 6, 0.005)
     assert spoiled.profile is not None and spoiled.profile.seconds[1][0] == pytest.approx(0.005)
@@ -162,7 +162,7 @@ def test_the_overhead_and_the_cells_share_a_pass_without_double_counting() -> No
 
 def test_a_grid_too_slow_is_not_explained_by_a_negative_overhead() -> None:
     clock = _Clock()
-    control = SpecController(SpeculationSpec(), _profile(2.0), AcceptanceTracker(),
+    control = DraftCapController(SpeculationSpec(), _profile(2.0), AcceptanceTracker(),
                              evidence=CostEvidence(_profile(2.0), confirm=3), clock=clock)
     _plain_passes(control, clock, 2, 0.005)  # one pass timed: 5 ms against a predicted 8 ms
     assert control.calibration.plain == pytest.approx(0.0, abs=1e-12)  # not -3 ms: every pass would look cheaper
@@ -171,7 +171,7 @@ def test_a_grid_too_slow_is_not_explained_by_a_negative_overhead() -> None:
 
 def test_without_evidence_the_profile_is_taken_as_given() -> None:
     clock = _Clock()
-    control = SpecController(SpeculationSpec(), _profile(2.0), AcceptanceTracker(), clock=clock)
+    control = DraftCapController(SpeculationSpec(), _profile(2.0), AcceptanceTracker(), clock=clock)
     _plain_passes(control, clock, 6, 0.005)
     assert control.profile == _profile(2.0)
 

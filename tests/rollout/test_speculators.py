@@ -15,7 +15,7 @@ from rhymerl.api.spec import SpeculationSpec
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, TorchEngine
 from rhymerl.workers.rollout.sampling import sample_key
-from rhymerl.workers.rollout.speculators import PROBE_EVERY, HistoryDrafts, NgramDrafts, SpecController
+from rhymerl.workers.rollout.speculators import PROBE_EVERY, DraftCapController, HistoryDrafts, NgramDrafts
 
 EOS = 2
 
@@ -47,7 +47,7 @@ def test_history_drafts_from_last_epoch_are_accepted_and_change_nothing(model: T
     plain = engine.generate(reqs, params)
     # last epoch's responses: the same greedy continuations, so history drafts are right
     indexes = _history(plain)
-    control = SpecController(SpeculationSpec())
+    control = DraftCapController(SpeculationSpec())
     spec = engine.generate(reqs, params, HistoryDrafts(SpeculationSpec(), indexes, control))
     assert [r.response_ids for r in spec] == [r.response_ids for r in plain]
     assert sum(r.accepted for r in spec) > 0.5 * sum(len(r.response_ids) for r in spec)
@@ -62,7 +62,7 @@ def test_history_drafts_at_temperature_one_keep_the_sampled_tokens(model: TinyLl
     indexes = {f"p{i}": HistoryIndex.build([(r.response_ids, float(k)) for k, r in
                                             enumerate(last_epoch[4 * i: 4 * i + 4])]) for i in range(3)}
     plain = engine.generate(reqs, params)
-    spec = engine.generate(reqs, params, HistoryDrafts(SpeculationSpec(), indexes, SpecController(SpeculationSpec())))
+    spec = engine.generate(reqs, params, HistoryDrafts(SpeculationSpec(), indexes, DraftCapController(SpeculationSpec())))
     assert [r.response_ids for r in spec] == [r.response_ids for r in plain]
 
 
@@ -73,13 +73,13 @@ def test_ngram_drafts_change_nothing(model: TinyLlama, temperature: float) -> No
     params = SamplingParams(temperature=temperature, seed=2, max_response_length=40)
     engine = TorchEngine(model, EOS, max_batch_size=6)
     plain = engine.generate(reqs, params)
-    spec = engine.generate(reqs, params, NgramDrafts(SpeculationSpec(), SpecController(SpeculationSpec()),
+    spec = engine.generate(reqs, params, NgramDrafts(SpeculationSpec(), DraftCapController(SpeculationSpec()),
                                                      match=(1, 3)))
     assert [r.response_ids for r in spec] == [r.response_ids for r in plain]
     assert sum(r.drafted for r in spec) > 0
 
 
-def _drive(control: SpecController, batches: list[int]) -> list[int | None]:
+def _drive(control: DraftCapController, batches: list[int]) -> list[int | None]:
     """What a draft source does each pass: ask whether speculation is parked, else for a cap
     (None = parked: the drafter was not asked)."""
     return [None if control.parked(b) else control.cap(b) for b in batches]
@@ -88,7 +88,7 @@ def _drive(control: SpecController, batches: list[int]) -> list[int | None]:
 def test_the_controller_parks_speculation_for_poor_drafts_but_keeps_probing() -> None:
     # verifying costs in proportion to tokens appended: poor drafts never pay
     prof = CostProfile((1, 64), (1, 33), ((1.0, 33.0), (64.0, 64.0 * 33)))
-    control = SpecController(SpeculationSpec(), prof, AcceptanceTracker(prior=0.05))
+    control = DraftCapController(SpeculationSpec(), prof, AcceptanceTracker(prior=0.05))
     # choose off and park 1, 2, 4, 8 passes (backing off), then PROBE_EVERY - 1; then probe at
     # the initial window, choose off again, park PROBE_EVERY - 1, probe ...
     ramp = [x for n in (1, 2, 4, 8) for x in [0] + [None] * n]
@@ -100,7 +100,7 @@ def test_the_controller_parks_speculation_for_poor_drafts_but_keeps_probing() ->
 
 def test_nothing_on_offer_is_plain_decoding_without_parking() -> None:
     prof = CostProfile((1, 64), (1, 33), ((1.0, 1.0), (1.0, 1.0)))
-    control = SpecController(SpeculationSpec(), prof, AcceptanceTracker(prior=0.9))
+    control = DraftCapController(SpeculationSpec(), prof, AcceptanceTracker(prior=0.9))
     # young sequences, not matching their history yet, then matching
     caps = [None if control.parked(4) else control.cap(4, lengths) for lengths in ([0] * 4, [0] * 4, [3] * 4)]
     assert caps == [0, 0, 4]
@@ -108,7 +108,7 @@ def test_nothing_on_offer_is_plain_decoding_without_parking() -> None:
 
 def test_a_passing_dip_costs_a_short_park() -> None:
     prof = CostProfile((1, 64), (1, 33), ((1.0, 1.0), (1.0, 1.0)))  # drafts are free: any acceptance pays
-    control = SpecController(SpeculationSpec(), prof, AcceptanceTracker(prior=0.9))
+    control = DraftCapController(SpeculationSpec(), prof, AcceptanceTracker(prior=0.9))
     assert _drive(control, [8, 8]) == [32, 32]
     control.spec.disable_above_batch = 7  # a moment where the rules say off ...
     assert _drive(control, [8, 8, 8]) == [0, None, 0]
@@ -118,7 +118,7 @@ def test_a_passing_dip_costs_a_short_park() -> None:
 
 def test_a_halved_batch_ends_the_park_early() -> None:
     prof = CostProfile((1, 64), (1, 33), ((1.0, 33.0), (64.0, 64.0 * 33)))
-    control = SpecController(SpeculationSpec(), prof, AcceptanceTracker(prior=0.05))
+    control = DraftCapController(SpeculationSpec(), prof, AcceptanceTracker(prior=0.05))
     caps = _drive(control, [64, 64, 64, 64, 64, 64, 40, 32, 32])
     # off, park 1, off, park 2, off, park 4 ... but 32 is half of 64: chosen afresh, parked again
     assert caps == [0, None, 0, None, None, 0, None, 0, None]
@@ -126,7 +126,7 @@ def test_a_halved_batch_ends_the_park_early() -> None:
 
 
 def test_disable_above_batch_overrides_the_profile() -> None:
-    control = SpecController(SpeculationSpec(disable_above_batch=8))
+    control = DraftCapController(SpeculationSpec(disable_above_batch=8))
     assert control.cap(8) == 32 and control.cap(9) == 0
 
 
@@ -134,7 +134,7 @@ def test_a_sequence_without_history_is_generated_plainly(model: TinyLlama) -> No
     reqs = _requests(2)
     params = SamplingParams(temperature=1.0, seed=3, max_response_length=20)
     engine = TorchEngine(model, EOS, max_batch_size=8)
-    drafts = HistoryDrafts(SpeculationSpec(), {}, SpecController(SpeculationSpec()))
+    drafts = HistoryDrafts(SpeculationSpec(), {}, DraftCapController(SpeculationSpec()))
     out = engine.generate(reqs, params, drafts)
     assert sum(r.drafted for r in out) == 0
     assert torch.tensor([len(r.response_ids) for r in out]).min() >= 1
@@ -142,7 +142,7 @@ def test_a_sequence_without_history_is_generated_plainly(model: TinyLlama) -> No
 
 def test_the_time_between_choices_calibrates_the_cost_model() -> None:
     prof = CostProfile((1, 64), (1, 33), ((0.02, 0.02), (0.02, 0.02)))  # every pass predicted at 20 ms
-    control = SpecController(SpeculationSpec(), prof, AcceptanceTracker(prior=0.9))
+    control = DraftCapController(SpeculationSpec(), prof, AcceptanceTracker(prior=0.9))
     control.cap(4, [3, 3, 3, 3])  # a speculative pass ...
     time.sleep(0.04)              # ... that took 20 ms more than its prediction
     control.cap(4, [0, 0, 0, 0])  # nothing on offer: a plain pass
@@ -161,7 +161,7 @@ def test_drafts_cut_to_the_chosen_cap_still_change_nothing(model: TinyLlama) -> 
     engine = TorchEngine(model, EOS, max_batch_size=12)
     plain = engine.generate(reqs, params)
     indexes = _history(plain)
-    control = SpecController(SpeculationSpec(), _steep_profile(), AcceptanceTracker(prior=0.99))
+    control = DraftCapController(SpeculationSpec(), _steep_profile(), AcceptanceTracker(prior=0.99))
     spec = engine.generate(reqs, params, HistoryDrafts(SpeculationSpec(), indexes, control))
     assert [r.response_ids for r in spec] == [r.response_ids for r in plain]
     # the AIMD windows grow to 32 underneath, but no pass verified more than the 1-token cap
@@ -175,7 +175,7 @@ def test_ngram_drafts_cut_to_the_chosen_cap_change_nothing(model: TinyLlama) -> 
     params = SamplingParams(temperature=1.0, seed=2, max_response_length=40)
     engine = TorchEngine(model, EOS, max_batch_size=6)
     plain = engine.generate(reqs, params)
-    control = SpecController(SpeculationSpec(), _steep_profile(), AcceptanceTracker(prior=0.99))
+    control = DraftCapController(SpeculationSpec(), _steep_profile(), AcceptanceTracker(prior=0.99))
     spec = engine.generate(reqs, params, NgramDrafts(SpeculationSpec(prefix={"min": 1, "max": 3}), control))
     assert [r.response_ids for r in spec] == [r.response_ids for r in plain]
     # a cap of 2 pays only when few sequences offer 2 tokens (a pass is priced by its real tokens)
@@ -187,8 +187,8 @@ def test_a_drafter_catching_up_after_a_park_drafts_what_an_always_fed_one_drafts
     rng = random.Random(5)
     history = [[rng.randrange(3, 12) for _ in range(60)] for _ in range(4)]
     index = HistoryIndex.build([(r, 1.0) for r in history])
-    eager = HistoryDrafts(SpeculationSpec(), {"p": index}, SpecController(SpeculationSpec()))
-    lazy = HistoryDrafts(SpeculationSpec(), {"p": index}, SpecController(SpeculationSpec()))
+    eager = HistoryDrafts(SpeculationSpec(), {"p": index}, DraftCapController(SpeculationSpec()))
+    lazy = HistoryDrafts(SpeculationSpec(), {"p": index}, DraftCapController(SpeculationSpec()))
     for d in (eager, lazy):
         d.begin(0, GenRequest([1, 4], 7, "p"))
     stream = history[1][:40]
@@ -222,7 +222,7 @@ def test_parked_speculation_does_not_ask_the_drafter(model: TinyLlama) -> None:
     # right drafts on offer, but the profile says no draft token is ever worth its cost
     indexes = _history(plain)
     prohibitive = CostProfile((1, 64), (1, 2, 33), ((1.0, 1000.0, 2000.0), (1.0, 1000.0, 2000.0)))
-    control = SpecController(SpeculationSpec(), prohibitive, AcceptanceTracker(prior=0.99))
+    control = DraftCapController(SpeculationSpec(), prohibitive, AcceptanceTracker(prior=0.99))
     source = HistoryDrafts(SpeculationSpec(), indexes, control)
     counting = _CountingDrafter(source.drafter)
     source.drafter = counting  # type: ignore[assignment]

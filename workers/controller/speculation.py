@@ -17,7 +17,7 @@ from rhymerl.api import RLJob
 from rhymerl.workers.history.store import MemoryHistoryStore
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.rollout.engine import DraftSource, GenResult
-from rhymerl.workers.rollout.speculators import HistoryDrafts, NgramDrafts, SpecController
+from rhymerl.workers.rollout.speculators import DraftCapController, HistoryDrafts, NgramDrafts
 from rhymerl.workers.rollout.verify_cost import BATCHES, ProfileStore, Progress
 
 
@@ -33,7 +33,7 @@ class RolloutSpeculation:
     the per-pass draft cap, and the cached verify-cost profile behind it."""
 
     method: str
-    control: SpecController
+    control: DraftCapController
     drafting: MemoryHistoryStore
     costs: ProfileStore | None = None
 
@@ -50,7 +50,7 @@ class RolloutSpeculation:
         if spec.method != "none" and spec.disable_above_batch is None:
             costs = ProfileStore.open(model, batches=reachable_batches(job), progress=progress)
             evidence = CostEvidence(costs.profile)
-        control = SpecController(spec, evidence.profile if evidence else None, evidence=evidence)
+        control = DraftCapController(spec, evidence.profile if evidence else None, evidence=evidence)
         return cls(spec.method, control, drafting, costs)
 
     def drafts(self, epoch: int, prompt_ids: Sequence[str]) -> DraftSource | None:

@@ -1,7 +1,7 @@
 """Draft sources the torch engine verifies: history (HistoSpec), n-gram (own context), none.
 
 Each keeps per-slot drafting state in step with what the engine emitted, and asks one shared
-`SpecController` for the pass's draft cap, so the AIMD window of each sequence (RhymeRL §5.4)
+`DraftCapController` for the pass's draft cap, so the AIMD window of each sequence (RhymeRL §5.4)
 runs underneath the cost-model cap (adaptive.py).
 """
 
@@ -29,7 +29,7 @@ PROBE_EVERY = 16
 
 
 @dataclass
-class SpecController:
+class DraftCapController:
     """Chooses each pass's draft cap from the cost profile and the acceptance seen so far.
 
     The time from one pass's choice to the next is that pass's real cost. With `evidence` it first
@@ -135,7 +135,7 @@ class HistoryDrafts:
     while speculation is parked nothing is drafted, and the matcher catches up on the way back.
     """
 
-    def __init__(self, spec: SpeculationSpec, indexes: dict[str, HistoryIndex], control: SpecController) -> None:
+    def __init__(self, spec: SpeculationSpec, indexes: dict[str, HistoryIndex], control: DraftCapController) -> None:
         self.drafter = HistoryDrafter(spec)
         self.indexes = indexes
         self.control = control
@@ -207,7 +207,7 @@ with `min_prob` over a history's branch priorities, and a sequence's own context
 class NgramDrafts:
     """vLLM-style n-gram (prompt lookup) drafts from each sequence's own context, AIMD window."""
 
-    def __init__(self, spec: SpeculationSpec, control: SpecController, max_len: int = 2048,
+    def __init__(self, spec: SpeculationSpec, control: DraftCapController, max_len: int = 2048,
                  match: tuple[int, int] = NGRAM_MATCH) -> None:
         if not 1 <= match[0] <= match[1]:
             raise ValueError(f"n-gram match {match}: need 1 <= shortest <= longest")

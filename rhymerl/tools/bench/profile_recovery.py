@@ -5,7 +5,7 @@ A profile measured while the machine was busy comes out several times too slow a
 to steer every later run's draft lengths. This rolls out a finished run's next epoch (its policy,
 prompts and history, as `bench rollout` does) in the job's shape, one rollout of
 prompts_per_step x group_size samples per training step, through the objects `rhymerl run` uses
-(RolloutSpeculation, SpecController, ProfileStore opened from a cache entry in a temporary folder), for
+(RolloutSpeculation, DraftCapController, ProfileStore opened from a cache entry in a temporary folder), for
 six variants side by side:
 
 - clean: a reference profile measured at the start (each cell the fastest of 3 sweeps),
@@ -55,7 +55,7 @@ from rhymerl.tools.bench.workload import RunWorkload, load_run_workload
 from rhymerl.workers.controller.speculation import RolloutSpeculation, reachable_batches
 from rhymerl.workers.history.store import MemoryHistoryStore
 from rhymerl.workers.rollout.engine import EngineSession, GenRequest, GenResult, TorchEngine
-from rhymerl.workers.rollout.speculators import SpecController
+from rhymerl.workers.rollout.speculators import DraftCapController
 from rhymerl.workers.rollout.verify_cost import CacheEntry, ProfileStore, measure_cells
 
 VARIANTS = ("clean", "spoiled", "spoiled-as-is", "uneven", "uneven-as-is", "clean-as-is")
@@ -105,7 +105,7 @@ class StepRun:
 class BusyClock:
     """A variant's own time: it runs only while one of the variant's passes does. The variants run
     interleaved pass by pass, so a slow spell of the shared machine hits each of them alike, and
-    with this clock a variant's pass times (its SpecController's evidence) leave the others out."""
+    with this clock a variant's pass times (its DraftCapController's evidence) leave the others out."""
 
     def __init__(self) -> None:
         self.total = 0.0
@@ -131,9 +131,9 @@ def _open(w: RunWorkload, variant: str, entry: dict[str, Any], name: str, folder
     costs = ProfileStore.open(w.model, batches=reachable_batches(w.job), folder=folder)
     spec = w.job.spec.rollout.speculation
     if variant.endswith("-as-is"):
-        return RolloutSpeculation(spec.method, SpecController(spec, costs.profile, clock=clock), history)
+        return RolloutSpeculation(spec.method, DraftCapController(spec, costs.profile, clock=clock), history)
     evidence = CostEvidence(costs.profile)
-    control = SpecController(spec, evidence.profile, evidence=evidence, clock=clock)
+    control = DraftCapController(spec, evidence.profile, evidence=evidence, clock=clock)
     return RolloutSpeculation(spec.method, control, history, costs)
 
 

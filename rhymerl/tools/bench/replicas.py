@@ -70,9 +70,9 @@ def _scheduler_run(w: RunWorkload, engine: TorchEngine, policy: str, cfg: Replic
     results: list[GenResult] = []
     reports: list[PoolReport] = []
     for chunk, lengths in zip(w.steps(), oracle, strict=True):
-        out, done = pool.run(chunk, oracle=lengths)
+        out, step_report = pool.run(chunk, oracle=lengths)
         results += out
-        reports.append(done)
+        reports.append(step_report)
         groups: dict[str, list[int]] = {}  # as `rhymerl run` records its history after each step
         for req, res in zip(chunk, out, strict=True):
             groups.setdefault(req.prompt_id, []).append(len(res.response_ids))

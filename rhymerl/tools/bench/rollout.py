@@ -40,7 +40,7 @@ from rhymerl.tools.bench.tables import print_table
 from rhymerl.tools.bench.workload import load_run_workload
 from rhymerl.workers.history.store import MemoryHistoryStore
 from rhymerl.workers.rollout.engine import DraftSource, GenResult, TorchEngine
-from rhymerl.workers.rollout.speculators import HistoryDrafts, NgramDrafts, SpecController
+from rhymerl.workers.rollout.speculators import DraftCapController, HistoryDrafts, NgramDrafts
 from rhymerl.workers.rollout.verify_cost import measure
 
 METHODS = ("none", "ngram", "history", "history-unweighted", "history-paper", "history-mismatched",
@@ -93,7 +93,7 @@ def method_spec(method: str, job_spec: SpeculationSpec) -> SpeculationSpec:
 
 
 def _sources(method: str, spec: SpeculationSpec, store: dict[bool, MemoryHistoryStore], epoch: int,
-             prompt_ids: list[str], control: SpecController) -> DraftSource | None:
+             prompt_ids: list[str], control: DraftCapController) -> DraftSource | None:
     if method == "none":
         return None
     if method == "ngram":
@@ -134,7 +134,7 @@ def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str,
             # a method's position in the round, hit every method alike
             for method in cfg.methods if rep % 2 == 0 else cfg.methods[::-1]:
                 spec = method_spec(method, job.spec.rollout.speculation)
-                control = SpecController(spec, None if method.endswith("-fixed") else profile)
+                control = DraftCapController(spec, None if method.endswith("-fixed") else profile)
                 source = _sources(method, spec, store, w.epoch, w.prompt_ids, control)
                 t0 = time.perf_counter()
                 results = [r for chunk in chunks for r in engine.generate(chunk, params, source)]
