@@ -87,8 +87,8 @@ def _steps(job: RLJob, run: RunDir, resume: bool, scorer: Scorer,
     if resume and (run.path / dumps.DUMP_DIR).is_dir():
         history.record(dumps.read_run(run.path))
     speculation = RolloutSpeculation.for_job(job, model, history.drafting, profile_progress)
-    rollout = Rollout.for_job(job, model, tok, speculation, history, run, resume)
     prompts = load_prompts(spec.data)
+    rollout = Rollout.for_job(job, model, tok, prompts, speculation, history, run, resume)
 
     while state.epoch <= algo.epochs:
         order = epoch_order(len(prompts), spec.data.seed, state.epoch, spec.data.shuffle)
@@ -156,11 +156,11 @@ class Rollout:
     pool: RolloutPool | None
 
     @classmethod
-    def for_job(cls, job: RLJob, model: TinyLlama, tok: CharTokenizer, speculation: RolloutSpeculation,
-                history: RunHistory, run: RunDir, resume: bool) -> Rollout:
+    def for_job(cls, job: RLJob, model: TinyLlama, tok: CharTokenizer, prompts: list[Prompt],
+                speculation: RolloutSpeculation, history: RunHistory, run: RunDir, resume: bool) -> Rollout:
         spec, algo = job.spec, job.spec.algorithm
         engine = TorchEngine(model, tok.eos_id, spec.rollout.max_batch_size)
-        encoded = {p.prompt_id: [tok.bos_id, *tok.encode(p.text)] for p in load_prompts(spec.data)}
+        encoded = {p.prompt_id: [tok.bos_id, *tok.encode(p.text)] for p in prompts}
         params = SamplingParams(spec.rollout.temperature, spec.rollout.top_p, spec.rollout.seed,
                                 algo.max_response_length)
         pool = rollout_pool(job, engine, params, speculation, history, run, resume) \

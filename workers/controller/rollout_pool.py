@@ -1,10 +1,10 @@
 """Rollout over several engine replicas, placed and rebalanced by the production scheduler.
 
 Why: HistoPipe's decisions must be the ones a real run makes, not a simulator-only copy. This
-executor drives the same `Scheduler` objects as the simulator (rhymerl/tools/sim/engine.py) with real
-engines: `plan_step` places a batch's samples on replicas, finishes and watched token counts go
-back as events, and the returned `Move`, `Rebalance` and `Watch` actions are carried out on the
-engines, a moved sample taking its generated tokens along (position-keyed sampling makes it
+pool drives the same `Scheduler` objects as the simulator (rhymerl/tools/sim/) with real engines:
+`plan_step` places a batch's samples on replicas, finishes and watched token counts go back as
+events, and the returned `Move`, `Rebalance` and `Watch` actions are carried out on the engines by
+the one executor both share (rhymerl/algorithms/scheduling/executor.py, over `_PoolFleet`), a moved sample taking its generated tokens along (position-keyed sampling makes it
 continue exactly as it would have where it started).
 
 The local loop trains on a batch only once all its samples finished, and the next batch needs

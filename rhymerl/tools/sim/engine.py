@@ -6,9 +6,10 @@ Each worker decodes its running sequences together: one iteration advances every
 a worker's batch is constant, so time advances in closed form and the simulator only visits
 events: a 16-worker, 1000-sample step is a few thousand heap operations.
 
-The simulator is an executor: it asks a `Scheduler` (the production objects in
-rhymerl.algorithms.scheduling) for plans, reports finishes and watched progress, and carries out
-the returned `Move`, `Rebalance` and `Watch` actions. A worker that finished its share of a step
+The simulator asks a `Scheduler` (the production objects in rhymerl.algorithms.scheduling) for
+plans, reports finishes and watched progress, and carries out the returned `Move`, `Rebalance` and
+`Watch` actions through the executor the real replicas use (scheduling/executor.py; fleet.py is
+what they mean here). Admission, cache overflow and preemption follow scheduling/batching.py. A worker that finished its share of a step
 but may not start the next offers itself to `Scheduler.on_idle` (work stealing of waiting samples). Step gating follows the scheduler's
 pipeline and the off-policy bound: step s may start only after step s - 1 - staleness trained.
 
@@ -43,7 +44,8 @@ from rhymerl.algorithms.scheduling.types import Sample, StepPlan
 from rhymerl.tools.traces.model import Trace
 
 from .fleet import SimFleet
-from .metrics import SimResult, StepRecord, lower_bound, window_bubbles
+from .metrics import SimResult
+from .results import collect_result
 from .state import SimSeq, SimWorker
 
 
@@ -485,58 +487,7 @@ class Simulator:
             )
         for w in self.workers:
             self._close(w, w.clock)
-        return self._result(total)
-
-    def _result(self, total: int) -> SimResult:
-        makespan = max((t for t, _, _ in self.finished.values()), default=0.0)
-        busy = sum(e - s for _, s, e, _ in self.segments)
-        n = self.cfg.workers
-        step_ids = range(self.first_step, self.last_step + 1)
-        counts = {s: 0 for s in step_ids}
-        for _, _, st in self.finished.values():
-            counts[st] += 1
-        windows = [(self.step_start.get(s, 0.0), self.completed.get(s, 0.0)) for s in step_ids]
-        bubbles = window_bubbles(self.segments, n, windows)
-        rows = np.array(sorted(self.seqs), dtype=np.int64)
-        step_of = np.array([self.seqs[i].origin for i in rows.tolist()], dtype=np.int64)
-        step_lb = {}
-        for s in step_ids:
-            r = rows[step_of == s]
-            step_lb[s] = lower_bound(
-                self.trace.input_len[r], self.trace.output_len[r], n, self.share, self.profile, self.cfg.speculation
-            )
-        steps = [
-            StepRecord(step=s, samples=counts[s], start=lo, end=hi, bubble_ratio=b, migrations=self.moves_of.get(s, 0),
-                       work_bound=step_lb[s].work_per_worker, longest_sample=step_lb[s].longest_sample)
-            for s, (lo, hi), b in zip(step_ids, windows, bubbles, strict=True)
-        ]
-        stats = self.sched.stats
-        return SimResult(
-            policy=self.sched.label,
-            workers=n,
-            steps=steps,
-            samples=total,
-            makespan=makespan,
-            busy=busy,
-            bubble_ratio=min(1.0, max(0.0, 1.0 - busy / (n * makespan))) if makespan > 0 else 0.0,
-            samples_per_s=total / makespan if makespan > 0 else 0.0,
-            intra_step=stats.intra_step,
-            inter_step=stats.inter_step,
-            rebalanced=stats.rebalanced,
-            migrated_samples=len(stats.migrated_samples),
-            recompute_tokens=self.recompute_tokens,
-            mean_batch=self.seq_iterations / self.iterations if self.iterations else 0.0,
-            peak_kv_tokens=int(self.peak_kv),
-            lower_bound=lower_bound(
-                self.trace.input_len[rows], self.trace.output_len[rows], n, self.share, self.profile, self.cfg.speculation
-            ),
-            segments=self.segments,
-            migrations=self.migrations,
-            finished=self.finished,
-            rankings=dict(stats.rankings),
-            stolen=stats.stolen,
-            preemptions=self.preemptions,
-        )
+        return collect_result(self, total)
 
 
 def simulate(
