@@ -6,8 +6,13 @@ c474982; that file imports only numpy). Estimates must be identical; times are g
 over 32 groups x 64 samples x 4 worker counts, closed form (H100 default) and the walked batching
 model (max_batch 16; a KV cache of about 17k tokens).
 """
-import importlib.util, statistics, sys, time
+import importlib.util
+import statistics
+import sys
+import time
+
 import numpy as np
+
 from rhymerl.algorithms.scheduling import costmodel as new
 
 spec = importlib.util.spec_from_file_location("old_costmodel", sys.argv[1])
@@ -26,7 +31,8 @@ def run(mod, kv):
 for kv in ({}, {"max_batch": 16}, {"hbm_bytes": 18e9}):
     a, b = [], []
     for _ in range(7):
-        a.append(run(old, kv)); b.append(run(new, kv))
+        a.append(run(old, kv))
+        b.append(run(new, kv))
     same = all(old.group_decode_time(g, 300.0, w, old.RooflineProfile(**kv))
                == new.group_decode_time(g, 300.0, w, new.RooflineProfile(**kv)) for g in groups for w in (1, 2, 4, 8))
     print(f"profile {kv or 'H100 default'}: old median {statistics.median(a)*1e3:.1f} ms, new {statistics.median(b)*1e3:.1f} ms, "

@@ -1,5 +1,8 @@
 """Median over interleaved repeats of the drafter bench, before (c474982) and after the architecture pass."""
-import json, statistics, sys
+import json
+import statistics
+
+
 def load(kind): return [json.load(open(f"/tmp/drafter_{kind}_{i}/results.json")) for i in (1, 2, 3)]
 old, new = load("old"), load("new")
 rows = []

@@ -1,11 +1,14 @@
 """Rollout bench before (c474982) and after the architecture pass: per (workload, method), the
 median of all timed runs of both interleaved rounds, and whether the outputs were identical.
 Usage: python side_by_side.py OLD_1 NEW_1 OLD_2 NEW_2 (the --out folders, in the order they ran)."""
-import json, statistics, sys
+import json
+import statistics
+import sys
+from pathlib import Path
 
 folders = sys.argv[1:]
-old = [json.load(open(f"{f}/results.json")) for f in folders[0::2]]
-new = [json.load(open(f"{f}/results.json")) for f in folders[1::2]]
+old = [json.loads(Path(f"{f}/results.json").read_text()) for f in folders[0::2]]
+new = [json.loads(Path(f"{f}/results.json").read_text()) for f in folders[1::2]]
 
 def runs(results, batch, method):
     rows = [r for res in results for r in res if r["batch"] == batch and r["method"] == method]
