@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,10 @@ from hypothesis import HealthCheck, settings
 from rhymerl.workers.model.transformer import ModelConfig, TinyLlama
 
 REPO = Path(__file__).resolve().parent.parent
+if str(REPO / "tests") not in sys.path:  # shared helpers (local_servers.py) under --import-mode=importlib
+    sys.path.insert(0, str(REPO / "tests"))
+
+from local_servers import redis_server  # noqa: E402
 
 # Machines here are shared and noisy: property tests judge correctness, never speed.
 settings.register_profile("rhymerl", deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -28,3 +34,10 @@ def tiny_model() -> TinyLlama:
     cfg = ModelConfig(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                       intermediate_size=64, max_position_embeddings=256)
     return TinyLlama(cfg).eval()
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    """A real redis-server of its own, on a free port."""
+    with redis_server() as url:
+        yield url

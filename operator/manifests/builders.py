@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from rhymerl.api.crd import PLURAL
+from rhymerl.api.history_keys import REDIS_PASSWORD_ENV
 from rhymerl.api.load import dump_job
 from rhymerl.api.spec import (
     GROUP,
@@ -32,7 +33,6 @@ from rhymerl.operator.manifests.roles import (
     FIELD_ENV,
     HEALTH_PATH,
     READY_PATH,
-    REDIS_PASSWORD_ENV,
     ROLES,
     RUNTIME,
     SCRATCH_DIR,

@@ -24,7 +24,6 @@ READY_PATH = "/readyz"
 RAY_GCS_PORT = 6379  # the controller pod is the Ray head
 RAY_CLIENT_PORT = 10001
 RAY_DASHBOARD_PORT = 8265
-REDIS_PASSWORD_ENV = "RHYMERL_REDIS_PASSWORD"
 # Environment the pod's own identity fills in (downward API in a cluster, the launcher elsewhere).
 FIELD_ENV: dict[str, str] = {
     "RHYMERL_POD_NAME": "metadata.name",

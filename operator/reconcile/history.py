@@ -1,12 +1,11 @@
 """A job's rollout history in Redis outlives its pods: the operator deletes it when the RLJob goes.
 
-Key scheme (the Redis history store of the distributed runtime must use it): every key of job
-`<job>` in namespace `<namespace>` starts with `rhymerl:<namespace>:<job>:`. Jobs share a Redis,
-so the cleanup deletes by that prefix only, never more. Garbage collection cannot do this (Redis is
+Key scheme: rhymerl.api.history_keys (every key of a job starts with `rhymerl:<namespace>:<job>:`);
+the cleanup deletes by that prefix only, never more. Garbage collection cannot do this (Redis is
 not a Kubernetes object), which is why an RLJob with `history.store: redis` carries FINALIZER.
 
 The Redis password: the job's `history.redis_password_secret`, read through the API when the operator
-may get Secrets in the job's namespace; otherwise PASSWORD_ENV in the operator's own environment (the
+may get Secrets in the job's namespace; otherwise RHYMERL_REDIS_PASSWORD in the operator's own environment (the
 Helm chart fills it from its Redis Secret, so the operator needs no permission on Secrets).
 """
 
@@ -14,18 +13,10 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
+from rhymerl.api.history_keys import glob_escape, history_key_prefix
+
 FINALIZER = "rhymerl.io/history-cleanup"
-PASSWORD_ENV = "RHYMERL_REDIS_PASSWORD"
 SCAN_BATCH = 500
-
-
-def key_prefix(namespace: str, job: str) -> str:
-    """`rhymerl:<namespace>:<job>:`; names cannot hold ':' so one job's prefix never covers another's."""
-    return f"rhymerl:{namespace}:{job}:"
-
-
-def _pattern(prefix: str) -> str:
-    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in prefix) + "*"
 
 
 async def delete_history(url: str, namespace: str, job: str, password: str | None = None,
@@ -36,7 +27,7 @@ async def delete_history(url: str, namespace: str, job: str, password: str | Non
     deleted = 0
     try:
         batch: list[bytes] = []
-        async for name in client.scan_iter(match=_pattern(key_prefix(namespace, job)), count=SCAN_BATCH):
+        async for name in client.scan_iter(match=glob_escape(history_key_prefix(namespace, job)) + "*", count=SCAN_BATCH):
             batch.append(name)
             if len(batch) >= SCAN_BATCH:
                 deleted += await client.unlink(*batch)

@@ -19,13 +19,14 @@ from typing import Any
 from kubernetes.aio.client.exceptions import ApiException
 from pydantic import ValidationError
 
+from rhymerl.api.history_keys import REDIS_PASSWORD_ENV
 from rhymerl.api.spec import KIND, Condition, FailurePolicySpec, Failures, RLJob
 from rhymerl.operator.manifests import Owner, desired, selector_string
 from rhymerl.operator.manifests.labels import COMPONENT_KEY
 from rhymerl.operator.reconcile import conditions as cond
 from rhymerl.operator.reconcile.cluster import Cluster, now_rfc3339, owned_by
 from rhymerl.operator.reconcile.diff import Manifest, plan, scaled_to_zero
-from rhymerl.operator.reconcile.history import FINALIZER, PASSWORD_ENV, delete_history
+from rhymerl.operator.reconcile.history import FINALIZER, delete_history
 from rhymerl.operator.reconcile.pods import count, view
 from rhymerl.operator.reconcile.validate import parse
 
@@ -80,7 +81,7 @@ async def _finalize(cluster: Cluster, body: dict[str, Any]) -> None:
         password = None
         if secret.get("name"):
             password = await cluster.read_secret(meta["namespace"], secret["name"], secret.get("key", "redis-password"))
-            password = password or os.environ.get(PASSWORD_ENV) or None
+            password = password or os.environ.get(REDIS_PASSWORD_ENV) or None
         try:
             deleted = await delete_history(url, meta["namespace"], meta["name"], password)
         except Exception as exc:  # Redis down or unreachable: keep the finalizer and try again

@@ -6,6 +6,7 @@ import itertools
 from pathlib import Path
 
 import pytest
+import redis
 import torch
 
 from rhymerl.api import RLJob, parse_job
@@ -137,3 +138,17 @@ def test_a_resumed_multi_replica_run_makes_the_same_scheduling_decisions(model_d
     resumed = _run(job, tmp_path / "cut", resume=True)
     assert [r["step"] for r in resumed] == [3, 4]
     assert strip_timing(RunDir(tmp_path / "cut").metrics()) == strip_timing(full)
+
+
+def test_a_run_drafting_from_redis_makes_the_tokens_of_one_drafting_from_memory_and_resumes(
+        model_dir: Path, tmp_path: Path, redis_url: str) -> None:
+    memory_job, redis_job = _job(model_dir), _job(model_dir)
+    redis_job.spec.history.store, redis_job.spec.history.redis_url = "redis", redis_url
+    _run(memory_job, tmp_path / "memory")
+    _run(redis_job, tmp_path / "cut", steps=3)  # epoch 2's first step drafts from Redis
+    _run(redis_job, tmp_path / "cut", resume=True)  # the Redis history is rebuilt from the dumps
+    memory, cut = dumps.read_run(tmp_path / "memory"), dumps.read_run(tmp_path / "cut")
+    assert [(r.response_ids, r.reward) for r in cut] == [(r.response_ids, r.reward) for r in memory]
+    assert sum(r.speculation.drafted for r in cut if r.epoch == 2) > 0  # history drafting did run
+    keys = redis.Redis.from_url(redis_url).keys("*")
+    assert keys and all(k.startswith(b"rhymerl:local:") for k in keys)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rhymerl.workers.controller.history import RunHistory
 from rhymerl.workers.dumps import RolloutRecord
+from rhymerl.workers.history.store import MemoryHistoryStore
 
 
 def record(step: int, epoch: int, prompt: str, k: int, response: list[int], reward: float) -> RolloutRecord:
@@ -17,7 +18,7 @@ STEP2 = [record(2, 2, "a", 0, [5, 6, 7, 8, 9, 9, 9, 9], 1.0), record(2, 2, "a", 
 
 
 def test_a_step_feeds_the_drafting_index_and_the_length_history() -> None:
-    history = RunHistory(keep_responses=True, reward_weighted=True)
+    history = RunHistory(keep_responses=True, drafting=MemoryHistoryStore())
     history.record(STEP1)
     assert list(history.lengths.lengths("a")) == [4.0, 2.0]
     assert history.lengths.median("b") == 8.0
@@ -28,7 +29,7 @@ def test_a_step_feeds_the_drafting_index_and_the_length_history() -> None:
 
 
 def test_the_next_group_of_a_prompt_replaces_its_lengths_and_sets_its_growth() -> None:
-    history = RunHistory(keep_responses=False, reward_weighted=True)
+    history = RunHistory(keep_responses=False, drafting=MemoryHistoryStore())
     history.record(STEP1)
     history.record(STEP2)
     assert list(history.lengths.lengths("a")) == [8.0, 4.0]
@@ -37,7 +38,7 @@ def test_the_next_group_of_a_prompt_replaces_its_lengths_and_sets_its_growth() -
 
 
 def test_replaying_every_dump_at_once_equals_recording_step_by_step() -> None:
-    stepwise, replayed = RunHistory(True, True), RunHistory(True, True)
+    stepwise, replayed = RunHistory(True, MemoryHistoryStore()), RunHistory(True, MemoryHistoryStore())
     stepwise.record(STEP1)
     stepwise.record(STEP2)
     replayed.record(STEP1 + STEP2)

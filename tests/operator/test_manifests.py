@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from rhymerl.api import RLJob, dump_job, load_job, parse_job
+from rhymerl.api.history_keys import REDIS_PASSWORD_ENV
 from rhymerl.api.spec import RolloutSpec
 from rhymerl.operator.manifests import (
     ROLES,
@@ -22,7 +23,7 @@ from rhymerl.operator.manifests import (
     spec_hash,
 )
 from rhymerl.operator.manifests.builders import GPU_RESOURCE
-from rhymerl.operator.manifests.roles import REDIS_PASSWORD_ENV, argv, environment
+from rhymerl.operator.manifests.roles import argv, environment
 
 REPO = Path(__file__).resolve().parents[2]
 OWNER = Owner("rhymerl.io/v1alpha1", "RLJob", "math-grpo", "6a3c1f0e-0000-4000-8000-000000000001")

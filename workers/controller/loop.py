@@ -82,8 +82,7 @@ def _steps(job: RLJob, run: RunDir, resume: bool, scorer: Scorer,
     model, tok = load_policy(spec.model)
     trainer = Trainer(model, algo, spec.rollout.temperature)
     state = run.restore(model, trainer.optimizer) if resume else LoopState()
-    history = RunHistory(keep_responses=spec.rollout.speculation.method == "history",
-                         reward_weighted=spec.rollout.speculation.reward_weighted)
+    history = RunHistory.for_job(job)
     if resume and (run.path / dumps.DUMP_DIR).is_dir():
         history.record(dumps.read_run(run.path))
     speculation = RolloutSpeculation.for_job(job, model, history.drafting, profile_progress)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from rhymerl.algorithms.drafting.adaptive_cap import CostEvidence
 from rhymerl.api import RLJob
-from rhymerl.workers.history.store import MemoryHistoryStore
+from rhymerl.workers.history.store import HistoryStore
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.rollout.engine import DraftSource, GenResult
 from rhymerl.workers.rollout.speculators import DraftCapController, HistoryDrafts, NgramDrafts
@@ -34,11 +34,11 @@ class RolloutSpeculation:
 
     method: str
     control: DraftCapController
-    drafting: MemoryHistoryStore
+    drafting: HistoryStore
     costs: ProfileStore | None = None
 
     @classmethod
-    def for_job(cls, job: RLJob, model: TinyLlama, drafting: MemoryHistoryStore,
+    def for_job(cls, job: RLJob, model: TinyLlama, drafting: HistoryStore,
                 progress: Progress | None = None) -> RolloutSpeculation:
         """`drafting` holds the responses history drafting reads (RunHistory.drafting);
         `progress(done, total)` follows the cost profile's measurement (verify_cost.Progress)."""

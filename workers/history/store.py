@@ -1,4 +1,5 @@
-"""The in-memory history store of the local backend: per prompt, the index of its latest epoch.
+"""History stores (the protocol both follow) and the in-memory one of the local backend: per
+prompt, the index of its latest epoch. The Redis store is redis_store.py.
 
 Indexes are kept as serialised bytes, exactly what a history worker ships to rollout workers or
 puts in Redis, so the local path exercises the same format. A prompt's index for epoch e is built
@@ -8,9 +9,18 @@ from all its responses of epoch e - 1 (with their rewards).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.workers.dumps import RolloutRecord
+
+
+class HistoryStore(Protocol):
+    """Where each prompt's latest epoch of responses is kept, indexed, for the next epoch to draft from."""
+
+    def update(self, records: Iterable[RolloutRecord]) -> None: ...
+
+    def indexes_before(self, epoch: int, prompt_ids: Iterable[str]) -> dict[str, HistoryIndex]: ...
 
 
 class MemoryHistoryStore:

@@ -37,6 +37,7 @@ from rhymerl.tools.bench.workload import RunWorkload, load_run_workload
 from rhymerl.workers.controller.history import RunHistory
 from rhymerl.workers.controller.rollout_pool import PoolReport, RolloutPool, table_profile
 from rhymerl.workers.controller.speculation import reachable_batches
+from rhymerl.workers.history.store import MemoryHistoryStore
 from rhymerl.workers.rollout.engine import GenResult, TorchEngine
 from rhymerl.workers.rollout.verify_cost import measure
 
@@ -60,7 +61,7 @@ class ReplicaBenchConfig:
 def _scheduler_run(w: RunWorkload, engine: TorchEngine, policy: str, cfg: ReplicaBenchConfig,
                    profile: CostProfile, oracle: list[list[int]]) -> tuple[list[GenResult], list[PoolReport]]:
     spec = SchedulingSpec(policy=policy, ranking_groups=cfg.groups)
-    history = RunHistory(keep_responses=False, reward_weighted=True)
+    history = RunHistory(keep_responses=False, drafting=MemoryHistoryStore())
     history.record(w.records)  # the length history a resumed run replays
     sched = make_scheduler(spec, cfg.replicas, seed=w.job.spec.rollout.seed, max_off_policy=0,
                            profile=table_profile(profile, engine.max_batch_size), history=history.lengths,

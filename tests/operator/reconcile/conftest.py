@@ -17,7 +17,8 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 from kube_emulator import FIXTURE_AGENT, ApiServer, Cluster  # noqa: E402
-from operator_harness import NAMESPACES, Kube, redis_server  # noqa: E402
+from local_servers import redis_server  # noqa: E402
+from operator_harness import NAMESPACES, Kube  # noqa: E402
 
 
 @pytest_asyncio.fixture
@@ -26,12 +27,6 @@ async def kube() -> AsyncIterator[Kube]:
         server.declare(NAMESPACES)
         async with aiohttp.ClientSession(base_url=str(server.url), headers={"User-Agent": FIXTURE_AGENT}) as http:
             yield Kube(server, Cluster(server, http))
-
-
-@pytest.fixture
-def redis_url() -> Iterator[str]:
-    with redis_server() as url:
-        yield url
 
 
 @pytest.fixture

@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
-import socket
-import subprocess
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import kmock
 import kopf
-import pytest
 from kube_emulator import FIXTURE_AGENT, ApiServer, Cluster
 from kubernetes.aio.client import Configuration
 
@@ -26,13 +22,6 @@ from rhymerl.operator.reconcile.run import serve, settings
 NAMESPACES = ["team-a", "team-b"]
 WRITES = {"POST", "PATCH", "PUT", "DELETE"}
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
@@ -167,29 +156,5 @@ class Kube:
                       and (obj.raw["metadata"].get("labels") or {}).get(INSTANCE_KEY) == name)
 
 
-@contextlib.contextmanager
-def redis_server(password: str | None = None) -> Iterator[str]:
-    """A real redis-server on a free loopback port (installed by scripts/setup.sh --dev); yields its URL."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed (scripts/setup.sh --dev installs it)")
-    port = free_port()
-    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    proc = subprocess.Popen([*args, *(["--requirepass", password] if password else [])],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
-                s.sendall(b"PING\r\n")
-                if s.recv(64).startswith((b"+PONG", b"-NOAUTH")):
-                    break
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("redis-server did not start")
-            time.sleep(0.02)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from operator_harness import Kube, free_port
+from local_servers import free_port
+from operator_harness import Kube
 
 
 @pytest.mark.asyncio

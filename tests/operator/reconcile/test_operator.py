@@ -12,7 +12,8 @@ from typing import Any
 import kmock
 import pytest
 import redis
-from operator_harness import Kube, eventually, free_port
+from local_servers import free_port
+from operator_harness import Kube, eventually
 
 from rhymerl.operator.reconcile.history import FINALIZER
 

@@ -1,0 +1,144 @@
+"""The Redis history store: what a job's rollouts leave for the next epoch, outside any process, so
+rollout workers, history workers, a restarted controller and the operator's cleanup all see it.
+
+Per (prompt, epoch) it keeps the responses (token arrays, zlib-compressed int32), their rewards and
+lengths; per prompt, the serialised index of its latest epoch (exactly the bytes
+`HistoryIndex.to_bytes` ships to a rollout worker). Keys (rhymerl.api.history_keys) all start with
+the job's prefix `rhymerl:<namespace>:<job>:`:
+
+    <prefix>responses:<prompt_id>:<epoch>   hash: tokens, offsets, rewards, lengths
+    <prefix>index:<prompt_id>               hash: epoch, blob
+
+A prompt's responses and its index are written in one MULTI/EXEC transaction, so a reader never
+sees an index without the responses it was built from, and an epoch is indexed at most once (the
+same check as the memory store: a second write of one epoch is a bug, not an update).
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+from collections.abc import Iterable
+
+import numpy as np
+import redis
+from numpy.typing import NDArray
+
+from rhymerl.algorithms.drafting.index import HistoryIndex
+from rhymerl.api.history_keys import glob_escape
+from rhymerl.errors import UserError
+from rhymerl.workers.dumps import RolloutRecord
+
+
+class HistoryStoreError(UserError):
+    """Redis cannot be reached or refused the store; the message names the URL (never the password)."""
+
+
+class RedisHistoryStore:
+    def __init__(self, client: redis.Redis, prefix: str, reward_weighted: bool = True) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.reward_weighted = reward_weighted
+
+    @classmethod
+    def connect(cls, url: str, prefix: str, reward_weighted: bool = True, password: str | None = None,
+                timeout_s: float = 10.0) -> RedisHistoryStore:
+        client = redis.Redis.from_url(url, password=password, socket_timeout=timeout_s,
+                                      socket_connect_timeout=timeout_s)
+        try:
+            client.ping()
+        except redis.RedisError as exc:
+            client.close()
+            raise HistoryStoreError(f"history.redis_url {url}: {type(exc).__name__}: {exc}") from None
+        return cls(client, prefix, reward_weighted)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _responses_key(self, prompt_id: str, epoch: int) -> str:
+        return f"{self.prefix}responses:{prompt_id}:{epoch}"
+
+    def _index_key(self, prompt_id: str) -> str:
+        return f"{self.prefix}index:{prompt_id}"
+
+    def update(self, records: Iterable[RolloutRecord]) -> None:
+        """Keep every prompt's responses of one epoch and index them; a later epoch replaces the index."""
+        groups: dict[tuple[str, int], list[RolloutRecord]] = {}
+        for rec in records:
+            groups.setdefault((rec.prompt_id, rec.epoch), []).append(rec)
+        if not groups:
+            return
+        current = self._epochs([pid for pid, _ in groups])
+        for (pid, epoch), recs in groups.items():
+            have = current.get(pid)
+            if have is not None and have > epoch:
+                continue
+            if have is not None and have == epoch:
+                raise ValueError(f"prompt {pid}: epoch {epoch} indexed twice")
+            index = HistoryIndex.build(((r.response_ids, r.reward) for r in recs),
+                                       reward_weighted=self.reward_weighted)
+            with self.client.pipeline(transaction=True) as tx:
+                tx.hset(self._responses_key(pid, epoch), items=_pack(recs))
+                tx.hset(self._index_key(pid), mapping={"epoch": epoch, "blob": index.to_bytes()})
+                tx.execute()
+            current[pid] = epoch
+
+    def _epochs(self, prompt_ids: list[str]) -> dict[str, int]:
+        with self.client.pipeline(transaction=False) as p:
+            for pid in prompt_ids:
+                p.hget(self._index_key(pid), "epoch")
+            found = p.execute()
+        return {pid: int(e) for pid, e in zip(prompt_ids, found, strict=True) if e is not None}
+
+    def indexes_before(self, epoch: int, prompt_ids: Iterable[str]) -> dict[str, HistoryIndex]:
+        """Indexes of the given prompts built from an epoch earlier than `epoch` (one round trip)."""
+        ids = list(dict.fromkeys(prompt_ids))
+        with self.client.pipeline(transaction=False) as p:
+            for pid in ids:
+                p.hmget(self._index_key(pid), ["epoch", "blob"])
+            found = p.execute()
+        out = {}
+        for pid, (built, blob) in zip(ids, found, strict=True):
+            if built is not None and blob is not None and int(built) < epoch:
+                out[pid] = HistoryIndex.from_bytes(blob)
+        return out
+
+    def responses(self, prompt_id: str, epoch: int) -> tuple[list[list[int]], list[float]]:
+        """The prompt's responses of `epoch` and their rewards, as stored (empty if none)."""
+        raw: dict[bytes, bytes] = self.client.hgetall(self._responses_key(prompt_id, epoch))  # type: ignore[assignment]
+        if not raw:
+            return [], []
+        offsets = np.frombuffer(raw[b"offsets"], dtype=np.int64)
+        tokens = np.frombuffer(zlib.decompress(raw[b"tokens"]), dtype=np.int32)
+        rewards = np.frombuffer(raw[b"rewards"], dtype=np.float64)
+        return [tokens[a:b].tolist() for a, b in itertools.pairwise(offsets)], rewards.tolist()
+
+    def lengths(self, prompt_id: str, epoch: int) -> NDArray[np.int64]:
+        raw = self.client.hget(self._responses_key(prompt_id, epoch), "lengths")
+        return np.frombuffer(raw, dtype=np.int64).copy() if isinstance(raw, bytes) else np.zeros(0, np.int64)
+
+    def clear(self) -> int:
+        """Delete every key of this job (a controller starts from its dumps); returns how many."""
+        deleted = 0
+        batch: list[bytes] = []
+        for name in self.client.scan_iter(match=glob_escape(self.prefix) + "*", count=500):
+            batch.append(name)
+            if len(batch) >= 500:
+                deleted += int(self.client.unlink(*batch))
+                batch = []
+        if batch:
+            deleted += int(self.client.unlink(*batch))
+        return deleted
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self.client.scan_iter(match=glob_escape(self.prefix) + "index:*", count=500))
+
+
+def _pack(recs: list[RolloutRecord]) -> list[str | bytes]:
+    """The responses hash as alternating field names and values."""
+    lengths = np.array([len(r.response_ids) for r in recs], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    tokens = np.fromiter((t for r in recs for t in r.response_ids), dtype=np.int32, count=int(offsets[-1]))
+    rewards = np.array([r.reward for r in recs], dtype=np.float64)
+    return ["tokens", zlib.compress(tokens.tobytes(), 1), "offsets", offsets.tobytes(),
+            "rewards", rewards.tobytes(), "lengths", lengths.tobytes()]
