@@ -55,10 +55,10 @@ class RedisHistoryStore:
     def close(self) -> None:
         self.client.close()
 
-    def _responses_key(self, prompt_id: str, epoch: int) -> str:
+    def responses_key(self, prompt_id: str, epoch: int) -> str:
         return f"{self.prefix}responses:{prompt_id}:{epoch}"
 
-    def _index_key(self, prompt_id: str) -> str:
+    def index_key(self, prompt_id: str) -> str:
         return f"{self.prefix}index:{prompt_id}"
 
     def update(self, records: Iterable[RolloutRecord]) -> None:
@@ -78,15 +78,15 @@ class RedisHistoryStore:
             index = HistoryIndex.build(((r.response_ids, r.reward) for r in recs),
                                        reward_weighted=self.reward_weighted)
             with self.client.pipeline(transaction=True) as tx:
-                tx.hset(self._responses_key(pid, epoch), items=_pack(recs))
-                tx.hset(self._index_key(pid), mapping={"epoch": epoch, "blob": index.to_bytes()})
+                tx.hset(self.responses_key(pid, epoch), items=_pack(recs))
+                tx.hset(self.index_key(pid), mapping={"epoch": epoch, "blob": index.to_bytes()})
                 tx.execute()
             current[pid] = epoch
 
     def _epochs(self, prompt_ids: list[str]) -> dict[str, int]:
         with self.client.pipeline(transaction=False) as p:
             for pid in prompt_ids:
-                p.hget(self._index_key(pid), "epoch")
+                p.hget(self.index_key(pid), "epoch")
             found = p.execute()
         return {pid: int(e) for pid, e in zip(prompt_ids, found, strict=True) if e is not None}
 
@@ -95,7 +95,7 @@ class RedisHistoryStore:
         ids = list(dict.fromkeys(prompt_ids))
         with self.client.pipeline(transaction=False) as p:
             for pid in ids:
-                p.hmget(self._index_key(pid), ["epoch", "blob"])
+                p.hmget(self.index_key(pid), ["epoch", "blob"])
             found = p.execute()
         out = {}
         for pid, (built, blob) in zip(ids, found, strict=True):
@@ -105,7 +105,7 @@ class RedisHistoryStore:
 
     def responses(self, prompt_id: str, epoch: int) -> tuple[list[list[int]], list[float]]:
         """The prompt's responses of `epoch` and their rewards, as stored (empty if none)."""
-        raw: dict[bytes, bytes] = self.client.hgetall(self._responses_key(prompt_id, epoch))  # type: ignore[assignment]
+        raw: dict[bytes, bytes] = self.client.hgetall(self.responses_key(prompt_id, epoch))  # type: ignore[assignment]
         if not raw:
             return [], []
         offsets = np.frombuffer(raw[b"offsets"], dtype=np.int64)
@@ -114,7 +114,7 @@ class RedisHistoryStore:
         return [tokens[a:b].tolist() for a, b in itertools.pairwise(offsets)], rewards.tolist()
 
     def lengths(self, prompt_id: str, epoch: int) -> NDArray[np.int64]:
-        raw = self.client.hget(self._responses_key(prompt_id, epoch), "lengths")
+        raw = self.client.hget(self.responses_key(prompt_id, epoch), "lengths")
         return np.frombuffer(raw, dtype=np.int64).copy() if isinstance(raw, bytes) else np.zeros(0, np.int64)
 
     def clear(self) -> int:
