@@ -4,18 +4,33 @@
 working on step STEP: no `finally`, no flush, no exit handler runs, exactly as when the kernel's
 OOM killer or a spot reclaim takes a pod. Without the variable a point costs one dict lookup. The
 points (docs/formats.md, "Crash safety"): rollout, train, dump, metrics, checkpoint-files,
-checkpoint-manifest, checkpoint-renamed.
+checkpoint-manifest, checkpoint-renamed; and, in the distributed runtime's role workers,
+rollout-worker, reward-worker, history-worker (workers/runtime/actors.py).
+
+A worker that is restarted after such a crash (Ray restarts actors) would reach the same point
+again; with `RHYMERL_CRASH_ONCE_DIR` set, each point fires once: a marker file in that folder,
+written before the kill, records that it did.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 ENV = "RHYMERL_CRASH_AT"
+ONCE_ENV = "RHYMERL_CRASH_ONCE_DIR"
 
 
 def point(name: str, step: int) -> None:
     target = os.environ.get(ENV)
-    if target is not None and target == f"{name}:{step}":
-        os.kill(os.getpid(), signal.SIGKILL)
+    if target is None or target != f"{name}:{step}":
+        return
+    once = os.environ.get(ONCE_ENV)
+    if once is not None:
+        marker = Path(once) / f"{name}-{step}"
+        try:
+            marker.touch(exist_ok=False)
+        except FileExistsError:
+            return
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -4,6 +4,7 @@ The operator applies what `desired` returns, `rhymerl render` prints it, and the
 reads its commands, environment and ports from `roles` — one definition for all three.
 """
 
+from rhymerl.api.roles import ROLES, Role
 from rhymerl.operator.manifests.builders import (
     RESOURCES,
     SPEC_HASH_ANNOTATION,
@@ -16,7 +17,7 @@ from rhymerl.operator.manifests.builders import (
     to_yaml,
 )
 from rhymerl.operator.manifests.labels import labels, selector, selector_string
-from rhymerl.operator.manifests.roles import ROLES, Role, child_name
+from rhymerl.operator.manifests.roles import child_name
 
 __all__ = [
     "RESOURCES",

@@ -18,6 +18,7 @@ import yaml
 from rhymerl.api.crd import PLURAL
 from rhymerl.api.history_keys import REDIS_PASSWORD_ENV
 from rhymerl.api.load import dump_job
+from rhymerl.api.roles import ROLES, Role
 from rhymerl.api.spec import (
     GROUP,
     Placement,
@@ -33,12 +34,10 @@ from rhymerl.operator.manifests.roles import (
     FIELD_ENV,
     HEALTH_PATH,
     READY_PATH,
-    ROLES,
     RUNTIME,
     SCRATCH_DIR,
     SPEC_DIR,
     SPEC_FILE,
-    Role,
     argv,
     child_name,
     environment,

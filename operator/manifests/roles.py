@@ -1,17 +1,15 @@
 """What each role's process is: its command, environment, ports and health endpoints.
 
-The one place the operator (pod templates), the distributed runtime (`rhymerl worker`, which
-arrives with the distributed-runtime issue) and "pods as processes" tests read them from. Plain
-data: builders.py turns it into Kubernetes shapes.
+The one place the operator (pod templates) and the "pods as processes" tests read them from; the
+pods run `rhymerl worker` (the distributed runtime). Plain data: builders.py turns it into
+Kubernetes shapes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-Role = Literal["controller", "rollout", "train", "reward", "history"]
-ROLES: tuple[Role, ...] = ("controller", "rollout", "train", "reward", "history")
+from rhymerl.api.roles import Role
 
 SPEC_DIR = "/etc/rhymerl"
 SPEC_FILE = "spec.yaml"

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from rhymerl.api.roles import ROLES
 from rhymerl.api.spec import CONDITION_TYPES, Condition, Failures, Phase, RLJobStatus, RoleStatus
-from rhymerl.operator.manifests.roles import ROLES
 from rhymerl.operator.reconcile.pods import PodView
 
 Status = Literal["True", "False", "Unknown"]

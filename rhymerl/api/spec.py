@@ -119,8 +119,9 @@ class AlgorithmSpec(Strict):
         "and records it (metrics, events.log)"
     )
     max_off_policy_steps: NonNegInt = Field(
-        1, le=64, description="how many policy versions a sample may lag behind, at most 64 (local backend is "
-        "synchronous: 0 used)"
+        1, le=64, description="how many policy versions a sample may lag behind, at most 64; the local backend is "
+        "synchronous (0 used); the ray backend overlaps the rollout of step n+1 with the training of step n when "
+        ">= 1 (a lag of one version)"
     )
     dynamic_sampling: DynamicSamplingSpec | None = Field(None, description="default: enabled for dapo")
     overlong: OverlongSpec = Field(default_factory=OverlongSpec)
@@ -430,6 +431,11 @@ class ImagesSpec(Strict):
 
 
 class RLJobSpec(Strict):
+    backend: Literal["local", "ray"] = Field(
+        "local", description="how `rhymerl run` executes the job on one machine: local (one process) or ray (each "
+        "role a Ray actor on a local Ray cluster, as in a cluster, with pipelined rollout at "
+        "algorithm.max_off_policy_steps >= 1); a cluster always runs ray"
+    )
     suspend: bool = Field(False, description="true: checkpoint, then scale every role to zero; false again: "
                           "resume from the last checkpoint")
     model: ModelSpec = Field(default_factory=ModelSpec)

@@ -5,6 +5,10 @@ verifier and the trainer share one process and one copy of the weights, which ke
 fast and its results bit-reproducible for a given seed and torch build. `rollout.replicas` > 1
 runs that many engine replicas in this process, stepped in turn and placed by the scheduling
 policy, so the scheduler's decisions can be exercised and measured on one machine.
+
+With `backend: ray` the same job runs as on a cluster: every role a Ray worker on a private Ray
+instance on this machine (workers/runtime/), rollout pipelined with training when
+`algorithm.max_off_policy_steps` >= 1.
 """
 
 from __future__ import annotations
@@ -159,7 +163,13 @@ def _drive(job: RLJob, run: RunDir, resume: bool, console: Console) -> dict[int,
                         MofNCompleteColumn(), TextColumn("{task.fields[unit]}"), TimeElapsedColumn(), console=console)
     with progress:
         task = progress.add_task("rollout+train", total=total, unit="prompts")
-        for row in run_steps(job, run, resume, profile_reporter(progress, console)):
+        if job.spec.backend == "ray":
+            from rhymerl.workers.runtime.ray_loop import run_steps_local_ray  # Ray loads only when asked for
+
+            steps = run_steps_local_ray(job, run, resume)
+        else:
+            steps = run_steps(job, run, resume, profile_reporter(progress, console))
+        for row in steps:
             progress.update(task, completed=min(total, sum(m.prompts for m in run.step_metrics())))
             console.print(step_line(row), highlight=False, soft_wrap=True)
     rows = run.step_metrics()

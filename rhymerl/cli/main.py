@@ -119,6 +119,19 @@ def run(
         raise typer.Exit(INTERRUPTED) from None
 
 
+@app.command(epilog="Environment (set by the operator's pod template): RHYMERL_CONTROLLER (the Ray head, "
+             "host:port), RHYMERL_DATA_DIR (the controller's run folder lives in DATA_DIR/run), RHYMERL_HTTP_PORT "
+             "(/healthz, /readyz, /metrics), RHYMERL_POD_IP, RHYMERL_NAMESPACE; HOME is scratch space.")
+def worker(
+    role: Annotated[str, typer.Option("--role", help="controller, rollout, train, reward or history")],
+    spec: Annotated[Path, typer.Option("--spec", help="the RLJob as the operator resolved it (its ConfigMap)")],
+) -> None:
+    """Run one pod of a job: the controller starts the Ray head and the steps, the others join it."""
+    from rhymerl.cli.worker import serve
+
+    raise typer.Exit(serve(role, spec))
+
+
 @app.command(epilog="The step budget is fixed, not timed: the same seed gives the same weights on the same "
              "torch build. The defaults made the shipped model (about 15 minutes on a 2-core CPU).")
 def pretrain(

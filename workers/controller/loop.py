@@ -15,8 +15,9 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -33,7 +34,7 @@ from rhymerl.workers.controller.step_metrics import StepMetrics
 from rhymerl.workers.model.registry import load_policy
 from rhymerl.workers.model.tokenizer import CharTokenizer
 from rhymerl.workers.model.transformer import TinyLlama
-from rhymerl.workers.reward.outcome import check_failures
+from rhymerl.workers.reward.outcome import Outcome, check_failures
 from rhymerl.workers.reward.pool import Scorer, open_scorer
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, TorchEngine
 from rhymerl.workers.rollout.sampling import sample_key
@@ -51,6 +52,33 @@ class Group:
     results: list[GenResult]
     rewards: list[float]
     reward_errors: list[str | None]  # why scoring each response failed; None where it scored
+    policy_version: int  # of the weights that generated it
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    """What the step's bookkeeping needs of a group (dynamic sampling, metrics, length history,
+    reward failures): a few numbers per response, never its tokens. The distributed runtime ships
+    these to the controller while the groups themselves travel between workers by reference."""
+
+    prompt_id: str
+    lengths: list[int]
+    rewards: list[float]
+    reward_errors: list[str | None]
+    drafted: int
+    accepted: int
+    forward_passes: int
+
+    @classmethod
+    def of(cls, g: Group) -> GroupSummary:
+        return cls(g.prompt.prompt_id, [len(r.response_ids) for r in g.results], g.rewards, g.reward_errors,
+                   sum(r.drafted for r in g.results), sum(r.accepted for r in g.results),
+                   sum(r.forward_passes for r in g.results))
+
+    @property
+    def informative(self) -> bool:
+        """Rewards that differ: the group carries a learning signal (DAPO dynamic sampling keeps it)."""
+        return len(set(self.rewards)) > 1
 
 
 @dataclass
@@ -104,7 +132,8 @@ def _steps(job: RLJob, run: RunDir, resume: bool, scorer: Scorer,
         history.record(step_records)
         speculation.keep_cost_evidence()
         state.policy_version += 1 if samples else 0
-        metrics = step_metrics(batch, state, train_stats)
+        metrics = step_metrics([GroupSummary.of(g) for g in batch.groups], batch.rounds, batch.clock,
+                               batch.pool_reports, state, train_stats)
         if state.cursor >= len(order):
             state.epoch, state.cursor = state.epoch + 1, 0
         run.append_metrics(metrics.row())
@@ -132,11 +161,12 @@ def sample_batch(job: RLJob, rollout: Rollout, scorer: Scorer, epoch_prompts: li
         t0 = time.perf_counter()
         results = rollout.generate(take, state.epoch, batch)
         t1 = time.perf_counter()
-        groups = score(job, scorer, rollout.tok, take, rollout.encoded, results, state.step + 1)
+        groups = score(job, scorer, rollout.tok, take, rollout.encoded, results, state.step + 1,
+                       state.policy_version)
         batch.clock["rollout"] += t1 - t0
         batch.clock["reward"] += time.perf_counter() - t1
         batch.groups += groups
-        batch.kept += [g for g in groups if not dynamic.enabled or len(set(g.rewards)) > 1]
+        batch.kept += [g for g in groups if not dynamic.enabled or GroupSummary.of(g).informative]
         batch.rounds += 1
     return batch
 
@@ -179,21 +209,28 @@ class Rollout:
 
 
 def score(job: RLJob, scorer: Scorer, tok: CharTokenizer, prompts: list[Prompt], encoded: dict[str, list[int]],
-          results: list[GenResult], step: int) -> list[Group]:
-    """Reward every response; a nan/inf reward stops the run under `on_nonfinite: fail`."""
-    algo = job.spec.algorithm
-    spans = [slice(i * algo.group_size, (i + 1) * algo.group_size) for i in range(len(prompts))]
-    outcomes = scorer.score([(p.text, tok.decode(r.response_ids), p.answer)
-                             for p, span in zip(prompts, spans, strict=True) for r in results[span]])
-    for i, o in enumerate(outcomes):
-        if o.nonfinite is not None and algo.on_nonfinite == "fail":
-            p = prompts[i // algo.group_size]
-            raise NonFiniteError(f"step {step}: prompt {p.prompt_id} sample {i % algo.group_size}: the "
-                                 f"reward function returned {o.nonfinite}; no weight was changed; set "
-                                 "algorithm.on_nonfinite: skip to score such samples as failures "
-                                 "(reward.failure_reward) instead")
+          results: list[GenResult], step: int, policy_version: int) -> list[Group]:
+    """Reward every response (G per prompt, in order) and group them by prompt."""
+    g = job.spec.algorithm.group_size
+    spans = [slice(i * g, (i + 1) * g) for i in range(len(prompts))]
+    outcomes = score_samples(job, scorer, tok, [(p, k, results[i * g + k]) for i, p in enumerate(prompts)
+                                                for k in range(g)], step)
     return [Group(p, encoded[p.prompt_id], results[span], [o.value for o in outcomes[span]],
-                  [o.error for o in outcomes[span]]) for p, span in zip(prompts, spans, strict=True)]
+                  [o.error for o in outcomes[span]], policy_version) for p, span in zip(prompts, spans, strict=True)]
+
+
+def score_samples(job: RLJob, scorer: Scorer, tok: CharTokenizer, samples: Sequence[tuple[Prompt, int, GenResult]],
+                  step: int) -> list[Outcome]:
+    """Reward each (prompt, sample index, response); a nan/inf reward stops the run under
+    `on_nonfinite: fail`."""
+    outcomes = scorer.score([(p.text, tok.decode(r.response_ids), p.answer) for p, _, r in samples])
+    if job.spec.algorithm.on_nonfinite == "fail":
+        for (p, k, _), o in zip(samples, outcomes, strict=True):
+            if o.nonfinite is not None:
+                raise NonFiniteError(f"step {step}: prompt {p.prompt_id} sample {k}: the reward function returned "
+                                     f"{o.nonfinite}; no weight was changed; set algorithm.on_nonfinite: skip to "
+                                     "score such samples as failures (reward.failure_reward) instead")
+    return outcomes
 
 
 def training_samples(kept: list[Group], job: RLJob, step: int) -> list[TrainSample]:
@@ -254,25 +291,26 @@ def records(groups: list[Group], state: LoopState) -> Iterator[dumps.RolloutReco
                 step=state.step, epoch=state.epoch, prompt_id=g.prompt.prompt_id, sample_index=k,
                 prompt_len=len(g.prompt_ids), prompt_ids=g.prompt_ids, response_ids=res.response_ids,
                 reward=reward, reward_error=error, finish_reason="stop" if res.finish_reason == "stop" else "length",
-                policy_version=state.policy_version,
+                policy_version=g.policy_version,
                 speculation=dumps.SpeculationStats(drafted=res.drafted, accepted=res.accepted,
                                                    forward_passes=res.forward_passes))
 
 
-def step_metrics(batch: Batch, state: LoopState, train_stats: dict[str, float]) -> StepMetrics:
-    groups, clock = batch.groups, batch.clock
-    results = [r for g in groups for r in g.results]
-    lengths = [len(r.response_ids) for r in results]
+def step_metrics(groups: Sequence[GroupSummary], rounds: int, clock: dict[str, float],
+                 pool_reports: Sequence[PoolReport], state: LoopState, train_stats: dict[str, float],
+                 **extra: Any) -> StepMetrics:
+    """The step's row; `extra` are fields only one backend has (the distributed runtime's)."""
+    lengths = [n for g in groups for n in g.lengths]
     rewards = [x for g in groups for x in g.rewards]
     tokens = sum(lengths)
-    pool = functools.reduce(PoolReport.merged, batch.pool_reports).metrics() if batch.pool_reports else {}
+    pool = functools.reduce(PoolReport.merged, pool_reports).metrics() if pool_reports else {}
     return StepMetrics(
         step=state.step,
         epoch=state.epoch,
         policy_version=state.policy_version,
         prompts=len(groups),
         samples=len(lengths),
-        gen_rounds=batch.rounds,
+        gen_rounds=rounds,
         **{f"time_{k}_s": round(v, 3) for k, v in clock.items()},
         rollout_tokens=tokens,
         rollout_tokens_per_s=round(tokens / max(clock["rollout"], 1e-9), 1),
@@ -282,6 +320,8 @@ def step_metrics(batch: Batch, state: LoopState, train_stats: dict[str, float]) 
         reward_failures=sum(e is not None for g in groups for e in g.reward_errors),
         zero_std_frac=round(sum(len(set(g.rewards)) <= 1 for g in groups) / max(len(groups), 1), 4),
         **{k: (round(v, 5) if math.isfinite(v) else v) for k, v in train_stats.items()},
-        **speculation_metrics(results),
+        **speculation_metrics(tokens, sum(g.drafted for g in groups), sum(g.accepted for g in groups),
+                              sum(g.forward_passes for g in groups)),
         **pool,
+        **extra,
     )

@@ -217,13 +217,17 @@ class RunDir:
         else:
             if self.metrics():
                 self.note("no intact checkpoint: starting over from step 0")
-        kept = [m for m in self.metrics() if m["step"] <= state.step]
-        atomic.write_text(self.path / METRICS, "".join(finite_json(m) + "\n" for m in kept))
-        dumps.remove_after(self.path, state.step)
+        self.cut_back(state.step)
         for leftover in self.path.iterdir():
             if atomic.is_temporary(leftover) and leftover.is_file():
                 leftover.unlink()
         return state
+
+    def cut_back(self, step: int) -> None:
+        """Forget metrics and dumps of steps after `step` (they run again)."""
+        kept = [m for m in self.metrics() if m["step"] <= step]
+        atomic.write_text(self.path / METRICS, "".join(finite_json(m) + "\n" for m in kept))
+        dumps.remove_after(self.path, step)
 
     def _load(self, folder: Path, model: TinyLlama, optimizer: torch.optim.Optimizer) -> LoopState:
         try:

@@ -9,14 +9,15 @@ cells shown measured disturbed are measured again (ProfileStore.update).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from rhymerl.algorithms.drafting.adaptive_cap import CostEvidence
+from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api import RLJob
 from rhymerl.workers.history.store import HistoryStore
 from rhymerl.workers.model.transformer import TinyLlama
-from rhymerl.workers.rollout.engine import DraftSource, GenResult
+from rhymerl.workers.rollout.engine import DraftSource
 from rhymerl.workers.rollout.speculators import DraftCapController, HistoryDrafts, NgramDrafts
 from rhymerl.workers.rollout.verify_cost import BATCHES, ProfileStore, Progress
 
@@ -54,9 +55,14 @@ class RolloutSpeculation:
         return cls(spec.method, control, drafting, costs)
 
     def drafts(self, epoch: int, prompt_ids: Sequence[str]) -> DraftSource | None:
+        indexes = self.drafting.indexes_before(epoch, prompt_ids) if self.method == "history" else {}
+        return self.drafts_from(indexes)
+
+    def drafts_from(self, indexes: Mapping[str, HistoryIndex]) -> DraftSource | None:
+        """The draft source of one rollout, given the indexes of its prompts that history has (a
+        rollout worker receives them from a history worker)."""
         spec = self.control.spec
         if self.method == "history":
-            indexes = self.drafting.indexes_before(epoch, prompt_ids)
             return HistoryDrafts(spec, indexes, self.control) if indexes else None
         if self.method == "ngram":
             return NgramDrafts(spec, self.control)
@@ -79,12 +85,9 @@ class RolloutSpeculation:
             self.costs.update(self.control.evidence)
 
 
-def speculation_metrics(results: Sequence[GenResult]) -> dict[str, float | None]:
-    """Speculation rate (accepted draft tokens per response token), acceptance rate, tokens per pass."""
-    tokens = sum(len(r.response_ids) for r in results)
-    drafted = sum(r.drafted for r in results)
-    accepted = sum(r.accepted for r in results)
-    passes = sum(r.forward_passes for r in results)
+def speculation_metrics(tokens: int, drafted: int, accepted: int, passes: int) -> dict[str, float | None]:
+    """Speculation rate (accepted draft tokens per response token), acceptance rate, tokens per
+    pass, from the step's totals."""
     return {
         "spec_rate": round(accepted / max(tokens, 1), 4),
         "spec_acceptance": round(accepted / drafted, 4) if drafted else None,

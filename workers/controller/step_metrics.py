@@ -52,6 +52,14 @@ class StepMetrics(BaseModel):
     rollout_migrated: int | None = None
     rollout_stolen: int | None = None
     schedule_ranking: str | None = None
+    # the distributed runtime (backend ray)
+    time_step_s: float | None = None
+    time_wait_rollout_s: float | None = None  # the controller waiting for rollout results (less when pipelined)
+    time_wait_train_s: float | None = None  # the controller waiting for the train worker
+    policy_lag_max: int | None = None  # policy versions the step's oldest sample lags behind the trained policy
+    history_ok: bool | None = None  # false: some rollout ran without history drafts (history worker unavailable)
+    worker_reruns: int | None = None  # rollout or reward calls run again after their worker died
+    rollout_resumed_tokens: int | None = None  # generated tokens a re-run took over from its lost call
 
     def row(self) -> dict[str, Any]:
         """The metrics.jsonl row: the fields this step has (RunDir.append_metrics writes it)."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
@@ -223,6 +223,11 @@ class EngineSession:
     def generated(self, key: int) -> int:
         """Response tokens a waiting or running request has so far."""
         return len(self._results[key].response_ids)
+
+    def progress(self) -> dict[int, GenResult]:
+        """Copies of every waiting or running request's partial result: what resumes them (`add`)
+        if this session is lost."""
+        return {k: replace(r, response_ids=list(r.response_ids)) for k, r in self._results.items()}
 
     # ------------------------------------------------------------------ changes
     def add(self, key: int, request: GenRequest, resume: GenResult | None = None, *, first: bool = False) -> None:

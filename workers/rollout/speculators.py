@@ -8,7 +8,7 @@ runs underneath the cost-model cap (adaptive.py).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -135,7 +135,7 @@ class HistoryDrafts:
     while speculation is parked nothing is drafted, and the matcher catches up on the way back.
     """
 
-    def __init__(self, spec: SpeculationSpec, indexes: dict[str, HistoryIndex], control: DraftCapController) -> None:
+    def __init__(self, spec: SpeculationSpec, indexes: Mapping[str, HistoryIndex], control: DraftCapController) -> None:
         self.drafter = HistoryDrafter(spec)
         self.indexes = indexes
         self.control = control

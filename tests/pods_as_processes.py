@@ -1,0 +1,171 @@
+"""Pods as processes: a kubelet stand-in that runs the StatefulSets the operator renders as local
+processes, one per replica, with each pod's command, arguments and environment.
+
+What a kubelet and a cluster network would provide, and how it is stood in for here:
+- volumes: each volumeMount's path is a folder (the ConfigMap's files written into the `spec`
+  volume's folder; `scratch` and `data` one folder per pod), and the mount paths in arguments and
+  environment values are rewritten to those folders;
+- downward API: metadata.name, metadata.namespace, status.podIP (127.0.0.1);
+- pod IPs and DNS: every pod shares this machine's loopback, so each gets its own free port for
+  RHYMERL_HTTP_PORT and its own block of ports for its Ray node (RHYMERL_RAY_PORT_BASE), and the
+  controller Service's name in RHYMERL_CONTROLLER resolves to 127.0.0.1 with a free port for the
+  Ray head;
+- the image's entrypoint: `rhymerl` is this environment's console script.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from local_servers import free_port
+
+
+@dataclass
+class Pod:
+    name: str
+    role: str
+    argv: list[str]
+    env: dict[str, str]
+    root: Path
+    http_port: int
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    log: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log = self.root / "pod.log"
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.http_port}{path}"
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(self.url(path), timeout=5) as r:  # noqa: S310 - loopback only
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.is_file() else ""
+
+
+def pods_of(objects: list[dict[str, Any]], root: Path, extra_env: dict[str, str] | None = None) -> list[Pod]:
+    """One Pod per replica of every StatefulSet in `objects` (rendered with their ConfigMap)."""
+    config_maps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
+    head_port = free_port()
+    port_blocks = iter(range(free_block(), 65000, 64))
+    bin_dir = Path(sys.executable).parent
+    pods = []
+    for sts in (o for o in objects if o["kind"] == "StatefulSet"):
+        template = sts["spec"]["template"]
+        (container,) = template["spec"]["containers"]
+        volumes = {v["name"]: v for v in template["spec"].get("volumes", [])}
+        role = template["metadata"]["labels"]["app.kubernetes.io/component"]
+        for i in range(sts["spec"]["replicas"]):
+            name = f"{sts['metadata']['name']}-{i}"
+            pod_root = root / name
+            mounts: dict[str, str] = {}
+            for m in container.get("volumeMounts", []):
+                folder = pod_root / "volumes" / m["name"]
+                folder.mkdir(parents=True, exist_ok=True)
+                cm = volumes.get(m["name"], {}).get("configMap")
+                if cm is not None:
+                    for key, text in config_maps[cm["name"]]["data"].items():
+                        (folder / key).write_text(text)
+                mounts[m["mountPath"]] = str(folder)
+            http_port = free_port()
+
+            def local(value: str) -> str:
+                for path in sorted(mounts, key=len, reverse=True):
+                    if value == path or value.startswith(path + "/"):
+                        return mounts[path] + value[len(path):]
+                return value
+
+            env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "LANG": "C.UTF-8"}
+            for e in container.get("env", []):
+                if "value" in e:
+                    env[e["name"]] = local(e["value"])
+                elif "fieldRef" in e.get("valueFrom", {}):
+                    path = e["valueFrom"]["fieldRef"]["fieldPath"]
+                    env[e["name"]] = {"metadata.name": name, "metadata.namespace": sts["metadata"]["namespace"],
+                                      "status.podIP": "127.0.0.1"}[path]
+            env["RHYMERL_HTTP_PORT"] = str(http_port)
+            env["RHYMERL_RAY_PORT_BASE"] = str(next(port_blocks))
+            env["RHYMERL_CONTROLLER"] = f"127.0.0.1:{head_port}"
+            env.update(extra_env or {})
+            argv = [str(bin_dir / container["command"][0]), *(local(a) for a in container.get("args", []))]
+            pods.append(Pod(name, role, argv, env, pod_root, http_port))
+    return pods
+
+
+def free_block(size: int = 64 * 16) -> int:
+    """The start of `size` consecutive ports that are free now, above the ephemeral range's usual start."""
+    import socket
+
+    for start in range(20000, 32000, size):
+        try:
+            for port in range(start, start + size, 7):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return start
+    raise RuntimeError("no free block of ports")
+
+
+class Kubelet:
+    def __init__(self, pods: list[Pod]) -> None:
+        self.pods = pods
+
+    def start(self, pod: Pod) -> None:
+        with pod.log.open("ab") as out:
+            pod.proc = subprocess.Popen(pod.argv, env=pod.env, cwd=pod.root, stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+
+    def start_all(self) -> None:
+        for pod in self.pods:
+            self.start(pod)
+
+    def restart_exited(self) -> None:
+        """restartPolicy: Always."""
+        for pod in self.pods:
+            if pod.proc is not None and pod.proc.poll() is not None:
+                pod.restarts += 1
+                self.start(pod)
+
+    def kill(self, pod: Pod) -> None:
+        """The container dies at once (every process in it)."""
+        assert pod.proc is not None
+        os.killpg(pod.proc.pid, signal.SIGKILL)
+        pod.proc.wait()
+
+    def stop_all(self, grace_s: float = 60.0) -> dict[str, int | None]:
+        """SIGTERM every pod, SIGKILL what is left after the grace period; the exit codes."""
+        for pod in self.pods:
+            if pod.proc is not None and pod.proc.poll() is None:
+                os.killpg(pod.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        codes: dict[str, int | None] = {}
+        for pod in self.pods:
+            if pod.proc is None:
+                continue
+            try:
+                codes[pod.name] = pod.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(pod.proc.pid, signal.SIGKILL)
+                codes[pod.name] = pod.proc.wait()
+        for pod in self.pods:  # whatever a pod's processes left in its group
+            if pod.proc is not None:
+                try:
+                    os.killpg(pod.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        return codes

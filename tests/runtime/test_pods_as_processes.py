@@ -1,0 +1,87 @@
+"""The StatefulSets the operator renders, started as processes the way a kubelet would start their
+pods (tests/pods_as_processes.py), run a job across them: 1 controller, 2 rollout, 1 train,
+1 reward, 1 history."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from pods_as_processes import Kubelet, Pod, pods_of
+
+from rhymerl.api.load import parse_job
+from rhymerl.operator.manifests import desired
+from rhymerl.workers import dumps
+
+pytestmark = pytest.mark.slow
+
+JOB = """
+apiVersion: rhymerl.io/v1alpha1
+kind: RLJob
+metadata: {name: pods, namespace: test}
+spec:
+  model: {path: "builtin:tiny-arith"}
+  data: {source: "builtin:arith-chain", num_prompts: 4, seed: 0}
+  algorithm: {name: grpo, group_size: 4, prompts_per_step: 2, max_response_length: 120, epochs: 1,
+              max_off_policy_steps: 1}
+  rollout: {replicas: 2, max_replicas: 2, seed: 0, speculation: {method: history}}
+  reward: {function: "pods_reward:score", replicas: 1, workers: 1}
+  history: {replicas: 1}
+"""
+
+
+def _wait(what: str, done, timeout_s: float, kubelet: Kubelet) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        kubelet.restart_exited()
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- {p.name}\n{p.output()[-3000:]}" for p in kubelet.pods)
+            raise AssertionError(f"{what}: not within {timeout_s:.0f}s\n{logs}")
+        time.sleep(1.0)
+
+
+def _metrics_rows(controller: Pod) -> list[dict[str, object]]:
+    path = controller.root / "volumes" / "data" / "run" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def test_a_two_step_job_runs_across_the_rendered_pods_started_as_processes(tmp_path: Path) -> None:
+    user_code = tmp_path / "user_code"
+    user_code.mkdir()
+    (user_code / "pods_reward.py").write_text(textwrap.dedent("""
+        def score(prompt, response, answer):
+            return float(response.strip().endswith(answer))
+    """))
+    job = parse_job(JOB)
+    pods = pods_of(desired(job, owner=None), tmp_path / "pods",
+                   {"PYTHONPATH": str(user_code), "RHYMERL_OBJECT_STORE_BYTES": str(200 * 2**20)})
+    assert sorted(p.role for p in pods) == ["controller", "history", "reward", "rollout", "rollout", "train"]
+    kubelet = Kubelet(pods)
+    controller = next(p for p in pods if p.role == "controller")
+    rollout = next(p for p in pods if p.role == "rollout")
+    train = next(p for p in pods if p.role == "train")
+    kubelet.start_all()
+    try:
+        _wait("two steps", lambda: len(_metrics_rows(controller)) >= 2, 420, kubelet)
+        _wait("the finished line", lambda: "finished (2 steps)" in controller.output(), 60, kubelet)
+        assert controller.get("/readyz")[0] == 200 and rollout.get("/healthz")[0] == 200
+        assert rollout.get("/readyz")[0] == 200
+        status, body = rollout.get("/metrics")
+        assert status == 200 and "rhymerl_rollout_tokens_total" in body
+        status, body = controller.get("/metrics")
+        assert "rhymerl_step 2.0" in body
+    finally:
+        codes = kubelet.stop_all()
+    rows = _metrics_rows(controller)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[1]["policy_lag_max"] == 1  # step 2 rolled out while step 1 trained
+    assert rows[0]["rollout_replicas"] == 2
+    # the train pod keeps the dumps (its own data volume): every response of the job exactly once
+    records = dumps.read_run(train.root / "volumes" / "data" / "run")
+    keys = [(r.prompt_id, r.sample_index) for r in records]
+    assert len(keys) == len(set(keys)) == 4 * 4
+    assert {r.policy_version for r in records if r.step == 2} == {0}
+    assert all(code == 0 for code in codes.values()), codes

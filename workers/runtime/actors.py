@@ -1,0 +1,359 @@
+"""What each role's worker does in the distributed runtime: plain classes that Ray runs as actors
+(cluster.py places them), one per pod of the role in a cluster.
+
+Bulk data never passes through the controller: a rollout worker's output goes by reference to a
+reward worker, whose scored samples go by reference to the train worker (which trains on them and
+writes the step's dump: it is the replay buffer) and to the history worker (which indexes them for
+the next epoch and ships each prompt's index to the rollout worker that runs it). The controller
+gets `SampleSummary`s: a few numbers per response.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rhymerl.algorithms.drafting.index import HistoryIndex
+from rhymerl.api import RLJob
+from rhymerl.workers import dumps, faults
+from rhymerl.workers.controller.history import RunHistory
+from rhymerl.workers.controller.loop import Group, records, score_samples, training_samples
+from rhymerl.workers.controller.prompts import Prompt, load_prompts
+from rhymerl.workers.controller.run_dir import LoopState, RunDir
+from rhymerl.workers.controller.speculation import RolloutSpeculation
+from rhymerl.workers.history.store import MemoryHistoryStore
+from rhymerl.workers.model.folder import model_dir
+from rhymerl.workers.model.registry import load_policy
+from rhymerl.workers.model.tokenizer import CharTokenizer
+from rhymerl.workers.reward.pool import open_scorer
+from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, TorchEngine
+from rhymerl.workers.runtime.worker_metrics import WorkerMetrics
+from rhymerl.workers.train.trainer import Trainer
+
+Weights = dict[str, torch.Tensor]
+DATA_DIR_ENV = "RHYMERL_DATA_DIR"
+POD_RUN_DIR = "run"
+SNAPSHOT_PASSES = 16  # a rollout call reports its progress this often (engine passes)
+
+
+@dataclass(frozen=True)
+class SampleRef:
+    """Which response a request is: prompt and sample index within its group."""
+
+    prompt_id: str
+    index: int
+
+
+@dataclass
+class RolloutOutput:
+    """One rollout call's responses (in request order), the policy version that generated them."""
+
+    samples: list[SampleRef]
+    results: list[GenResult]
+    policy_version: int
+    seconds: float
+    speculated: bool  # history drafts were available for this call
+    resumed_tokens: int  # carried over from a lost call's progress
+
+
+@dataclass
+class RolloutProgress:
+    """Partial results by request position: what a re-run of a lost call resumes from."""
+
+    results: dict[int, GenResult]
+
+
+@dataclass
+class ScoredSample:
+    sample: SampleRef
+    result: GenResult
+    reward: float
+    error: str | None
+    policy_version: int
+
+
+@dataclass(frozen=True)
+class SampleSummary:
+    """What the controller learns of a scored response."""
+
+    sample: SampleRef
+    length: int
+    reward: float
+    error: str | None
+    drafted: int
+    accepted: int
+    forward_passes: int
+
+
+@dataclass(frozen=True)
+class ChunkSummary:
+    """What the controller learns of one rollout call once it is scored."""
+
+    samples: list[SampleSummary]
+    rollout_seconds: float
+    reward_seconds: float
+    speculated: bool
+    policy_version: int
+    resumed_tokens: int
+
+
+def pod_run_dir() -> Path:
+    """The run folder of a stateful pod (controller, train): on its data volume."""
+    return Path(os.environ[DATA_DIR_ENV]) / POD_RUN_DIR
+
+
+def encode_prompts(tok: CharTokenizer, prompts: Sequence[Prompt]) -> dict[str, list[int]]:
+    return {p.prompt_id: [tok.bos_id, *tok.encode(p.text)] for p in prompts}
+
+
+def load_tokenizer(job: RLJob) -> CharTokenizer:
+    return CharTokenizer.load(model_dir(job.spec.model.path) / "tokenizer.json")
+
+
+def assemble(chunks: Sequence[Sequence[ScoredSample]], prompts: Mapping[str, Prompt], order: Sequence[str],
+             encoded: Mapping[str, list[int]], group_size: int) -> list[Group]:
+    """The groups of `order`'s prompts from scored samples spread over chunks (any placement), each
+    group's responses by sample index: what the in-process loop builds from one rollout."""
+    by_sample = {s.sample: s for chunk in chunks for s in chunk}
+    if len(by_sample) != len(order) * group_size or sum(len(c) for c in chunks) != len(by_sample):
+        raise RuntimeError(f"expected {len(order) * group_size} scored samples once each, got "
+                           f"{sum(len(c) for c in chunks)} ({len(by_sample)} distinct)")
+    groups = []
+    for pid in order:
+        scored = [by_sample[SampleRef(pid, k)] for k in range(group_size)]
+        versions = {s.policy_version for s in scored}
+        if len(versions) != 1:
+            raise RuntimeError(f"prompt {pid}: responses of one group from policy versions {sorted(versions)}")
+        groups.append(Group(prompts[pid], encoded[pid], [s.result for s in scored], [s.reward for s in scored],
+                            [s.error for s in scored], versions.pop()))
+    return groups
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """How a step's scored chunks (passed after it, in order) form its rounds: each round's prompts
+    in order and how many chunks (one per rollout worker it ran on) it has."""
+
+    orders: list[list[str]]
+    chunks: list[int]
+
+    def groups(self, chunks: Sequence[Sequence[ScoredSample]], prompts: Mapping[str, Prompt],
+               encoded: Mapping[str, list[int]], group_size: int) -> list[Group]:
+        if sum(self.chunks) != len(chunks):
+            raise RuntimeError(f"step layout names {sum(self.chunks)} chunks, {len(chunks)} arrived")
+        out, at = [], 0
+        for order, n in zip(self.orders, self.chunks, strict=True):
+            out += assemble(chunks[at: at + n], prompts, order, encoded, group_size)
+            at += n
+        return out
+
+
+class RolloutWorker:
+    """A rollout engine with its own copy of the weights, replaced in place by `load_weights`."""
+
+    def __init__(self, job: RLJob, threads: int) -> None:
+        torch.set_num_threads(threads)
+        spec = job.spec
+        self.job = job
+        self.model, tok = load_policy(spec.model)
+        self.engine = TorchEngine(self.model, tok.eos_id, spec.rollout.max_batch_size)
+        self.params = SamplingParams(spec.rollout.temperature, spec.rollout.top_p, spec.rollout.seed,
+                                     spec.algorithm.max_response_length)
+        self.speculation = RolloutSpeculation.for_job(job, self.model, MemoryHistoryStore())
+        self.policy_version = 0
+        self.metrics = WorkerMetrics("rollout")
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def load_weights(self, version: int, weights: Weights) -> int:
+        with torch.no_grad():
+            self.model.load_state_dict(weights)
+        self.policy_version = version
+        self.metrics.policy.set(version)
+        self.metrics.flush()
+        return version
+
+    def generate(self, samples: list[SampleRef], requests: list[GenRequest],
+                 indexes: Mapping[str, HistoryIndex] | None, step: int,
+                 resume: RolloutProgress | None = None) -> Iterator[str | RolloutProgress | RolloutOutput]:
+        """A stream of (item, tag) pairs: (RolloutProgress, "progress") every SNAPSHOT_PASSES passes,
+        then (RolloutOutput, "output"). The small tag after an item says what it was and that it
+        is complete (the caller reads tags, never items). `indexes` None: no history drafts this time; `resume`: partial results by
+        request position, from the progress of a call that was lost, continued from their tokens."""
+        t0 = time.perf_counter()
+        drafts = self.speculation.drafts_from(indexes or {})
+        results: dict[int, GenResult] = {}
+        resumed = 0
+        session = self.engine.session(self.params, drafts, slots=len(requests),
+                                      max_prompt_len=max(len(r.prompt_ids) for r in requests))
+        for i, r in enumerate(requests):
+            partial = resume.results.get(i) if resume else None
+            resumed += len(partial.response_ids) if partial else 0
+            if partial is not None and self._finished(partial):
+                results[i] = partial
+            else:
+                session.add(i, r, partial)
+        passes = 0
+        while session.busy:
+            results.update(session.step())
+            passes += 1
+            if passes % SNAPSHOT_PASSES == 0:
+                yield RolloutProgress(results | session.progress())
+                yield "progress"
+                faults.point("rollout-worker", step)
+        out = RolloutOutput(samples, [results[i] for i in range(len(requests))], self.policy_version,
+                            time.perf_counter() - t0, bool(indexes), resumed)
+        m = self.metrics
+        m.tokens.inc(sum(len(r.response_ids) for r in out.results) - resumed)
+        m.drafted.inc(sum(r.drafted for r in out.results))
+        m.accepted.inc(sum(r.accepted for r in out.results))
+        m.resumed.inc(resumed)
+        m.call(out.seconds)
+        m.flush()
+        yield out
+        yield "output"
+
+    def _finished(self, r: GenResult) -> bool:
+        ids = r.response_ids
+        return bool(ids) and (ids[-1] == self.engine.eos_id or len(ids) >= self.params.max_response_length)
+
+    def end_step(self) -> None:
+        """What the step's passes showed about the verify-cost profile goes into the machine's cache."""
+        self.speculation.keep_cost_evidence()
+
+
+class RewardWorker:
+    """Scores rollout outputs with the job's verifier or user function (in its own worker processes)."""
+
+    def __init__(self, job: RLJob) -> None:
+        self.job = job
+        self.tok = load_tokenizer(job)
+        self.prompts = {p.prompt_id: p for p in load_prompts(job.spec.data)}
+        self.scorer = open_scorer(job.spec.reward)
+        self.metrics = WorkerMetrics("reward")
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def score(self, output: RolloutOutput, step: int) -> tuple[list[ScoredSample], ChunkSummary]:
+        t0 = time.perf_counter()
+        outcomes = score_samples(self.job, self.scorer, self.tok,
+                                 [(self.prompts[s.prompt_id], s.index, r)
+                                  for s, r in zip(output.samples, output.results, strict=True)], step)
+        faults.point("reward-worker", step)
+        scored = [ScoredSample(s, r, o.value, o.error, output.policy_version)
+                  for s, r, o in zip(output.samples, output.results, outcomes, strict=True)]
+        summaries = [SampleSummary(s.sample, len(s.result.response_ids), s.reward, s.error, s.result.drafted,
+                                   s.result.accepted, s.result.forward_passes) for s in scored]
+        seconds = time.perf_counter() - t0
+        self.metrics.scored.inc(len(scored))
+        self.metrics.call(seconds)
+        self.metrics.flush()
+        return scored, ChunkSummary(summaries, output.seconds, seconds, output.speculated, output.policy_version,
+                                    output.resumed_tokens)
+
+    def close(self) -> None:
+        self.scorer.close()
+
+
+class TrainWorker:
+    """The policy's master weights and optimiser; trains on a step's kept groups, writes the step's
+    dump (the replay buffer's record) and the checkpoints."""
+
+    def __init__(self, job: RLJob, run_path: str | None, threads: int) -> None:
+        """run_path: the run folder; None on a pod: POD_RUN_DIR on the pod's own data volume."""
+        torch.set_num_threads(threads)
+        torch.manual_seed(job.spec.rollout.seed)
+        spec = job.spec
+        self.job = job
+        self.run = RunDir(Path(run_path) if run_path else pod_run_dir())
+        self.run.path.mkdir(parents=True, exist_ok=True)
+        self.model, tok = load_policy(spec.model)
+        self.trainer = Trainer(self.model, spec.algorithm, spec.rollout.temperature)
+        self.prompts = {p.prompt_id: p for p in load_prompts(spec.data)}
+        self.encoded = encode_prompts(tok, list(self.prompts.values()))
+        self.metrics = WorkerMetrics("train")
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def restore(self) -> LoopState:
+        """Weights and optimiser of the newest intact checkpoint; metrics and dumps cut back to it."""
+        return self.run.restore(self.model, self.trainer.optimizer)
+
+    def history_records(self) -> list[dumps.RolloutRecord]:
+        """Every dumped response (what a history worker starting mid-run refills its store from)."""
+        return dumps.read_run(self.run.path) if (self.run.path / dumps.DUMP_DIR).is_dir() else []
+
+    def lengths(self) -> list[tuple[str, list[int]]]:
+        """Each dumped group's response lengths, in step order (the controller's length history)."""
+        groups: dict[tuple[int, str], list[int]] = {}
+        for rec in self.history_records():
+            groups.setdefault((rec.step, rec.prompt_id), []).append(len(rec.response_ids))
+        return [(pid, ls) for (_, pid), ls in groups.items()]
+
+    def weights(self) -> Weights:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def step(self, state: LoopState, layout: StepLayout, kept: list[str],
+             *chunks: list[ScoredSample]) -> tuple[dict[str, float], Weights | None]:
+        """Train on the kept groups (prompt ids) of the step, then dump every group. `state` is the
+        loop's state after the step. Returns the statistics and, if the weights changed, the new
+        weights."""
+        groups = layout.groups(chunks, self.prompts, self.encoded, self.job.spec.algorithm.group_size)
+        wanted = set(kept)
+        samples = training_samples([grp for grp in groups if grp.prompt.prompt_id in wanted], self.job, state.step)
+        t0 = time.perf_counter()
+        stats = self.trainer.step(samples) if samples else {}
+        stats["time_train_s"] = time.perf_counter() - t0
+        if samples and (self.trainer.skipped_samples or self.trainer.skipped_updates):
+            self.run.note(f"step {state.step}: on_nonfinite=skip left out {len(self.trainer.skipped_samples)} "
+                          f"sample(s) {self.trainer.skipped_samples} and {self.trainer.skipped_updates} update(s) "
+                          "with a nan/inf value")
+        dumps.write_step(self.run.path, state.step, list(records(groups, state)))
+        self.metrics.call(stats["time_train_s"])
+        self.metrics.flush()
+        return stats, (self.weights() if samples else None)
+
+    def save(self, state: LoopState) -> str:
+        return str(self.run.save_checkpoint(state, self.model, self.trainer.optimizer,
+                                            self.job.spec.checkpoint.keep_last))
+
+
+class HistoryWorker:
+    """The job's history store (memory, or Redis shared by every history worker): records each
+    step's groups and builds the indexes a rollout worker drafts from."""
+
+    def __init__(self, job: RLJob, fill: Callable[[], list[dumps.RolloutRecord]]) -> None:
+        """Starts from `fill()`: every response dumped so far (the train worker keeps the dumps), so a
+        history worker started by a resumed run, or restarted, drafts what the first one would have."""
+        self.job = job
+        self.history = RunHistory.for_job(job)
+        self.prompts = {p.prompt_id: p for p in load_prompts(job.spec.data)}
+        self.encoded = encode_prompts(load_tokenizer(job), list(self.prompts.values()))
+        self.history.record(fill())
+        self.metrics = WorkerMetrics("history")
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def indexes(self, epoch: int, prompt_ids: list[str], step: int) -> dict[str, HistoryIndex]:
+        faults.point("history-worker", step)
+        t0 = time.perf_counter()
+        found = self.history.drafting.indexes_before(epoch, prompt_ids)
+        self.metrics.shipped.inc(len(found))
+        self.metrics.shipped_bytes.inc(sum(len(i.to_bytes()) for i in found.values()))
+        self.metrics.call(time.perf_counter() - t0)
+        self.metrics.flush()
+        return found
+
+    def record(self, state: LoopState, layout: StepLayout, *chunks: list[ScoredSample]) -> int:
+        groups = layout.groups(chunks, self.prompts, self.encoded, self.job.spec.algorithm.group_size)
+        self.history.record(records(groups, state))
+        return len(groups)

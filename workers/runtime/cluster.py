@@ -1,0 +1,65 @@
+"""Ray under the distributed runtime: joining or starting a cluster, and placing role workers.
+
+Each pod joins the controller's Ray head advertising its role as a custom resource
+(`rhymerl_<role>: 1`), and each role worker asks for one unit of its role's resource (and no CPU:
+the pod's CPU limit is what bounds it), so the worker of a rollout pod lands on that pod and
+nowhere else. A local run starts a private Ray instance on this machine that advertises every
+role, so the same placement code runs unchanged.
+
+Role workers are restarted by Ray when their process dies (`max_restarts`), without retrying the
+call that was running: the controller re-runs it (runtime/ray_loop.py) once it has loaded the
+weights that call needs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import ray
+
+from rhymerl.api.roles import ROLES, Role
+
+NAMESPACE = "rhymerl"
+RESTARTS = 8  # per worker, over the whole run: a worker that keeps dying fails the run
+LOCAL_ROLE_UNITS = 1024  # a local instance hosts any number of each role's workers
+
+
+def role_resource(role: Role) -> str:
+    return f"rhymerl_{role}"
+
+
+def role_resources(role: Role) -> dict[str, float]:
+    """What a pod of `role` advertises when it joins (`ray start --resources`)."""
+    return {role_resource(role): 1.0}
+
+
+@contextmanager
+def local_ray(job_name: str) -> Iterator[None]:
+    """A private Ray instance on this machine for one run, shut down after it (unless the caller
+    already had one: then it is used and left running)."""
+    if ray.is_initialized():
+        yield
+        return
+    ray.init(num_cpus=os.cpu_count() or 1, resources={role_resource(r): LOCAL_ROLE_UNITS for r in ROLES},
+             namespace=NAMESPACE, include_dashboard=False, configure_logging=False, log_to_driver=True,
+             runtime_env={"env_vars": {"RHYMERL_JOB": job_name}})
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def spawn(cls: type, role: Role, *args: Any) -> Any:
+    """Start one worker of `role` (a `cls` actor) where that role's resource is."""
+    actor: Any = ray.remote(cls).options(num_cpus=0, resources={role_resource(role): 1}, max_restarts=RESTARTS,
+                                    max_task_retries=0, max_concurrency=1)
+    return actor.remote(*args)
+
+
+def role_capacity() -> dict[Role, int]:
+    """How many workers of each role the cluster has room for (pods joined so far)."""
+    have: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
+    return {r: int(have.get(role_resource(r), 0)) for r in ROLES}

@@ -1,0 +1,133 @@
+"""A pod's Ray node: the controller pod starts the head, every other pod joins it with its role.
+
+Each is `ray start --block` run as a child process: the node lives exactly as long as that child.
+When the head goes away (the controller pod restarted), a joined node's `ray start` exits; the
+pod's process then exits non-zero and the kubelet restarts it, so it joins the new head.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import ray
+
+from rhymerl.api import RLJob
+from rhymerl.api.roles import ROLES, Role
+from rhymerl.errors import UserError
+from rhymerl.workers.runtime.cluster import NAMESPACE, role_capacity, role_resources
+
+# Ray's token authentication needs the token on every node; the job's Ray ports are reachable only
+# inside its namespace (the operator's Services are headless and cluster-internal).
+RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+class NodeError(UserError):
+    """A Ray node that could not start or join."""
+
+
+def _ray_cli() -> str:
+    return str(Path(sys.executable).with_name("ray"))
+
+
+PORT_BASE_ENV = "RHYMERL_RAY_PORT_BASE"
+
+
+def _ports() -> list[str]:
+    """Ray's node ports from RHYMERL_RAY_PORT_BASE up (a block of 64), for several nodes sharing one IP
+    (pods as processes); a pod has its own IP, so Ray's defaults serve there."""
+    base_text = os.environ.get(PORT_BASE_ENV)
+    if not base_text:
+        return []
+    base = int(base_text)
+    return [f"--node-manager-port={base}", f"--object-manager-port={base + 1}", f"--metrics-export-port={base + 2}",
+            f"--dashboard-agent-grpc-port={base + 3}", f"--dashboard-agent-listen-port={base + 4}",
+            f"--runtime-env-agent-port={base + 5}", f"--min-worker-port={base + 16}", f"--max-worker-port={base + 63}"]
+
+
+def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    args = [*args, *_ports()]
+    with log.open("ab") as out:
+        return subprocess.Popen([_ray_cli(), "start", "--block", "--disable-usage-stats", *args],
+                                stdout=out, stderr=subprocess.STDOUT, env=os.environ | RAY_ENV)
+
+
+def _ip() -> str:
+    return os.environ.get("RHYMERL_POD_IP") or "127.0.0.1"
+
+
+def start_head(port: int, role: Role, log: Path, object_store_bytes: int | None = None) -> subprocess.Popen[bytes]:
+    args = ["--head", f"--port={port}", "--include-dashboard=false", f"--node-ip-address={_ip()}",
+            f"--resources={json.dumps(role_resources(role))}"]
+    if object_store_bytes:
+        args.append(f"--object-store-memory={object_store_bytes}")
+    return _start(args, log)
+
+
+def join(address: str, role: Role, log: Path, object_store_bytes: int | None = None) -> subprocess.Popen[bytes]:
+    args = [f"--address={address}", f"--node-ip-address={_ip()}", f"--resources={json.dumps(role_resources(role))}"]
+    if object_store_bytes:
+        args.append(f"--object-store-memory={object_store_bytes}")
+    return _start(args, log)
+
+
+def stop(node: subprocess.Popen[bytes], timeout_s: float = 40.0) -> None:
+    """Stop the node: on SIGTERM `ray start --block` drains it and stops every process it started."""
+    if node.poll() is None:
+        node.terminate()
+        try:
+            node.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            node.kill()
+            node.wait()
+
+
+def wait_reachable(address: str, timeout_s: float) -> None:
+    """Until the head's port accepts connections (the controller pod may start after this one)."""
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=2):
+                return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise NodeError(f"the Ray head at {address} is not reachable after {timeout_s:.0f}s ({exc})") from None
+            time.sleep(1.0)
+
+
+def connect(address: str, timeout_s: float) -> None:
+    wait_reachable(address, timeout_s)
+    os.environ.update(RAY_ENV)
+    ray.init(address=address, namespace=NAMESPACE, configure_logging=False, log_to_driver=True)
+
+
+def wanted_roles(job: RLJob) -> dict[Role, int]:
+    """Pods of each role the run needs before it starts: as many as the operator creates."""
+    spec = job.spec
+    return {"controller": 1, "rollout": spec.rollout.replicas, "train": 1,
+            "reward": spec.reward.replicas if spec.reward.function is not None else 0,
+            "history": 1}
+
+
+def wait_for_roles(job: RLJob, timeout_s: float, say: object = print) -> None:
+    want = wanted_roles(job)
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while True:
+        have = role_capacity()
+        missing = {r: want[r] - have[r] for r in ROLES if have[r] < want[r]}
+        if not missing:
+            return
+        if missing != last and callable(say):
+            say(f"waiting for pods to join: {', '.join(f'{n} {r}' for r, n in missing.items())}")
+            last = missing
+        if time.monotonic() > deadline:
+            raise NodeError(f"pods missing after {timeout_s:.0f}s: {missing}")
+        time.sleep(1.0)

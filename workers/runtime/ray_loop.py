@@ -1,0 +1,486 @@
+"""The step loop on Ray: the algorithm of workers/controller/loop.py, with each role a worker.
+
+Per round of a step the controller asks the history worker for the indexes of each rollout
+worker's prompts and the rollout workers for their share of the samples (placed by the job's
+scheduling policy); each rollout output goes by reference to a reward worker, whose scored
+samples go by reference to the train worker and the history worker. The controller receives
+only summaries (lengths, rewards, speculation counts), from which it keeps DAPO's groups, the
+length history and the metrics.
+
+Weights: after each update the train worker's new weights go, by reference, to every rollout
+worker, which loads them before its next call (calls to one worker run in order). With
+`max_off_policy_steps: 0` the next rollout starts after that, and the tokens are those of the
+in-process loop (position-keyed sampling, the same batches). With >= 1 the first round of step
+n+1 is started before step n trains, so rollout overlaps training and its samples are one policy
+version behind (recorded per sample in the dumps, `policy_lag_max` in the metrics).
+
+Faults: a rollout or reward worker that dies is restarted by Ray; the call it was running is run
+again on it (a rollout with the weights it was started with), so every sample is generated and
+scored exactly once as far as the step is concerned. A history worker (or its store) that cannot
+answer within HISTORY_WAIT_S leaves that call without history drafts (`history_ok: false`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import ray
+import ray.exceptions
+import torch
+
+from rhymerl.algorithms.scheduling.factory import make_scheduler
+from rhymerl.algorithms.scheduling.history import LengthHistory
+from rhymerl.algorithms.scheduling.types import Sample
+from rhymerl.api import RLJob
+from rhymerl.workers import dumps, faults
+from rhymerl.workers.controller.loop import GroupSummary, step_metrics
+from rhymerl.workers.controller.prompts import Prompt, epoch_order, load_prompts
+from rhymerl.workers.controller.rollout_pool import PoolReport
+from rhymerl.workers.controller.run_dir import LoopState, RunDir
+from rhymerl.workers.controller.step_metrics import StepMetrics
+from rhymerl.workers.reward.outcome import check_failures
+from rhymerl.workers.rollout.engine import GenRequest
+from rhymerl.workers.rollout.sampling import sample_key
+from rhymerl.workers.runtime.actors import (
+    ChunkSummary,
+    HistoryWorker,
+    RewardWorker,
+    RolloutWorker,
+    SampleRef,
+    StepLayout,
+    TrainWorker,
+    encode_prompts,
+    load_tokenizer,
+)
+from rhymerl.workers.runtime.cluster import local_ray, spawn
+
+HISTORY_WAIT_S = 10.0
+RERUNS = 3  # times one rollout or reward call is run again after its worker died
+START_TIMEOUT_S = 600.0  # a worker's start-up (loading the model, measuring the verify cost)
+
+
+class WorkerLost(RuntimeError):
+    """A worker died more often than RERUNS within one call."""
+
+
+@dataclass
+class Workers:
+    rollout: list[Any]
+    reward: list[Any]
+    train: Any
+    history: Any
+
+    @classmethod
+    def start(cls, job: RLJob, run_path: str | None, threads: int) -> Workers:
+        """The run's workers, one per pod of each role. The history worker starts later (`start_history`):
+        on resume it reads the dumps the train worker's restore has cut back."""
+        spec = job.spec
+        n_reward = spec.reward.replicas if spec.reward.function is not None else 1
+        return cls(rollout=[spawn(RolloutWorker, "rollout", job, threads) for _ in range(spec.rollout.replicas)],
+                   reward=[spawn(RewardWorker, "reward" if spec.reward.function is not None else "controller", job)
+                           for _ in range(n_reward)],
+                   train=spawn(TrainWorker, "train", job, run_path, threads), history=None)
+
+    def start_history(self, job: RLJob) -> None:
+        train = self.train
+        self.history = spawn(HistoryWorker, "history", job, lambda: ray.get(train.history_records.remote()))
+
+    def ready(self, run: RunDir) -> None:
+        """Wait for every worker's start-up; a history worker that fails to start (its store is
+        down) is noted, and the run goes on without history drafts."""
+        ray.get([w.ping.remote() for w in [*self.rollout, *self.reward, self.train]], timeout=START_TIMEOUT_S)
+        try:
+            ray.get(self.history.ping.remote(), timeout=START_TIMEOUT_S)
+        except ray.exceptions.RayError as exc:
+            run.note(f"the history worker did not start ({why(exc)}); rolling out without history drafts "
+                     "until it does")
+
+    def stop(self) -> None:
+        for w in self.reward:
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.get(w.close.remote(), timeout=30)
+        for w in [*self.rollout, *self.reward, self.train, self.history]:
+            if w is not None:
+                ray.kill(w, no_restart=True)
+
+
+@dataclass
+class Chunk:
+    """One rollout worker's share of a round, and the references its results travel under."""
+
+    worker: int
+    samples: list[SampleRef]
+    requests: list[GenRequest]
+    indexes: Any  # reference to the history worker's indexes, or None
+    version: int
+    stream: Any = None  # the rollout call's item stream (actors.RolloutWorker.generate)
+    progress: Any = None  # reference to the latest progress the stream confirmed
+    output: Any = None
+    scored: Any = None
+    summary: Any = None
+
+
+class _Died(Exception):
+    """The rollout worker of a chunk died before its output was confirmed."""
+
+
+@dataclass
+class Round:
+    step: int
+    epoch: int
+    order: list[str]
+    chunks: list[Chunk]
+    history_ok: bool | None
+    summaries: list[ChunkSummary] = field(default_factory=list)
+
+    def groups(self, group_size: int) -> list[GroupSummary]:
+        by_sample = {s.sample: s for c in self.summaries for s in c.samples}
+        out = []
+        for pid in self.order:
+            ss = [by_sample[SampleRef(pid, k)] for k in range(group_size)]
+            out.append(GroupSummary(pid, [s.length for s in ss], [s.reward for s in ss], [s.error for s in ss],
+                                    sum(s.drafted for s in ss), sum(s.accepted for s in ss),
+                                    sum(s.forward_passes for s in ss)))
+        return out
+
+
+class Controller:
+    """Drives the workers through the job's steps; holds only summaries and references."""
+
+    def __init__(self, job: RLJob, run: RunDir, workers: Workers) -> None:
+        self.job, self.run, self.w = job, run, workers
+        spec = job.spec
+        self.prompts = load_prompts(spec.data)
+        self.by_id = {p.prompt_id: p for p in self.prompts}
+        self.encoded = encode_prompts(load_tokenizer(job), self.prompts)
+        self.lengths = LengthHistory()
+        self.version = 0
+        self.weights: dict[int, Any] = {}  # policy version -> reference to its weights (the last two)
+        self.reruns = 0
+        self.history_down: str | None = None  # why the history worker cannot serve, while it cannot
+        self.pending_records: list[tuple[int, Any]] = []
+
+    # ------------------------------------------------------------------ weights
+    def publish(self, version: int, weights: Any) -> None:
+        """Every rollout worker loads `weights` before its next call."""
+        self.weights[version] = weights
+        for old in [v for v in self.weights if v < version - 1]:
+            del self.weights[old]
+        self.version = version
+        for r in self.w.rollout:
+            r.load_weights.remote(version, weights)
+
+    # ------------------------------------------------------------------ rounds
+    def launch(self, prompts: Sequence[Prompt], epoch: int, step: int) -> Round:
+        g = self.job.spec.algorithm.group_size
+        samples = [SampleRef(p.prompt_id, k) for p in prompts for k in range(g)]
+        requests = [GenRequest(self.encoded[s.prompt_id], sample_key(s.prompt_id, epoch, s.index), s.prompt_id)
+                    for s in samples]
+        history_ok: bool | None = None
+        chunks = []
+        for w, picked in enumerate(self.place(step, samples)):
+            if not picked:
+                continue
+            mine = [samples[i] for i in picked]
+            indexes = None
+            if self.job.spec.rollout.speculation.method == "history":
+                indexes = self.indexes(epoch, sorted({s.prompt_id for s in mine}), step)
+                history_ok = (history_ok is not False) and indexes is not None
+            chunk = Chunk(w, mine, [requests[i] for i in picked], indexes, self.version)
+            self.submit(chunk, step)
+            chunks.append(chunk)
+        return Round(step, epoch, [p.prompt_id for p in prompts], chunks, history_ok)
+
+    def indexes(self, epoch: int, prompt_ids: list[str], step: int) -> Any:
+        """A reference to the history worker's indexes of these prompts, or None if it cannot serve
+        them in HISTORY_WAIT_S. A history worker that died for good (its store was down when it
+        started) is replaced, so history drafting comes back with the store."""
+        ref = self.w.history.indexes.remote(epoch, prompt_ids, step)
+        ready, _ = ray.wait([ref], timeout=HISTORY_WAIT_S)
+        problem = f"no answer within {HISTORY_WAIT_S:.0f}s" if not ready else _failed(ref)
+        if problem is None:
+            if self.history_down is not None:
+                self.run.note(f"step {step}: the history worker serves indexes again")
+            self.history_down = None
+            return ref
+        if self.history_down is None:
+            self.run.note(f"step {step}: the history worker cannot serve indexes ({problem}); rolling out "
+                          "without history drafts until it can")
+        self.history_down = problem
+        if ready and _dead_for_good(ref):
+            self.w.start_history(self.job)
+        return None
+
+    def submit(self, chunk: Chunk, step: int) -> None:
+        rollout = self.w.rollout[chunk.worker]
+        chunk.stream = rollout.generate.options(num_returns="streaming").remote(
+            chunk.samples, chunk.requests, chunk.indexes, step, chunk.progress)
+
+    def score(self, chunk: Chunk, step: int) -> None:
+        reward = self.w.reward[chunk.worker % len(self.w.reward)]
+        chunk.scored, chunk.summary = reward.score.options(num_returns=2).remote(chunk.output, step)
+
+    def collect(self, rnd: Round) -> list[GroupSummary]:
+        """Wait for the round's summaries, running again what a dead worker left undone."""
+        rnd.summaries = [self._summary(c, rnd.step) for c in rnd.chunks]
+        groups = rnd.groups(self.job.spec.algorithm.group_size)
+        for grp in groups:
+            self.lengths.observe(grp.prompt_id, grp.lengths)
+        return groups
+
+    def _summary(self, chunk: Chunk, step: int) -> ChunkSummary:
+        for attempt in range(RERUNS + 1):
+            try:
+                if chunk.output is None:
+                    self._follow(chunk)
+                    self.score(chunk, step)
+                summary: ChunkSummary = ray.get(chunk.summary)
+                return summary
+            except (_Died, ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
+                role = "rollout" if chunk.output is None else "reward"
+                if attempt == RERUNS:
+                    raise WorkerLost(f"step {step}: the {role} call of rollout worker {chunk.worker}'s samples "
+                                     f"failed {attempt + 1} times: {exc}") from exc
+                self.reruns += 1
+                if chunk.output is None:
+                    self.run.note(f"step {step}: rollout worker {chunk.worker} died; its {len(chunk.samples)} "
+                                  "samples go on from the tokens they had (policy version "
+                                  f"{chunk.version}{'' if chunk.progress is not None else ', from the start'})")
+                    self._rerun_rollout(chunk, step)
+                else:
+                    self.run.note(f"step {step}: a reward worker died; scoring rollout worker {chunk.worker}'s "
+                                  f"{len(chunk.samples)} samples again")
+                    wait_alive(self.w.reward[chunk.worker % len(self.w.reward)])
+                    self.score(chunk, step)
+        raise AssertionError("unreachable")
+
+    def _follow(self, chunk: Chunk) -> None:
+        """Read the stream's tags (small) until its output, keeping references to the progress it
+        reported and to the output; raise _Died if it breaks off first."""
+        items = iter(chunk.stream)
+        for item in items:
+            tag_ref = next(items, None)
+            try:
+                if tag_ref is None:
+                    ray.get(item)  # the call's error, if it raised one
+                    raise _Died("the rollout stream ended early")
+                tag = ray.get(tag_ref)
+            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
+                raise _Died(why(exc)) from exc
+            if tag == "progress":
+                chunk.progress = item
+            elif tag == "output":
+                chunk.output = item
+                return
+        raise _Died("the rollout stream ended without its output")
+
+    def _rerun_rollout(self, chunk: Chunk, step: int) -> None:
+        """On the restarted worker: the weights the call was started with, the call (resuming
+        from its confirmed progress), then the current weights."""
+        rollout = self.w.rollout[chunk.worker]
+        wait_alive(rollout)
+        rollout.load_weights.remote(chunk.version, self.weights[chunk.version])
+        self.submit(chunk, step)
+        if chunk.version != self.version:
+            rollout.load_weights.remote(self.version, self.weights[self.version])
+
+    def place(self, step: int, samples: list[SampleRef]) -> list[list[int]]:
+        """Which samples each rollout worker runs: the job's scheduling policy's plan (by the
+        prompts' length history), its shared queue dealt round-robin."""
+        n = len(self.w.rollout)
+        if n == 1:
+            return [list(range(len(samples)))]
+        spec = self.job.spec
+        sched = make_scheduler(spec.scheduling, n, seed=spec.rollout.seed, max_off_policy=0, final_step=step,
+                               history=self.lengths, learns_lengths=False)
+        plan = sched.plan_step(step, [Sample(i, s.prompt_id, len(self.encoded[s.prompt_id]))
+                                      for i, s in enumerate(samples)])
+        queues = [list(q) for q in plan.queues]
+        for j, sid in enumerate(plan.shared):
+            queues[j % n].append(sid)
+        return queues
+
+    # ------------------------------------------------------------------ history
+    def record(self, state: LoopState, rounds: list[Round]) -> None:
+        layout = StepLayout([r.order for r in rounds], [len(r.chunks) for r in rounds])
+        ref = self.w.history.record.remote(state, layout, *[c.scored for r in rounds for c in r.chunks])
+        self.pending_records.append((state.step, ref))
+
+    def check_records(self) -> None:
+        """Note steps whose history could not be recorded (their prompts draft nothing next epoch)."""
+        still = []
+        for step, ref in self.pending_records:
+            if not ray.wait([ref], timeout=0)[0]:
+                still.append((step, ref))
+            elif (why := _failed(ref)) is not None:
+                self.run.note(f"step {step}: the history worker could not record the step ({why})")
+        self.pending_records = still
+
+
+def wait_alive(actor: Any, timeout_s: float = START_TIMEOUT_S) -> None:
+    """Until a (restarting) worker answers; raise WorkerLost after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            ray.get(actor.ping.remote(), timeout=max(1.0, deadline - time.monotonic()))
+            return
+        except ray.exceptions.ActorUnavailableError:
+            if time.monotonic() > deadline:
+                raise WorkerLost(f"a worker did not come back within {timeout_s:.0f}s") from None
+            time.sleep(0.2)
+
+
+def _failed(ref: Any) -> str | None:
+    """Why the object behind `ref` is an error, or None if it holds a value (fetched: only call this
+    on small objects or ones whose failure is expected)."""
+    try:
+        ray.get(ref, timeout=0)
+    except ray.exceptions.GetTimeoutError:
+        return None
+    except ray.exceptions.RayError as exc:
+        return why(exc)
+    return None
+
+
+def _dead_for_good(ref: Any) -> bool:
+    try:
+        ray.get(ref, timeout=0)
+    except ray.exceptions.ActorDiedError:
+        return True
+    except ray.exceptions.RayError:
+        return False
+    return False
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def why(exc: BaseException) -> str:
+    """One line on what went wrong in a worker: the error it raised, not Ray's wrapping of it."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException) and not isinstance(cause, ray.exceptions.RayError):
+        return f"{type(cause).__name__}: {cause}".splitlines()[0]
+    lines = [ln.strip() for ln in _ANSI.sub("", str(exc)).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception)\b.*:", ln)]
+    return (errors[-1] if errors else lines[0] if lines else type(exc).__name__)[:300]
+
+
+def next_take(job: RLJob, n_prompts: int, state: LoopState) -> tuple[int, list[int]] | None:
+    """The epoch and prompt positions of the next step's first round, or None after the last step."""
+    algo, data = job.spec.algorithm, job.spec.data
+    epoch, cursor = state.epoch, state.cursor
+    if epoch > algo.epochs:
+        return None
+    order = epoch_order(n_prompts, data.seed, epoch, data.shuffle)
+    return epoch, order[cursor: cursor + algo.prompts_per_step]
+
+
+def run_steps_local_ray(job: RLJob, run: RunDir, resume: bool) -> Iterator[StepMetrics]:
+    """The job's steps on a private Ray instance on this machine, the workers computing with as
+    many threads as this process (so their arithmetic, and the tokens, are the in-process run's)."""
+    with local_ray(job.metadata.name):
+        yield from run_steps_ray(job, run, resume, torch.get_num_threads(), shared_run_dir=True)
+
+
+def run_steps_ray(job: RLJob, run: RunDir, resume: bool, threads: int,
+                  shared_run_dir: bool = False) -> Iterator[StepMetrics]:
+    """The job's steps on Ray workers (cluster.local_ray or a joined cluster must be up).
+    shared_run_dir: the train worker writes dumps and checkpoints into `run` (one machine);
+    otherwise into the run folder on its own pod's data volume."""
+    w = Workers.start(job, str(run.path) if shared_run_dir else None, threads)
+    try:
+        yield from _steps(job, run, resume, w)
+    finally:
+        w.stop()
+
+
+def _steps(job: RLJob, run: RunDir, resume: bool, w: Workers) -> Iterator[StepMetrics]:
+    spec, algo = job.spec, job.spec.algorithm
+    assert algo.dynamic_sampling is not None
+    dynamic = algo.dynamic_sampling
+    state = ray.get(w.train.restore.remote(), timeout=START_TIMEOUT_S) if resume else LoopState()
+    if resume:
+        run.cut_back(state.step)  # the controller's own records, where they are not the train worker's
+    w.start_history(job)
+    w.ready(run)
+    ctl = Controller(job, run, w)
+    for pid, lengths in ray.get(w.train.lengths.remote()):
+        ctl.lengths.observe(pid, lengths)
+    ctl.publish(state.policy_version, w.train.weights.remote())
+    pipelined = algo.max_off_policy_steps >= 1
+    pending: Round | None = None
+
+    while state.epoch <= algo.epochs:
+        t_step = time.perf_counter()
+        order = epoch_order(len(ctl.prompts), spec.data.seed, state.epoch, spec.data.shuffle)
+        faults.point("rollout", state.step + 1)
+        rounds: list[Round] = []
+        groups: list[GroupSummary] = []
+        kept: list[GroupSummary] = []
+        waited = 0.0
+        while state.cursor < len(order) and len(kept) < algo.prompts_per_step and (
+                not rounds or (dynamic.enabled and len(rounds) < dynamic.max_gen_batches)):
+            take = [ctl.prompts[i] for i in order[state.cursor: state.cursor + algo.prompts_per_step - len(kept)]]
+            state.cursor += len(take)
+            if pending is not None and (pending.order != [p.prompt_id for p in take] or pending.epoch != state.epoch):
+                raise RuntimeError(f"step {state.step + 1}: the round started ahead has prompts {pending.order} of "
+                                   f"epoch {pending.epoch}, the step wants {[p.prompt_id for p in take]}")
+            rnd = pending or ctl.launch(take, state.epoch, state.step + 1)
+            pending = None
+            t0 = time.perf_counter()
+            got = ctl.collect(rnd)
+            waited += time.perf_counter() - t0
+            rounds.append(rnd)
+            groups += got
+            kept += [g for g in got if not dynamic.enabled or g.informative]
+
+        faults.point("train", state.step + 1)
+        version_used = min(c.policy_version for r in rounds for c in r.summaries)
+        before = state.policy_version
+        state.step += 1
+        state.policy_version += 1 if kept else 0
+        record_state = replace(state)  # the epoch the step's samples belong to, before any rollover
+        layout = StepLayout([r.order for r in rounds], [len(r.chunks) for r in rounds])
+        chunks = [c.scored for r in rounds for c in r.chunks]
+        t_train = time.perf_counter()
+        stats_ref, weights_ref = w.train.step.options(num_returns=2).remote(
+            record_state, layout, [g.prompt_id for g in kept], *chunks)
+        ctl.record(record_state, rounds)
+        if state.cursor >= len(order):
+            state.epoch, state.cursor = state.epoch + 1, 0
+        if pipelined and (nxt := next_take(job, len(ctl.prompts), state)) is not None:
+            pending = ctl.launch([ctl.prompts[i] for i in nxt[1]], nxt[0], state.step + 1)
+        stats: dict[str, float] = ray.get(stats_ref)
+        train_wait = time.perf_counter() - t_train
+        if kept:
+            ctl.publish(state.policy_version, weights_ref)
+        for r in w.rollout:
+            r.end_step.remote()
+        ctl.check_records()
+
+        clock = {"rollout": sum(max(c.rollout_seconds for c in r.summaries) for r in rounds),
+                 "reward": sum(max(c.reward_seconds for c in r.summaries) for r in rounds),
+                 "train": stats.pop("time_train_s")}
+        reports = [PoolReport([c.rollout_seconds for c in r.summaries], max(c.rollout_seconds for c in r.summaries))
+                   for r in rounds] if len(w.rollout) > 1 else []
+        history = [r.history_ok for r in rounds if r.history_ok is not None]
+        metrics = step_metrics(
+            groups, len(rounds), clock, reports, record_state, stats,
+            time_step_s=round(time.perf_counter() - t_step, 3),
+            time_wait_rollout_s=round(waited, 3), time_wait_train_s=round(train_wait, 3),
+            policy_lag_max=before - version_used, history_ok=all(history) if history else None,
+            worker_reruns=ctl.reruns,
+            rollout_resumed_tokens=sum(c.resumed_tokens for r in rounds for c in r.summaries))
+        ctl.reruns = 0
+        run.append_metrics(metrics.row())
+        check_failures([e for g in groups for e in g.reward_errors], spec.reward, state.step,
+                       dumps.dump_path(run.path, state.step))
+        faults.point("metrics", state.step)
+        if state.step % spec.checkpoint.every_steps == 0 or state.epoch > algo.epochs:
+            ray.get(w.train.save.remote(replace(state)))
+        yield metrics
