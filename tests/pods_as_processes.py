@@ -15,6 +15,7 @@ What a kubelet and a cluster network would provide, and how it is stood in for h
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -48,7 +49,7 @@ class Pod:
 
     def get(self, path: str) -> tuple[int, str]:
         try:
-            with urllib.request.urlopen(self.url(path), timeout=5) as r:  # noqa: S310 - loopback only
+            with urllib.request.urlopen(self.url(path), timeout=5) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()
@@ -142,9 +143,12 @@ class Kubelet:
                 self.start(pod)
 
     def kill(self, pod: Pod) -> None:
-        """The container dies at once (every process in it)."""
+        """The container dies at once: every process in it, found as a cgroup would find them (Ray's
+        daemons leave the pod's process group, not its environment)."""
         assert pod.proc is not None
-        os.killpg(pod.proc.pid, signal.SIGKILL)
+        for pid in processes_of(pod):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         pod.proc.wait()
 
     def stop_all(self, grace_s: float = 60.0) -> dict[str, int | None]:
@@ -162,10 +166,25 @@ class Kubelet:
             except subprocess.TimeoutExpired:
                 os.killpg(pod.proc.pid, signal.SIGKILL)
                 codes[pod.name] = pod.proc.wait()
-        for pod in self.pods:  # whatever a pod's processes left in its group
-            if pod.proc is not None:
-                try:
-                    os.killpg(pod.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        for pod in self.pods:  # whatever a pod's processes left behind
+            for pid in processes_of(pod):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         return codes
+
+
+def processes_of(pod: Pod) -> list[int]:
+    """Every live process that inherited the pod's environment (its RHYMERL_POD_NAME and folder)."""
+    marker = f"RHYMERL_DATA_DIR={pod.env.get('RHYMERL_DATA_DIR', '')}".encode()
+    name = f"RHYMERL_POD_NAME={pod.name}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if name in environ and marker in environ:
+            found.append(int(entry.name))
+    return found

@@ -50,6 +50,29 @@ def schedule(
     main(cfg, writable_folder(out) if out else None, Console())
 
 
+@bench_app.command("scale", epilog="Costs and assumptions: rhymerl/tools/bench/scale.py's docstring and "
+                   "benchmarks/scale/results.md.")
+def scale(
+    out: Annotated[Path | None, typer.Option("--out", help="folder for results.json, table.md, scale.png")] = None,
+    workers: Annotated[str, typer.Option("--workers", help="comma-separated rollout GPU counts")] = "16,64,256,1024",
+    trace: Annotated[str, typer.Option("--trace", help="synthetic:NAME (math, code), scaled with the "
+                                       "workers")] = "synthetic:math",
+    steps: Annotated[int, typer.Option("--steps", min=2, help="steps simulated after one epoch of history")] = 4,
+    train_time: Annotated[float, typer.Option("--train-time", min=0.0, help="training seconds per step")] = 60.0,
+    weight_gb: Annotated[float, typer.Option("--weight-gb", min=0.0, help="weights sent to every rollout worker "
+                                             "after each step, GB")] = 14.0,
+) -> None:
+    """Step time and bubbles from 16 to 1,024 GPUs: the simulator with the runtime's pipeline, weight sync
+    and history shipping priced by bandwidth."""
+    from rich.console import Console
+
+    from rhymerl.tools.bench.scale import ScaleConfig, main
+
+    cfg = ScaleConfig(trace=trace, workers=_ints("--workers", workers), steps=steps, train_time_s=train_time,
+                      weight_bytes=weight_gb * 1e9)
+    main(cfg, writable_folder(out) if out else None, Console())
+
+
 def _ints(option: str, text: str) -> tuple[int, ...]:
     try:
         return tuple(int(v) for v in text.split(","))

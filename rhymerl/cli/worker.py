@@ -110,9 +110,10 @@ def _controller(job: RLJob, registry: CollectorRegistry, endpoints: Endpoints, s
 
     address = _env("RHYMERL_CONTROLLER")
     port = int(address.rpartition(":")[2])
-    head = node.start_head(port, "controller", scratch / "ray-head.log", _object_store_bytes())
+    head_log = scratch / "ray-head.log"
+    head = node.start_head(port, "controller", head_log, _object_store_bytes())
     try:
-        node.connect(f"{os.environ.get('RHYMERL_POD_IP') or '127.0.0.1'}:{port}", JOIN_TIMEOUT_S)
+        node.connect(f"{os.environ.get('RHYMERL_POD_IP') or '127.0.0.1'}:{port}", JOIN_TIMEOUT_S, head, head_log)
         signal.signal(signal.SIGTERM, _on_sigterm)  # ray.init installed its own (which aborts)
         node.wait_for_roles(job, JOIN_TIMEOUT_S, say=lambda msg: print(f"controller: {msg}", flush=True))
         run = RunDir(pod_run_dir())

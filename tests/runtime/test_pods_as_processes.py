@@ -1,6 +1,6 @@
 """The StatefulSets the operator renders, started as processes the way a kubelet would start their
 pods (tests/pods_as_processes.py), run a job across them: 1 controller, 2 rollout, 1 train,
-1 reward, 1 history."""
+1 reward, 1 history; and go on when the controller pod (the Ray head) is killed mid-run."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pods_as_processes import Kubelet, Pod, pods_of
 from rhymerl.api.load import parse_job
 from rhymerl.operator.manifests import desired
 from rhymerl.workers import dumps
+from rhymerl.workers.controller.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +49,8 @@ def _metrics_rows(controller: Pod) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
-def test_a_two_step_job_runs_across_the_rendered_pods_started_as_processes(tmp_path: Path) -> None:
+def test_a_two_step_job_runs_across_the_rendered_pods_and_survives_the_loss_of_the_ray_head(
+        tmp_path: Path) -> None:
     user_code = tmp_path / "user_code"
     user_code.mkdir()
     (user_code / "pods_reward.py").write_text(textwrap.dedent("""
@@ -57,7 +59,11 @@ def test_a_two_step_job_runs_across_the_rendered_pods_started_as_processes(tmp_p
     """))
     job = parse_job(JOB)
     pods = pods_of(desired(job, owner=None), tmp_path / "pods",
-                   {"PYTHONPATH": str(user_code), "RHYMERL_OBJECT_STORE_BYTES": str(200 * 2**20)})
+                   {"PYTHONPATH": str(user_code), "RHYMERL_OBJECT_STORE_BYTES": str(200 * 2**20),
+                    # a node gives up on a lost head after this long (Ray's default: 60 s)
+                    "RAY_gcs_rpc_server_reconnect_timeout_s": "5",
+                    # six nodes starting at once on two cores register slowly (Ray's default: 10 s)
+                    "RAY_raylet_start_wait_time_s": "120"})
     assert sorted(p.role for p in pods) == ["controller", "history", "reward", "rollout", "rollout", "train"]
     kubelet = Kubelet(pods)
     controller = next(p for p in pods if p.role == "controller")
@@ -65,7 +71,12 @@ def test_a_two_step_job_runs_across_the_rendered_pods_started_as_processes(tmp_p
     train = next(p for p in pods if p.role == "train")
     kubelet.start_all()
     try:
-        _wait("two steps", lambda: len(_metrics_rows(controller)) >= 2, 420, kubelet)
+        train_run = RunDir(train.root / "volumes" / "data" / "run")
+        _wait("the first step's checkpoint", lambda: train_run.path.is_dir() and bool(train_run.checkpoint_dirs()),
+              420, kubelet)
+        kubelet.kill(controller)  # the Ray head with it: every other pod's node loses its cluster
+        _wait("two steps after the restart", lambda: len(_metrics_rows(controller)) >= 2 and all(
+            p.restarts >= 1 for p in pods), 420, kubelet)
         _wait("the finished line", lambda: "finished (2 steps)" in controller.output(), 60, kubelet)
         assert controller.get("/readyz")[0] == 200 and rollout.get("/healthz")[0] == 200
         assert rollout.get("/readyz")[0] == 200
@@ -77,11 +88,15 @@ def test_a_two_step_job_runs_across_the_rendered_pods_started_as_processes(tmp_p
         codes = kubelet.stop_all()
     rows = _metrics_rows(controller)
     assert [r["step"] for r in rows] == [1, 2]
-    assert rows[1]["policy_lag_max"] == 1  # step 2 rolled out while step 1 trained
+    # step 2 ran again after the restart, from the step-1 checkpoint's weights (version 1)
+    assert rows[1]["policy_lag_max"] == 0 and rows[1]["policy_version"] == 2
     assert rows[0]["rollout_replicas"] == 2
     # the train pod keeps the dumps (its own data volume): every response of the job exactly once
     records = dumps.read_run(train.root / "volumes" / "data" / "run")
     keys = [(r.prompt_id, r.sample_index) for r in records]
     assert len(keys) == len(set(keys)) == 4 * 4
-    assert {r.policy_version for r in records if r.step == 2} == {0}
+    assert {r.policy_version for r in records if r.step == 1} == {0}
+    assert {r.policy_version for r in records if r.step == 2} == {1}
     assert all(code == 0 for code in codes.values()), codes
+    assert "resuming pods" in controller.output()
+    assert all("joined the Ray head" in p.output() for p in pods if p.role != "controller")

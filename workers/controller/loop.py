@@ -118,6 +118,7 @@ def _steps(job: RLJob, run: RunDir, resume: bool, scorer: Scorer,
     rollout = Rollout.for_job(job, model, tok, prompts, speculation, history, run, resume)
 
     while state.epoch <= algo.epochs:
+        t_step = time.perf_counter()
         order = epoch_order(len(prompts), spec.data.seed, state.epoch, spec.data.shuffle)
         faults.point("rollout", state.step + 1)
         batch = sample_batch(job, rollout, scorer, [prompts[i] for i in order], state)
@@ -133,7 +134,8 @@ def _steps(job: RLJob, run: RunDir, resume: bool, scorer: Scorer,
         speculation.keep_cost_evidence()
         state.policy_version += 1 if samples else 0
         metrics = step_metrics([GroupSummary.of(g) for g in batch.groups], batch.rounds, batch.clock,
-                               batch.pool_reports, state, train_stats)
+                               batch.pool_reports, state, train_stats,
+                               time_step_s=round(time.perf_counter() - t_step, 3))
         if state.cursor >= len(order):
             state.epoch, state.cursor = state.epoch + 1, 0
         run.append_metrics(metrics.row())

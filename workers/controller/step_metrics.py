@@ -52,8 +52,8 @@ class StepMetrics(BaseModel):
     rollout_migrated: int | None = None
     rollout_stolen: int | None = None
     schedule_ranking: str | None = None
+    time_step_s: float | None = None  # wall clock of the whole step (before writing its metrics)
     # the distributed runtime (backend ray)
-    time_step_s: float | None = None
     time_wait_rollout_s: float | None = None  # the controller waiting for rollout results (less when pipelined)
     time_wait_train_s: float | None = None  # the controller waiting for the train worker
     policy_lag_max: int | None = None  # policy versions the step's oldest sample lags behind the trained policy

@@ -43,7 +43,7 @@ def local_ray(job_name: str) -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
-    ray.init(num_cpus=os.cpu_count() or 1, resources={role_resource(r): LOCAL_ROLE_UNITS for r in ROLES},
+    ray.init(address="local", num_cpus=os.cpu_count() or 1, resources={role_resource(r): LOCAL_ROLE_UNITS for r in ROLES},
              namespace=NAMESPACE, include_dashboard=False, configure_logging=False, log_to_driver=True,
              runtime_env={"env_vars": {"RHYMERL_JOB": job_name}})
     try:

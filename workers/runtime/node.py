@@ -39,13 +39,14 @@ PORT_BASE_ENV = "RHYMERL_RAY_PORT_BASE"
 
 
 def _ports() -> list[str]:
-    """Ray's node ports from RHYMERL_RAY_PORT_BASE up (a block of 64), for several nodes sharing one IP
-    (pods as processes); a pod has its own IP, so Ray's defaults serve there."""
+    """Ray's node ports from RHYMERL_RAY_PORT_BASE up (a block of 64) and a session folder (its socket
+    files) named after it, for several nodes sharing one IP and one /tmp (pods as processes); a pod
+    has its own IP and filesystem, so Ray's defaults serve there."""
     base_text = os.environ.get(PORT_BASE_ENV)
     if not base_text:
         return []
     base = int(base_text)
-    return [f"--node-manager-port={base}", f"--object-manager-port={base + 1}", f"--metrics-export-port={base + 2}",
+    return [f"--temp-dir=/tmp/rhymerl-ray-{base}", f"--node-manager-port={base}", f"--object-manager-port={base + 1}", f"--metrics-export-port={base + 2}",
             f"--dashboard-agent-grpc-port={base + 3}", f"--dashboard-agent-listen-port={base + 4}",
             f"--runtime-env-agent-port={base + 5}", f"--min-worker-port={base + 16}", f"--max-worker-port={base + 63}"]
 
@@ -88,11 +89,16 @@ def stop(node: subprocess.Popen[bytes], timeout_s: float = 40.0) -> None:
             node.wait()
 
 
-def wait_reachable(address: str, timeout_s: float) -> None:
-    """Until the head's port accepts connections (the controller pod may start after this one)."""
+def wait_reachable(address: str, timeout_s: float, head: subprocess.Popen[bytes] | None = None,
+                   head_log: Path | None = None) -> None:
+    """Until the head's port accepts connections (the controller pod may start after this one);
+    `head`: our own head process, whose exit ends the wait with its log's last lines."""
     host, _, port = address.rpartition(":")
     deadline = time.monotonic() + timeout_s
     while True:
+        if head is not None and head.poll() is not None:
+            tail = head_log.read_text(errors="replace").strip().splitlines()[-3:] if head_log else []
+            raise NodeError(f"the Ray head exited ({head.returncode}): {' / '.join(tail)}")
         try:
             with socket.create_connection((host, int(port)), timeout=2):
                 return
@@ -102,8 +108,9 @@ def wait_reachable(address: str, timeout_s: float) -> None:
             time.sleep(1.0)
 
 
-def connect(address: str, timeout_s: float) -> None:
-    wait_reachable(address, timeout_s)
+def connect(address: str, timeout_s: float, head: subprocess.Popen[bytes] | None = None,
+            head_log: Path | None = None) -> None:
+    wait_reachable(address, timeout_s, head, head_log)
     os.environ.update(RAY_ENV)
     ray.init(address=address, namespace=NAMESPACE, configure_logging=False, log_to_driver=True)
 

@@ -62,6 +62,14 @@ class SimConfig:
     """Seconds of training per step after its rollouts complete (0: rollout only)."""
     async_concurrency: int | None = None
     """Shared pipeline: sequences per worker; default the even-split share of a step."""
+    weight_sync_s: float = 0.0
+    """Seconds from a step's training end until rollout workers can use the new weights (transfer
+    and load); the next training starts without waiting for it."""
+    index_bytes_per_token: float = 0.0
+    """Serialised history index per token of a prompt's previous responses (0: no history shipping)."""
+    bandwidth_bytes_per_s: float = math.inf
+    """What one rollout worker receives history indexes at. A step's indexes start shipping when
+    the step is planned; a worker taking up its share waits for the rest of its prompts' indexes."""
 
 
 class Simulator:
@@ -126,8 +134,25 @@ class Simulator:
         self.peak_kv = 0.0
         self.now = 0.0
         self.fleet = SimFleet(self)
+        self.plan_time: dict[int, float] = {}
+        self.shipped_bytes = 0.0
+        self.ship_wait = 0.0
+        """Worker-seconds spent waiting for history indexes."""
+        self.index_bytes = self._index_sizes(rows) if config.index_bytes_per_token > 0 else {}
 
     # ------------------------------------------------------------------ setup
+    def _index_sizes(self, rows: list[np.ndarray]) -> dict[str, float]:
+        """Bytes of each prompt's index: its latest group's response tokens (over the whole trace,
+        a stand-in for the previous epoch's) times the bytes per token."""
+        tokens: dict[str, float] = {}
+        for row in rows:
+            group: dict[str, float] = {}
+            for i in row.tolist():
+                pid = self.trace.prompt_id[i]
+                group[pid] = group.get(pid, 0.0) + float(self.trace.output_len[i])
+            tokens.update(group)
+        return {p: t * self.cfg.index_bytes_per_token for p, t in tokens.items()}
+
     def _prime(self, rows: list[np.ndarray]) -> None:
         """Warm-up steps are not simulated: their lengths become history, as last epoch's would."""
         for step_rows in rows:
@@ -326,6 +351,7 @@ class Simulator:
     def _plan(self, step: int) -> StepPlan:
         plan = self.sched.plan_step(step, self.step_samples.pop(step))
         self.plans[step] = plan
+        self.plan_time[step] = self.now
         sids = plan.all_samples()
         self.step_left[step] = len(sids)
         for sid in plan.carried:
@@ -352,10 +378,24 @@ class Simulator:
             queue = self.pending[step][w.idx]
             if queue:
                 self.idle.discard(w.idx)
+                self._await_indexes(w, step, queue)
                 w.waiting.extend(queue)
                 queue.clear()
                 self._refill(w)
                 return
+
+    def _await_indexes(self, w: SimWorker, step: int, queue: deque[SimSeq]) -> None:
+        """Hold the worker until the history indexes of its share's prompts have arrived."""
+        if self.cfg.index_bytes_per_token <= 0 or self.cfg.bandwidth_bytes_per_s == math.inf:
+            return
+        prompts = {self.trace.prompt_id[q.sid] for q in queue}
+        nbytes = sum(self.index_bytes.get(p, 0.0) for p in prompts)
+        self.shipped_bytes += nbytes
+        ready = self.plan_time[step] + nbytes / self.cfg.bandwidth_bytes_per_s
+        self._advance(w, self.now)
+        if ready > w.clock:
+            self.ship_wait += ready - w.clock
+            w.clock = ready
 
     def _steal(self, w: SimWorker) -> bool:
         """An idle worker that may not start its next step asks the scheduler for waiting samples of
@@ -375,7 +415,7 @@ class Simulator:
         while self.completed_through + 1 in self.completed:
             self.completed_through += 1
             self.train_end = max(self.train_end, self.completed[self.completed_through]) + self.cfg.train_time_s
-            self._push(self.train_end, 1, self.completed_through)
+            self._push(self.train_end + self.cfg.weight_sync_s, 1, self.completed_through)
         self._push(self.now, 2, 0)
 
     def _sample_left(self, step: int) -> None:

@@ -1,0 +1,145 @@
+"""`backend: ray` on a local Ray instance: the in-process run's tokens at off-policy 0, a pipelined
+run at off-policy 1, and every fault the runtime recovers from, each asserting that the step
+completes and that every sample is there exactly once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from rhymerl.workers import dumps
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(sys.executable).parent / "rhymerl"
+QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
+# 4 prompts, 2 per step, 2 epochs: steps 1-4, history drafts in steps 3-4
+TINY = ["data.num_prompts=4", "algorithm.prompts_per_step=2", "algorithm.group_size=4", "algorithm.epochs=2",
+        "algorithm.max_response_length=200", "algorithm.max_off_policy_steps=0"]
+RAY = ["backend=ray"]
+
+
+def run(out: Path, sets: list[str], env: dict[str, str] | None = None,
+        resume: bool = False) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RHYMERL_CRASH")}
+    args = ["run", "--resume", str(out)] if resume else \
+        ["run", str(QUICKSTART), "--out", str(out), *(a for s in sets for a in ("--set", s))]
+    return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, env=clean | (env or {}),
+                          cwd=tempfile.gettempdir(), timeout=900)
+
+
+def samples(out: Path) -> list[tuple[int, str, int, tuple[int, ...], float]]:
+    recs = dumps.read_run(out)
+    keys = [(r.step, r.prompt_id, r.sample_index) for r in recs]
+    assert len(keys) == len(set(keys)), "a sample counted twice"
+    return [(r.step, r.prompt_id, r.sample_index, tuple(r.response_ids), r.reward) for r in recs]
+
+
+def metrics(out: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def in_process(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("local") / "run"
+    res = run(out, TINY)
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def test_the_ray_backend_produces_the_in_process_tokens_and_losses_at_off_policy_0(
+        in_process: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    res = run(out, [*TINY, *RAY])
+    assert res.returncode == 0, res.stderr
+    assert samples(out) == samples(in_process)
+    assert len(samples(out)) == 4 * 4 * 2
+    ours, theirs = metrics(out), metrics(in_process)
+    assert [m["loss"] for m in ours] == [m["loss"] for m in theirs]
+    assert [m["policy_lag_max"] for m in ours] == [0, 0, 0, 0]
+    assert [m["spec_rate"] for m in ours][2:] == [m["spec_rate"] for m in theirs][2:]  # history drafts in epoch 2
+    assert all(m["spec_rate"] > 0 for m in ours[2:])
+    assert [r.policy_version for r in dumps.read_run(out)] == [r.policy_version for r in dumps.read_run(in_process)]
+
+
+def test_at_off_policy_1_rollout_runs_one_version_behind_and_records_it(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    res = run(out, [*TINY, *RAY, "algorithm.max_off_policy_steps=1"])
+    assert res.returncode == 0, res.stderr
+    assert len(samples(out)) == 32
+    versions = {(r.step, r.policy_version) for r in dumps.read_run(out)}
+    # step 2 was started before step 1 trained, step 3 before step 2 trained, ...
+    assert versions == {(1, 0), (2, 0), (3, 1), (4, 2)}
+    assert [m["policy_lag_max"] for m in metrics(out)] == [0, 1, 1, 1]
+    assert [m["policy_version"] for m in metrics(out)] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(("crash_at", "step"), [("rollout-worker:3", 3), ("reward-worker:2", 2)])
+def test_a_worker_that_dies_mid_step_is_restarted_and_its_samples_are_not_lost_or_doubled(
+        in_process: Path, tmp_path: Path, crash_at: str, step: int) -> None:
+    once = tmp_path / "once"
+    once.mkdir()
+    out = tmp_path / "run"
+    res = run(out, [*TINY, *RAY], {"RHYMERL_CRASH_AT": crash_at, "RHYMERL_CRASH_ONCE_DIR": str(once)})
+    assert res.returncode == 0, res.stderr
+    assert (once / crash_at.replace(":", "-")).exists(), "the worker never reached its crash point"
+    assert samples(out) == samples(in_process)  # position-keyed sampling: the same tokens after the re-run
+    rows = metrics(out)
+    assert [m["worker_reruns"] for m in rows] == [1 if m["step"] == step else 0 for m in rows]
+    events = (out / "events.log").read_text()
+    if crash_at.startswith("rollout"):
+        # the re-run went on from the tokens the lost call had reported
+        assert rows[step - 1]["rollout_resumed_tokens"] > 0
+        assert "go on from the tokens they had" in events
+    else:
+        assert "scoring rollout worker 0's 8 samples again" in events
+
+
+def test_without_its_history_worker_rollout_goes_on_without_drafts_and_says_so(
+        in_process: Path, tmp_path: Path) -> None:
+    once = tmp_path / "once"
+    once.mkdir()
+    out = tmp_path / "run"
+    res = run(out, [*TINY, *RAY], {"RHYMERL_CRASH_AT": "history-worker:3", "RHYMERL_CRASH_ONCE_DIR": str(once)})
+    assert res.returncode == 0, res.stderr
+    assert samples(out) == samples(in_process)  # drafts never change tokens
+    rows = metrics(out)
+    assert [m["history_ok"] for m in rows] == [True, True, False, True]
+    assert rows[2]["spec_rate"] == 0.0 and rows[3]["spec_rate"] > 0  # the restarted worker refilled from dumps
+    assert "cannot serve indexes" in (out / "events.log").read_text()
+
+
+def test_with_its_redis_down_the_run_completes_without_history_drafts(in_process: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    res = run(out, [*TINY, *RAY, "history.store=redis", "history.redis_url=redis://127.0.0.1:1/0"])
+    assert res.returncode == 0, res.stderr
+    assert samples(out) == samples(in_process)
+    assert all(m["history_ok"] is False and m["spec_rate"] == 0.0 for m in metrics(out))
+    assert "redis://127.0.0.1:1/0" in (out / "events.log").read_text()
+
+
+def test_history_in_a_real_redis_drafts_as_the_memory_store_does(
+        in_process: Path, tmp_path: Path, redis_url: str) -> None:
+    out = tmp_path / "run"
+    res = run(out, [*TINY, *RAY, "history.store=redis", f"history.redis_url={redis_url}"])
+    assert res.returncode == 0, res.stderr
+    assert samples(out) == samples(in_process)
+    assert [m["spec_rate"] for m in metrics(out)] == [m["spec_rate"] for m in metrics(in_process)]
+
+
+def test_a_controller_killed_mid_run_resumes_from_its_checkpoint_to_the_same_samples(
+        in_process: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    res = run(out, [*TINY, *RAY], {"RHYMERL_CRASH_AT": "train:3"})
+    assert res.returncode != 0
+    assert [m["step"] for m in metrics(out)] == [1, 2]
+    res = run(out, [], resume=True)
+    assert res.returncode == 0, res.stderr
+    assert samples(out) == samples(in_process)
+    assert [m["step"] for m in metrics(out)] == [1, 2, 3, 4]
