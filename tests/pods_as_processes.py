@@ -16,6 +16,7 @@ What a kubelet and a cluster network would provide, and how it is stood in for h
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -84,12 +85,7 @@ def pods_of(objects: list[dict[str, Any]], root: Path, extra_env: dict[str, str]
                 mounts[m["mountPath"]] = str(folder)
             http_port = free_port()
 
-            def local(value: str) -> str:
-                for path in sorted(mounts, key=len, reverse=True):
-                    if value == path or value.startswith(path + "/"):
-                        return mounts[path] + value[len(path):]
-                return value
-
+            local = functools.partial(_mounted, mounts)
             env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "LANG": "C.UTF-8"}
             for e in container.get("env", []):
                 if "value" in e:
@@ -120,6 +116,14 @@ def free_block(size: int = 64 * 16) -> int:
             continue
         return start
     raise RuntimeError("no free block of ports")
+
+
+def _mounted(mounts: dict[str, str], value: str) -> str:
+    """`value` with a mount path at its start replaced by the folder standing in for it."""
+    for path in sorted(mounts, key=len, reverse=True):
+        if value == path or value.startswith(path + "/"):
+            return mounts[path] + value[len(path):]
+    return value
 
 
 class Kubelet:

@@ -57,7 +57,7 @@ def scale(
     workers: Annotated[str, typer.Option("--workers", help="comma-separated rollout GPU counts")] = "16,64,256,1024",
     trace: Annotated[str, typer.Option("--trace", help="synthetic:NAME (math, code), scaled with the "
                                        "workers")] = "synthetic:math",
-    steps: Annotated[int, typer.Option("--steps", min=2, help="steps simulated after one epoch of history")] = 4,
+    steps: Annotated[int, typer.Option("--steps", min=2, help="steps simulated after one epoch of history")] = 8,
     train_time: Annotated[float, typer.Option("--train-time", min=0.0, help="training seconds per step")] = 60.0,
     weight_gb: Annotated[float, typer.Option("--weight-gb", min=0.0, help="weights sent to every rollout worker "
                                              "after each step, GB")] = 14.0,

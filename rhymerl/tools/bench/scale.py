@@ -46,7 +46,7 @@ class ScaleConfig:
     trace: str = "synthetic:math"
     workers: tuple[int, ...] = (16, 64, 256, 1024)
     prompts_per_worker: int = 4  # x group size 16 = 64 samples per worker per step
-    steps: int = 4
+    steps: int = 8
     groups: int = 8
     train_time_s: float = 60.0
     """Seconds of training per step: the trainer's GPUs grow with the rollout's (weak scaling), so constant."""
