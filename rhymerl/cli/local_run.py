@@ -30,6 +30,7 @@ from rhymerl.workers.controller.preflight import check_memory, preflight
 from rhymerl.workers.controller.prompts import load_prompts
 from rhymerl.workers.controller.run_dir import RunDir
 from rhymerl.workers.controller.step_metrics import StepMetrics
+from rhymerl.workers.reward.verifiers import load_user_function
 from rhymerl.workers.rollout.verify_cost import cache_dir
 
 
@@ -79,6 +80,8 @@ def check_local(job: RLJob) -> None:
                                     "a simulator knows; choose histopipe, equal, skew-aware, realloc or async"))
     if problems:
         raise SpecError(problems)
+    if job.spec.backend == "ray" and job.spec.reward.function is not None:
+        load_user_function(job.spec.reward.function)  # its workers would fail alike, less legibly
     check_memory(job, preflight(job))
 
 

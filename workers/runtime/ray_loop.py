@@ -37,6 +37,7 @@ from rhymerl.algorithms.scheduling.factory import make_scheduler
 from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.algorithms.scheduling.types import Sample
 from rhymerl.api import RLJob
+from rhymerl.errors import UserError
 from rhymerl.workers import dumps, faults
 from rhymerl.workers.controller.loop import GroupSummary, step_metrics
 from rhymerl.workers.controller.prompts import Prompt, epoch_order, load_prompts
@@ -395,6 +396,10 @@ def run_steps_ray(job: RLJob, run: RunDir, resume: bool, threads: int,
     w = Workers.start(job, str(run.path) if shared_run_dir else None, threads)
     try:
         yield from _steps(job, run, resume, w)
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, UserError):  # a worker met the user's mistake: their one-line message
+            raise exc.cause from None
+        raise
     finally:
         w.stop()
 

@@ -93,8 +93,12 @@ def run_scale(cfg: ScaleConfig, console: Console | None = None) -> list[Cell]:
         task = progress.add_task("simulating", total=len(combos))
         for w, p, n in combos:
             progress.update(task, description=f"{w} workers, {'pipelined' if p else 'synchronous'}, {n}")
-            cells.append(_cell(cfg, w, p, n))
+            t0 = time.perf_counter()
+            cells.append(c := _cell(cfg, w, p, n))
             progress.advance(task)
+            if console is not None:
+                console.print(f"[dim]{w} GPUs, {c.pipeline}, {n}: {c.step_s:.1f} s/step "
+                              f"(simulated in {time.perf_counter() - t0:.0f} s)[/dim]")
     return cells
 
 
