@@ -61,15 +61,22 @@ def scale(
     train_time: Annotated[float, typer.Option("--train-time", min=0.0, help="training seconds per step")] = 60.0,
     weight_gb: Annotated[float, typer.Option("--weight-gb", min=0.0, help="weights sent to every rollout worker "
                                              "after each step, GB")] = 14.0,
+    network: Annotated[list[str] | None, typer.Option("--network", help="price only these networks (rdma-100g, "
+                                                      "ray-serialised; repeat), without the free-network "
+                                                      "reference")] = None,
 ) -> None:
     """Step time and bubbles from 16 to 1,024 GPUs: the simulator with the runtime's pipeline, weight sync
     and history shipping priced by bandwidth."""
     from rich.console import Console
 
-    from rhymerl.tools.bench.scale import ScaleConfig, main
+    from rhymerl.tools.bench.scale import BANDWIDTHS, ScaleConfig, main
 
+    unknown = [n for n in network or () if n not in BANDWIDTHS]
+    if unknown:
+        raise OptionError(f"--network: unknown {', '.join(unknown)}; choose from {', '.join(BANDWIDTHS)}")
     cfg = ScaleConfig(trace=trace, workers=_ints("--workers", workers), steps=steps, train_time_s=train_time,
-                      weight_bytes=weight_gb * 1e9)
+                      weight_bytes=weight_gb * 1e9, bandwidths=tuple(network) if network else tuple(BANDWIDTHS),
+                      free_network=not network)
     main(cfg, writable_folder(out) if out else None, Console())
 
 

@@ -184,8 +184,9 @@ class RolloutWorker:
                  resume: RolloutProgress | None = None) -> Iterator[str | RolloutProgress | RolloutOutput]:
         """A stream of (item, tag) pairs: (RolloutProgress, "progress") every SNAPSHOT_PASSES passes,
         then (RolloutOutput, "output"). The small tag after an item says what it was and that it
-        is complete (the caller reads tags, never items). `indexes` None: no history drafts this time; `resume`: partial results by
-        request position, from the progress of a call that was lost, continued from their tokens."""
+        is complete (the caller reads tags, never items). `indexes` None: no history drafts this
+        time; `resume`: partial results by request position, from the progress of a call that was
+        lost, continued from their tokens."""
         t0 = time.perf_counter()
         drafts = self.speculation.drafts_from(indexes or {})
         results: dict[int, GenResult] = {}

@@ -53,6 +53,8 @@ class ScaleConfig:
     weight_bytes: float = 14e9  # a 7B model in bf16
     index_bytes_per_token: float = INDEX_BYTES_PER_TOKEN
     bandwidths: tuple[str, ...] = tuple(BANDWIDTHS)
+    free_network: bool = True
+    """Also simulate each size without network costs (the reference the priced cells are read against)."""
 
 
 @dataclass
@@ -85,7 +87,8 @@ def _cell(cfg: ScaleConfig, workers: int, pipelined: bool, network: str) -> Cell
 
 
 def run_scale(cfg: ScaleConfig, console: Console | None = None) -> list[Cell]:
-    combos = [(w, p, n) for w in cfg.workers for p in (False, True) for n in ("none", *cfg.bandwidths)]
+    networks = (("none",) if cfg.free_network else ()) + cfg.bandwidths
+    combos = [(w, p, n) for w in cfg.workers for p in (False, True) for n in networks]
     cells = []
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                         TimeElapsedColumn(), console=console, transient=True, disable=console is None)
