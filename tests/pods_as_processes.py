@@ -140,9 +140,13 @@ class Kubelet:
             self.start(pod)
 
     def restart_exited(self) -> None:
-        """restartPolicy: Always."""
+        """restartPolicy: Always. A container whose main process exited is torn down first (what its
+        main process started, e.g. a Ray node, goes with it)."""
         for pod in self.pods:
             if pod.proc is not None and pod.proc.poll() is not None:
+                for pid in processes_of(pod):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
                 pod.restarts += 1
                 self.start(pod)
 
