@@ -85,7 +85,7 @@ def shipping(run_dir: Path) -> dict[str, float]:
                 for step in steps:
                     pids = sorted({r.prompt_id for r in records if r.step == step})
                     t0 = time.perf_counter()
-                    found = ray.get(worker.indexes.remote(last_epoch, pids, step))
+                    found, _ = ray.get(worker.indexes.remote(last_epoch, pids, step))
                     seconds = time.perf_counter() - t0
                     per_prompt_s.append(seconds / len(found))
                     per_prompt_bytes += [len(i.to_bytes()) for i in found.values()]

@@ -344,7 +344,9 @@ class HistoryWorker:
     def ping(self) -> int:
         return os.getpid()
 
-    def indexes(self, epoch: int, prompt_ids: list[str], step: int) -> dict[str, HistoryIndex]:
+    def indexes(self, epoch: int, prompt_ids: list[str], step: int) -> tuple[dict[str, HistoryIndex], int]:
+        """The indexes (for a rollout worker) and how many there are (for the controller, which learns
+        from this small second object whether the call served without fetching the indexes)."""
         faults.point("history-worker", step)
         t0 = time.perf_counter()
         found = self.history.drafting.indexes_before(epoch, prompt_ids)
@@ -352,7 +354,7 @@ class HistoryWorker:
         self.metrics.shipped_bytes.inc(sum(len(i.to_bytes()) for i in found.values()))
         self.metrics.call(time.perf_counter() - t0)
         self.metrics.flush()
-        return found
+        return found, len(found)
 
     def record(self, state: LoopState, layout: StepLayout, *chunks: list[ScoredSample]) -> int:
         groups = layout.groups(chunks, self.prompts, self.encoded, self.job.spec.algorithm.group_size)

@@ -201,19 +201,20 @@ class Controller:
         """A reference to the history worker's indexes of these prompts, or None if it cannot serve
         them in HISTORY_WAIT_S. A history worker that died for good (its store was down when it
         started) is replaced, so history drafting comes back with the store."""
-        ref = self.w.history.indexes.remote(epoch, prompt_ids, step)
-        ready, _ = ray.wait([ref], timeout=HISTORY_WAIT_S)
-        problem = f"no answer within {HISTORY_WAIT_S:.0f}s" if not ready else _failed(ref)
-        if problem is None:
+        ref, served = self.w.history.indexes.options(num_returns=2).remote(epoch, prompt_ids, step)
+        ready, _ = ray.wait([served], timeout=HISTORY_WAIT_S)
+        failure = _failure(served) if ready else (f"no answer within {HISTORY_WAIT_S:.0f}s", False)
+        if failure is None:
             if self.history_down is not None:
                 self.run.note(f"step {step}: the history worker serves indexes again")
             self.history_down = None
             return ref
+        problem, dead = failure
         if self.history_down is None:
             self.run.note(f"step {step}: the history worker cannot serve indexes ({problem}); rolling out "
                           "without history drafts until it can")
         self.history_down = problem
-        if ready and _dead_for_good(ref):
+        if dead:
             self.w.start_history(self.job)
         return None
 
@@ -318,8 +319,8 @@ class Controller:
         for step, ref in self.pending_records:
             if not ray.wait([ref], timeout=0)[0]:
                 still.append((step, ref))
-            elif (why := _failed(ref)) is not None:
-                self.run.note(f"step {step}: the history worker could not record the step ({why})")
+            elif (failure := _failure(ref)) is not None:
+                self.run.note(f"step {step}: the history worker could not record the step ({failure[0]})")
         self.pending_records = still
 
 
@@ -336,26 +337,16 @@ def wait_alive(actor: Any, timeout_s: float = START_TIMEOUT_S) -> None:
             time.sleep(0.2)
 
 
-def _failed(ref: Any) -> str | None:
-    """Why the object behind `ref` is an error, or None if it holds a value (fetched: only call this
-    on small objects or ones whose failure is expected)."""
+def _failure(ref: Any) -> tuple[str, bool] | None:
+    """Why the (small) object behind a finished `ref` is an error and whether its worker died for good
+    (it will not be restarted), or None if it holds a value."""
     try:
         ray.get(ref, timeout=0)
     except ray.exceptions.GetTimeoutError:
         return None
     except ray.exceptions.RayError as exc:
-        return why(exc)
+        return why(exc), isinstance(exc, ray.exceptions.ActorDiedError)
     return None
-
-
-def _dead_for_good(ref: Any) -> bool:
-    try:
-        ray.get(ref, timeout=0)
-    except ray.exceptions.ActorDiedError:
-        return True
-    except ray.exceptions.RayError:
-        return False
-    return False
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
