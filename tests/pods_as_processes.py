@@ -160,10 +160,12 @@ class Kubelet:
         pod.proc.wait()
 
     def stop_all(self, grace_s: float = 60.0) -> dict[str, int | None]:
-        """SIGTERM every pod, SIGKILL what is left after the grace period; the exit codes."""
+        """SIGTERM every pod's main process (a kubelet signals a container's PID 1, not its other
+        processes: the pod's own shutdown orders the rest), SIGKILL what is left after the grace
+        period; the exit codes."""
         for pod in self.pods:
             if pod.proc is not None and pod.proc.poll() is None:
-                os.killpg(pod.proc.pid, signal.SIGTERM)
+                pod.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         codes: dict[str, int | None] = {}
         for pod in self.pods:
