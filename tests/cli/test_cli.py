@@ -74,11 +74,12 @@ def test_a_one_step_run_of_the_embedded_model_then_resume(repo: Path, tmp_path: 
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
 
 
-def test_a_vllm_job_is_refused_locally_before_anything_is_written(repo: Path, tmp_path: Path) -> None:
-    res = rhymerl("run", str(repo / "examples" / "quickstart.yaml"), "--set", "rollout.engine=vllm",
-                  "--out", str(tmp_path / "run"))
+def test_a_vllm_job_with_several_replicas_is_refused_locally_before_anything_is_written(repo: Path,
+                                                                                          tmp_path: Path) -> None:
+    res = rhymerl("run", str(repo / "examples" / "quickstart-vllm.yaml"), "--set", "rollout.replicas=2",
+                  "--set", "rollout.max_replicas=2", "--out", str(tmp_path / "run"))
     assert res.returncode == 2
-    assert "spec.rollout.engine" in res.stderr
+    assert "spec.rollout.replicas" in res.stderr
     assert not (tmp_path / "run").exists()
 
 

@@ -21,6 +21,7 @@ process to guard with `if __name__ == "__main__"`.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -254,14 +255,14 @@ class VllmEngine:
         return self.profile
 
     def close(self) -> None:
-        """Shut the engine down (its worker processes and memory)."""
-        llm = getattr(self, "llm", None)
-        if llm is not None:
-            engine = getattr(llm, "llm_engine", None)
-            shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
-            if callable(shutdown):
-                shutdown()
-            self.llm = None
+        """Release the engine: its engine core (shut down when it runs in its own process) and its
+        memory. An engine in this process shares vLLM's process-wide state (its parallel groups)
+        with any other engine here, and releasing it tears that state down: release engines last."""
+        llm, self.llm = self.llm, None
+        if llm is not None and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+            llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
 
 
 def hf_named(state: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

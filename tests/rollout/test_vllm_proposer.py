@@ -1,0 +1,197 @@
+"""The HistoSpec proposer vLLM calls, driven without vLLM by a stand-in engine that does what vLLM's
+model runner does to it: rows in any order, requests leaving and coming back (preemption), a
+greedy verifier that accepts the longest correct prefix of each draft and appends one token.
+
+The reference is the torch engine's way of drafting: one `HistoryDrafter` handle per request,
+driven with that request's own events. Whatever happens to the rows, each request must get
+exactly the draft its reference gets."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rhymerl.algorithms.drafting.index import HistoryDrafter, HistoryIndex
+from rhymerl.api.spec import SpeculationSpec
+from rhymerl.workers.rollout.vllm_proposer import FILLER, HistoryProposer
+
+K = 8
+MAX_LEN = 256
+
+
+def _config(k: int = K, max_len: int = MAX_LEN) -> SimpleNamespace:
+    return SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
+                           model_config=SimpleNamespace(max_model_len=max_len))
+
+
+def _spec() -> SpeculationSpec:
+    return SpeculationSpec.model_validate({"window": {"initial": 2, "step": 2, "max": K}})
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    target: list[int]  # what the (greedy) model generates
+    tokens: list[int] = field(default_factory=list)  # prompt + generated so far
+    ref: int = -1  # reference drafter handle
+    ref_draft: list[int] = field(default_factory=list)
+    ref_fed: int = 0  # generated tokens the reference drafter has seen
+    passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def done(self) -> bool:
+        return len(self.tokens) - len(self.prompt) >= len(self.target)
+
+
+def _world(seed: int, n_prompts: int, group: int) -> tuple[list[_Request], dict[tuple[int, ...], HistoryIndex]]:
+    """Prompts with histories of noisy copies of one response; each request's target is another noisy copy."""
+    rng = random.Random(seed)
+    requests, indexes = [], {}
+    for p in range(n_prompts):
+        prompt = [1] + [rng.randrange(3, 30) for _ in range(rng.randrange(3, 8))]
+        base = [rng.randrange(3, 30) for _ in range(rng.randrange(20, 60))]
+
+        def noisy(base: list[int] = base) -> list[int]:
+            return [t if rng.random() > 0.1 else rng.randrange(3, 30) for t in base]
+
+        if p % 5 != 4:  # every fifth prompt has no history
+            indexes[tuple(prompt)] = HistoryIndex.build([(noisy(), rng.random()) for _ in range(4)])
+        requests += [_Request(prompt, noisy(), list(prompt)) for _ in range(group)]
+    return requests, indexes
+
+
+def _run(seed: int, n_prompts: int, group: int, preempt: float) -> tuple[list[_Request], HistoryProposer]:
+    rng = random.Random(seed)
+    spec = _spec()
+    requests, indexes = _world(seed, n_prompts, group)
+    proposer = HistoryProposer(_config())
+    proposer.configure(spec, None)
+    prompts = sorted({tuple(r.prompt) for r in requests})
+    proposer.set_step([list(p) for p in prompts], [indexes.get(p) for p in prompts])
+    reference = HistoryDrafter(spec)
+    for r in requests:
+        index = indexes.get(tuple(r.prompt))
+        if index is not None:
+            r.ref = reference.add(index)
+    # vLLM's order within a step: verify the rows' drafts, append what was accepted plus one sampled
+    # token, then ask for the next drafts (a request that just finished is still a row then)
+    for r in requests:  # the prefill step samples each request's first token
+        r.tokens.append(r.target[0])
+    drafts: dict[int, list[int]] = {}
+    rows = list(requests)
+    while rows:
+        for r in rows:
+            if id(r) in drafts:
+                _verify(r, drafts[id(r)], reference)
+        rng.shuffle(rows)
+        table = np.full((len(rows) + 3, MAX_LEN), 7, dtype=np.int32)  # spare rows and stale tokens, as in vLLM
+        lengths = np.zeros(len(rows) + 3, dtype=np.int32)
+        for i, r in enumerate(rows):
+            table[i, :len(r.tokens)] = r.tokens
+            lengths[i] = len(r.tokens)
+        proposed = proposer.propose([[1]] * len(rows), lengths[:len(rows)], table)
+        for r, draft in zip(rows, proposed, strict=True):
+            r.passes += 1
+            assert draft == _reference_draft(r, reference), (r.prompt, len(r.tokens))
+            drafts[id(r)] = draft
+        pending = [r for r in requests if not r.done]
+        rows = [r for r in pending if rng.random() >= preempt] or pending[:1]
+    return requests, proposer
+
+
+def _reference_draft(r: _Request, reference: HistoryDrafter) -> list[int]:
+    """What the request's own drafter proposes after seeing what it generated since its last draft."""
+    return _drafted(r, reference) if r.ref >= 0 else []
+
+
+def _drafted(r: _Request, reference: HistoryDrafter) -> list[int]:
+    new = r.tokens[len(r.prompt) + r.ref_fed:]
+    r.ref_fed += len(new)
+    reference.feed(np.array([r.ref]), np.array([0, len(new)]), np.array(new, dtype=np.int32))
+    room = min(K, MAX_LEN - len(r.tokens) - 1)
+    offsets, toks = reference.draft(np.array([r.ref]), np.array([room], dtype=np.int32))
+    r.ref_draft = toks[offsets[0]:offsets[1]].tolist()
+    return r.ref_draft
+
+
+def _verify(r: _Request, draft: list[int], reference: HistoryDrafter) -> None:
+    """Greedy verification against the target: the longest correct prefix, then one more token."""
+    truth = r.target[len(r.tokens) - len(r.prompt):]
+    accepted = 0
+    while accepted < len(draft) and accepted < len(truth) and draft[accepted] == truth[accepted]:
+        accepted += 1
+    if draft:
+        r.drafted += len(draft)
+        r.accepted += accepted
+        reference.report(np.array([r.ref]), np.array([accepted], dtype=np.int32))
+    r.tokens += truth[: accepted + 1]
+
+
+def test_each_request_gets_its_own_drafts_whatever_the_row_order_and_preemption() -> None:
+    requests, proposer = _run(seed=1, n_prompts=40, group=8, preempt=0.2)  # 320 concurrent requests
+    assert len(requests) == 320
+    assert proposer.stats.fresh_rows == len(requests)  # each found again by content on every later step
+    assert proposer.stats.accepted > 0 and proposer.stats.drafted > proposer.stats.accepted
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), preempt=st.sampled_from([0.0, 0.3, 0.7]))
+def test_drafts_follow_the_request_not_the_row(seed: int, preempt: float) -> None:
+    _run(seed, n_prompts=6, group=4, preempt=preempt)
+
+
+def test_request_stats_count_each_requests_passes_drafts_and_acceptance() -> None:
+    requests, proposer = _run(seed=2, n_prompts=10, group=4, preempt=0.3)
+    stats = proposer.request_stats([r.tokens for r in requests])
+    assert stats == [(r.passes, r.drafted, r.accepted) for r in requests]
+
+
+def test_identical_requests_share_drafts_and_are_each_counted() -> None:
+    requests, indexes = _world(3, 1, 1)
+    index = next(iter(indexes.values()))
+    proposer = HistoryProposer(_config())
+    proposer.configure(_spec(), None)
+    prompt = requests[0].prompt
+    proposer.set_step([prompt], [index])
+    row = prompt + requests[0].target[:5]
+    table = np.array([row + [0] * (MAX_LEN - len(row))] * 3, dtype=np.int32)
+    drafts = proposer.propose([[1]] * 3, np.array([len(row)] * 3), table)
+    assert drafts[0] == drafts[1] == drafts[2] and drafts[0]
+    table2 = table.copy()
+    drafts2 = proposer.propose([[1]] * 3, np.array([len(row) + 1] * 3), table2)
+    assert proposer.stats.matched_rows == 3 and len(drafts2) == 3
+    assert [s[0] for s in proposer.request_stats([[*row, 0]] * 3)] == [2, 2, 2]
+
+
+def test_the_longest_matching_prompt_wins() -> None:
+    short, long = [1, 5, 6], [1, 5, 6, 7, 8]
+    proposer = HistoryProposer(_config())
+    proposer.configure(_spec(), None)
+    proposer.set_step([short, long], [HistoryIndex.build([([9, 9, 9, 9, 9, 9], 1.0)]),
+                                      HistoryIndex.build([([4, 4, 4, 4, 4, 4], 1.0)])])
+    table = np.zeros((1, MAX_LEN), dtype=np.int32)
+    table[0, :7] = [*long, 4, 4]
+    assert proposer.propose([[4]], np.array([7]), table)[0][:2] == [4, 4]
+
+
+def test_rows_without_a_sampled_token_or_without_history_get_no_draft() -> None:
+    proposer = HistoryProposer(_config())
+    proposer.configure(_spec(), None)
+    proposer.set_step([[1, 5, 6]], [None])
+    table = np.zeros((2, MAX_LEN), dtype=np.int32)
+    table[:, :5] = [1, 5, 6, 3, 3]
+    assert proposer.propose([[3], []], np.array([5, 5]), table) == [[], []]
+
+
+def test_a_forced_draft_offers_filler_on_every_sampling_row_within_the_length() -> None:
+    proposer = HistoryProposer(_config(k=4, max_len=10))
+    proposer.force = 3
+    table = np.zeros((3, 10), dtype=np.int32)
+    assert proposer.propose([[1], [1], []], np.array([4, 8, 4]), table) == [[FILLER] * 3, [FILLER], []]
