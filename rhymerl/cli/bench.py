@@ -6,7 +6,7 @@ Each benchmark's logic lives in rhymerl.tools.bench.<name>; this module only wir
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -178,10 +178,18 @@ def rollout(
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="runs per cell; the median is reported")] = 1,
     out: Annotated[Path | None, typer.Option("--out", help="folder for results.json, table.md, speedup.png, "
                                              "verify_profile.png")] = None,
+    engine: Annotated[str, typer.Option("--engine", help="torch (the methods above, outputs checked identical) or "
+                                        "vllm (none, ngram, suffix, history, history-aimd; --batch-sizes job only)")
+                      ] = "torch",
 ) -> None:
     """Speculative vs plain rollout on a run's prompts and weights: time, tokens/s, identical outputs."""
     from rich.console import Console
 
+    if engine == "vllm":
+        _rollout_vllm(run, methods, repeats, out, Console())
+        return
+    if engine != "torch":
+        raise OptionError(f"--engine: '{engine}' is not torch or vllm")
     from rhymerl.tools.bench.rollout import METHODS, RolloutBenchConfig, main
 
     # plain decoding always runs first: it is the reference for timing and for identical outputs
@@ -192,6 +200,20 @@ def rollout(
         raise OptionError(f"--methods: unknown {', '.join(unknown)}; known: {', '.join(METHODS)}")
     sizes = tuple(b.strip() if b.strip() == "job" else _batch_size(b) for b in batch_sizes.split(","))
     main(RolloutBenchConfig(run, sizes, chosen, repeats), writable_folder(out) if out else None, Console())
+
+
+def _rollout_vllm(run: Path, methods: str | None, repeats: int, out: Path | None, console: Any) -> None:
+    from rhymerl.tools.bench.rollout_vllm import METHODS, VllmBenchConfig, main
+    from rhymerl.workers.rollout.vllm_engine import vllm_installed
+
+    if not vllm_installed():
+        raise OptionError("--engine vllm: vLLM is not installed (bash scripts/setup.sh --vllm)")
+    picked = [m.strip() for m in methods.split(",")] if methods else list(METHODS)
+    unknown = [m for m in picked if m not in METHODS]
+    if unknown:
+        raise OptionError(f"--methods: unknown {', '.join(unknown)}; known with --engine vllm: {', '.join(METHODS)}")
+    out_dir = writable_folder(out) if out else None
+    main(VllmBenchConfig(run, ("none", *[m for m in picked if m != "none"]), repeats), out_dir, console)
 
 
 @bench_app.command("replicas")

@@ -18,7 +18,8 @@ pytest.importorskip("vllm")
 from scipy.stats import chisquare
 
 from rhymerl.algorithms.drafting.index import HistoryIndex
-from rhymerl.api.spec import SpeculationSpec
+from rhymerl.api.spec import ModelSpec, SpeculationSpec
+from rhymerl.workers.controller.vllm_rollout import logprob_gap
 from rhymerl.workers.model.folder import ModelConfig, model_dir
 from rhymerl.workers.model.registry import load_policy
 from rhymerl.workers.model.tokenizer import CharTokenizer
@@ -145,13 +146,11 @@ def test_speculative_sampling_at_temperature_one_follows_the_model_distribution(
 
 def test_loaded_weights_move_vllms_log_probabilities_onto_the_trainers(plain_engine: VllmEngine,
                                                                        tok: CharTokenizer) -> None:
-    model, _ = load_policy(__import__("rhymerl.api.spec", fromlist=["ModelSpec"]).ModelSpec())
+    model, _ = load_policy(ModelSpec())
     prompts = _prompts(tok, 4)
 
     def gap() -> float:
         results = plain_engine.generate(_requests(prompts, 2, 7), SamplingParams(1.0, 1.0, 0, 100), tok.eos_id)
-        from rhymerl.workers.controller.vllm_rollout import logprob_gap
-
         measured = logprob_gap(model, [(prompts[i // 2], r) for i, r in enumerate(results)])
         assert measured is not None
         return measured[1]
@@ -177,3 +176,15 @@ def test_the_vllm_quickstart_runs_end_to_end_with_weights_in_sync(repo: Path, tm
     assert all(r["rollout_logprob_diff_max"] < 1e-3 for r in rows)
     assert all(r["weight_sync_s"] > 0 for r in rows[1:])  # weights loaded before every later step
     assert any(r.get("spec_acceptance") for r in rows if r["epoch"] == 2)  # drafts from epoch 1's responses
+
+
+def test_the_embedded_model_is_a_hugging_face_llama_whose_logits_match_the_torch_engines() -> None:
+    transformers = pytest.importorskip("transformers")
+    ours, _ = load_policy(ModelSpec())
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(str(TINY), torch_dtype=torch.float32).eval()
+    tokens = torch.tensor([[1, *range(10, 60)], [1, *range(60, 10, -1)]])
+    with torch.no_grad():
+        expected = theirs(tokens).logits
+        got = ours(tokens)
+    assert got.shape == expected.shape
+    assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4)

@@ -84,6 +84,8 @@ class VllmSettings:
     """KV cache on CPU (VLLM_CPU_KVCACHE_SPACE); on a GPU vLLM sizes it from gpu_memory_utilization."""
     gpu_memory_utilization: float = 0.85
     seed: int = 0
+    log_stats: bool = False
+    """vLLM's own counters (LLM.get_metrics: speculative-decoding acceptance and more), for benches."""
 
 
 def request_seed(seed: int, sample_id: int) -> int:
@@ -133,9 +135,10 @@ class VllmEngine:
             kwargs["gpu_memory_utilization"] = settings.gpu_memory_utilization
         self.llm: Any = LLM(model=str(settings.model), skip_tokenizer_init=True, dtype=settings.dtype,
                             max_model_len=settings.max_model_len, max_num_seqs=settings.max_batch_size,
-                            seed=settings.seed,
+                            seed=settings.seed, disable_log_stats=not settings.log_stats,
                             worker_extension_cls=EXTENSION,
                             speculative_config=speculative_config(settings.method, settings.speculation), **kwargs)
+        self.llm.collective_rpc("rhymerl_prepare")
         self.profile: CostProfile | None = None
         self._configured = False
 

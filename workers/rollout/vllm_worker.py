@@ -45,9 +45,6 @@ def fix_cpu_rejection_sampling() -> bool:
     return True
 
 
-fix_cpu_rejection_sampling()
-
-
 class RhymerlWorkerExtension:
     """Mixed into vLLM's worker class: `self.model_runner` is the worker's model runner."""
 
@@ -56,6 +53,11 @@ class RhymerlWorkerExtension:
     def _proposer(self) -> HistoryProposer | None:
         drafter = getattr(self.model_runner, "drafter", None)
         return drafter if isinstance(drafter, HistoryProposer) else None
+
+    def rhymerl_prepare(self) -> bool:
+        """Called once after the engine started: the CPU sampling fix (fix_cpu_rejection_sampling),
+        applied in this worker's process, where the sampler runs. True when it was applied."""
+        return fix_cpu_rejection_sampling()
 
     def rhymerl_set_step(self, spec_json: str, profile_json: str | None, prompts: list[list[int]],
                          indexes: list[bytes | None]) -> bool:

