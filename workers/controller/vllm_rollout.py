@@ -71,6 +71,7 @@ class VllmRollout:
     def sync_weights(self, version: int) -> None:
         """Load the trainer's weights into vLLM if they changed since the last load (a resumed run's
         restored weights count as a change: `synced_version` starts at 0, the folder's weights)."""
+        self.weight_sync_s = 0.0
         if version != self.synced_version:
             self.weight_sync_s = self.engine.load_weights(hf_named(self.model.state_dict().items()))
             self.synced_version = version
