@@ -140,3 +140,8 @@ def test_bench_option_values_are_user_errors_not_tracebacks(tmp_path: Path) -> N
         2, ["error: --batch-sizes: '1,x' is not a comma-separated list of integers"])
     res = rhymerl("bench", "schedule", "--synthetic", "seed=-1")
     assert (res.returncode, res.stderr.splitlines()) == (2, ["error: synthetic:math: seed: -1 must be >= 0"])
+    res = rhymerl("bench", "rollout", "--run", str(tmp_path), "--engine", "tensorrt")
+    assert (res.returncode, res.stderr.splitlines()) == (2, ["error: --engine: 'tensorrt' is not torch or vllm"])
+    res = rhymerl("bench", "rollout", "--run", str(tmp_path), "--engine", "vllm", "--methods", "history-paper")
+    assert res.returncode == 2
+    assert res.stderr.startswith("error: --methods: unknown history-paper; known with --engine vllm: none, ngram")
