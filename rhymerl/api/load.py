@@ -235,10 +235,11 @@ def problems_from(error: ValidationError, lines: dict[tuple[str, ...], int],
         reason = item["msg"]
         if reason.startswith("Value error, "):
             reason = reason.removeprefix("Value error, ")
-            # validators name the offending field first: "max_replicas: must be >= min_replicas"
+            # validators name the offending field first: "max_replicas: must be >= min_replicas" (or
+            # a path below the validated model: "rollout.engine: ...")
             field, sep, rest = reason.partition(": ")
-            if sep and field.isidentifier():
-                loc = (*loc, field)
+            if sep and all(part.isidentifier() for part in field.split(".")):
+                loc = (*loc, *field.split("."))
                 reason = rest
         if item["type"] == "extra_forbidden":
             owner = _model_at(loc)

@@ -45,10 +45,17 @@ class ModelSpec(Strict):
     path: str = Field(
         "builtin:tiny-arith",
         max_length=MAX_PATH,
-        description="'builtin:tiny-arith' (the embedded model) or a directory with config.json, "
-        "model.safetensors and tokenizer.json as written by rhymerl",
+        description="'builtin:tiny-arith' (the embedded model) or a model directory: config.json, "
+        "model.safetensors (or shards with their index) and tokenizer.json, as rhymerl writes them or as a "
+        "Hugging Face Llama or Qwen2 model ships",
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="compute dtype of the torch engine")
+    implementation: Literal["native", "transformers"] = Field(
+        "native", description="native: rhymerl's own Llama (tied embeddings, no grouped-query attention), which "
+        "the torch engine decodes bit-exactly; transformers: the folder's Hugging Face model (Llama or Qwen2 "
+        "family) trained with transformers and rolled out with rollout.engine vllm",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="dtype of the trainer's "
+                                                             "weights and of the rollout engine's")
 
 
 class DataSpec(Strict):
@@ -450,6 +457,13 @@ class RLJobSpec(Strict):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec)
     images: ImagesSpec = Field(default_factory=ImagesSpec)
+
+    @model_validator(mode="after")
+    def _engine_runs_model(self) -> RLJobSpec:
+        if self.model.implementation == "transformers" and self.rollout.engine == "torch":
+            raise ValueError("rollout.engine: the torch engine decodes rhymerl's native model only; a model with "
+                             "implementation transformers rolls out with engine vllm")
+        return self
 
 
 class Metadata(Strict):

@@ -20,8 +20,9 @@ import torch.nn.functional as F
 from rhymerl.tools.pretrain_recipe import PretrainConfig
 from rhymerl.workers import atomic
 from rhymerl.workers.model.folder import ModelConfig
+from rhymerl.workers.model.policy import save_model
 from rhymerl.workers.model.tokenizer import CharTokenizer
-from rhymerl.workers.model.transformer import TinyLlama, save_model
+from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.task import arith_chain
 
 

@@ -13,8 +13,9 @@ from rhymerl.api import RLJob, parse_job
 from rhymerl.workers import dumps
 from rhymerl.workers.controller.loop import run_steps
 from rhymerl.workers.controller.run_dir import RunDir, RunDirError
+from rhymerl.workers.model.policy import save_model
 from rhymerl.workers.model.tokenizer import CharTokenizer
-from rhymerl.workers.model.transformer import ModelConfig, TinyLlama, load_model, save_model
+from rhymerl.workers.model.transformer import ModelConfig, TinyLlama, load_model
 
 
 @pytest.fixture

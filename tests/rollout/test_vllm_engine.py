@@ -21,12 +21,13 @@ from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api.spec import ModelSpec, SpeculationSpec
 from rhymerl.workers.controller.vllm_rollout import logprob_gap
 from rhymerl.workers.model.folder import ModelConfig, model_dir
+from rhymerl.workers.model.policy import save_model
 from rhymerl.workers.model.registry import load_policy
 from rhymerl.workers.model.tokenizer import CharTokenizer
-from rhymerl.workers.model.transformer import TinyLlama, save_model
+from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams
 from rhymerl.workers.rollout.sampling import sample_key
-from rhymerl.workers.rollout.vllm_engine import VllmEngine, VllmSettings, hf_named
+from rhymerl.workers.rollout.vllm_engine import VllmEngine, VllmSettings
 
 pytestmark = pytest.mark.slow
 TINY = model_dir("builtin:tiny-arith")
@@ -160,7 +161,7 @@ def test_loaded_weights_move_vllms_log_probabilities_onto_the_trainers(plain_eng
         for p in model.parameters():
             p.add_(0.02 * torch.randn_like(p))
     assert gap() > 0.05  # the trainer moved, vLLM did not
-    plain_engine.load_weights(hf_named(model.state_dict().items()))
+    plain_engine.load_weights(model.hf_state_dict())
     assert gap() < 1e-3  # after the load, float rounding only
 
 

@@ -156,10 +156,10 @@ def test_a_users_mistake_met_by_a_worker_is_one_plain_line_and_exit_2(tmp_path: 
     assert "the reward function returned nan" in res.stderr and "Traceback" not in res.stderr
 
 
-def test_rollout_workers_run_vllm_with_history_drafts_and_the_trainers_weights(tmp_path: Path) -> None:
+def test_rollout_workers_run_vllm_with_history_drafts_and_the_transformers_trainers_weights(tmp_path: Path) -> None:
     pytest.importorskip("vllm")
     out = tmp_path / "run"
-    res = run(out, [*TINY, *RAY, "rollout.engine=vllm"])
+    res = run(out, [*TINY, *RAY, "rollout.engine=vllm", "model.implementation=transformers"])
     assert res.returncode == 0, res.stderr[-3000:]
     assert len(samples(out)) == 4 * 4 * 2
     rows = metrics(out)

@@ -32,8 +32,9 @@ from rhymerl.workers.controller.run_dir import LoopState, RunDir
 from rhymerl.workers.controller.speculation import RolloutSpeculation, reachable_batches, speculation_metrics
 from rhymerl.workers.controller.step_metrics import StepMetrics
 from rhymerl.workers.controller.vllm_rollout import VllmRollout
+from rhymerl.workers.model.policy import PolicyModel
 from rhymerl.workers.model.registry import load_policy
-from rhymerl.workers.model.tokenizer import CharTokenizer
+from rhymerl.workers.model.tokenizer import Tokenizer
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.reward.outcome import Outcome, check_failures
 from rhymerl.workers.reward.pool import Scorer, open_scorer
@@ -103,11 +104,12 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False,
         yield from _steps(job, run, resume, scorer, profile_progress)
 
 
-def open_rollout(job: RLJob, model: TinyLlama, tok: CharTokenizer, prompts: list[Prompt], history: RunHistory,
+def open_rollout(job: RLJob, model: PolicyModel, tok: Tokenizer, prompts: list[Prompt], history: RunHistory,
                  run: RunDir, resume: bool, profile_progress: Progress | None = None) -> Rollout | VllmRollout:
     """The job's rollout engine: the torch engine (on the trainer's own module) or vLLM."""
     if job.spec.rollout.engine == "vllm":
         return VllmRollout.for_job(job, model, tok, prompts, history, profile_progress)
+    assert isinstance(model, TinyLlama), "the spec pairs the torch engine with the native model"
     speculation = RolloutSpeculation.for_job(job, model, history.drafting, profile_progress)
     return Rollout.for_job(job, model, tok, prompts, speculation, history, run, resume)
 
@@ -193,18 +195,18 @@ class Rollout:
 
     job: RLJob
     engine: TorchEngine
-    tok: CharTokenizer
+    tok: Tokenizer
     encoded: dict[str, list[int]]
     params: SamplingParams
     speculation: RolloutSpeculation
     pool: RolloutPool | None
 
     @classmethod
-    def for_job(cls, job: RLJob, model: TinyLlama, tok: CharTokenizer, prompts: list[Prompt],
+    def for_job(cls, job: RLJob, model: TinyLlama, tok: Tokenizer, prompts: list[Prompt],
                 speculation: RolloutSpeculation, history: RunHistory, run: RunDir, resume: bool) -> Rollout:
         spec, algo = job.spec, job.spec.algorithm
         engine = TorchEngine(model, tok.eos_id, spec.rollout.max_batch_size)
-        encoded = {p.prompt_id: [tok.bos_id, *tok.encode(p.text)] for p in prompts}
+        encoded = {p.prompt_id: tok.prompt_ids(p.text) for p in prompts}
         params = SamplingParams(spec.rollout.temperature, spec.rollout.top_p, spec.rollout.seed,
                                 algo.max_response_length)
         pool = rollout_pool(job, engine, params, speculation, history, run, resume) \
@@ -235,7 +237,7 @@ class Rollout:
         return results
 
 
-def score(job: RLJob, scorer: Scorer, tok: CharTokenizer, prompts: list[Prompt], encoded: dict[str, list[int]],
+def score(job: RLJob, scorer: Scorer, tok: Tokenizer, prompts: list[Prompt], encoded: dict[str, list[int]],
           results: list[GenResult], step: int, policy_version: int) -> list[Group]:
     """Reward every response (G per prompt, in order) and group them by prompt."""
     g = job.spec.algorithm.group_size
@@ -246,7 +248,7 @@ def score(job: RLJob, scorer: Scorer, tok: CharTokenizer, prompts: list[Prompt],
                   [o.error for o in outcomes[span]], policy_version) for p, span in zip(prompts, spans, strict=True)]
 
 
-def score_samples(job: RLJob, scorer: Scorer, tok: CharTokenizer, samples: Sequence[tuple[Prompt, int, GenResult]],
+def score_samples(job: RLJob, scorer: Scorer, tok: Tokenizer, samples: Sequence[tuple[Prompt, int, GenResult]],
                   step: int) -> list[Outcome]:
     """Reward each (prompt, sample index, response); a nan/inf reward stops the run under
     `on_nonfinite: fail`."""

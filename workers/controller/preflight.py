@@ -15,8 +15,8 @@ from pathlib import Path
 from rhymerl.api import RLJob, SpecError
 from rhymerl.api.load import SpecProblem
 from rhymerl.workers.controller.prompts import BUILTIN_PREFIX, DataError, Prompt, located_prompts
-from rhymerl.workers.model.folder import ModelConfig, model_dir, read_config
-from rhymerl.workers.model.tokenizer import CharTokenizer
+from rhymerl.workers.model.folder import ModelConfig, check_native, model_dir, read_config
+from rhymerl.workers.model.tokenizer import Tokenizer, load_tokenizer
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 KV_LANES = 16  # the native attention kernel rounds cache rows up to this many positions
@@ -35,9 +35,9 @@ def _describe(ch: str) -> str:
     return f"{ch!r} (U+{ord(ch):04X})"
 
 
-def check_prompt(where: str, prompt: Prompt, tok: CharTokenizer, positions: int,
+def check_prompt(where: str, prompt: Prompt, tok: Tokenizer, positions: int,
                  response: int) -> tuple[int, list[str]]:
-    """The prompt's length in tokens (<bos> included; 0 when it cannot be encoded) and what keeps the
+    """The prompt's length in tokens (with what the tokenizer puts first; 0 when it cannot be encoded) and what keeps the
     model from taking it: a character without a token, or more tokens than its context leaves."""
     found = []
     for name, text in (("prompt", prompt.text), ("answer", prompt.answer)):
@@ -47,7 +47,7 @@ def check_prompt(where: str, prompt: Prompt, tok: CharTokenizer, positions: int,
                          "model's tokenizer")
     if found:
         return 0, found
-    tokens = 1 + len(tok.encode(prompt.text))
+    tokens = len(tok.prompt_ids(prompt.text))
     if tokens + response + 1 > positions:
         found.append(f"{where}: prompt is {tokens} tokens; with algorithm.max_response_length {response} a "
                      f"sample needs {tokens + response + 1} positions and the model has {positions}")
@@ -66,16 +66,16 @@ def preflight(job: RLJob, absent_ok: bool = False) -> Checked:
     spec = job.spec
     skipped: list[str] = []
     cfg: ModelConfig | None = None
-    tok: CharTokenizer | None = None
+    tok: Tokenizer | None = None
     local_model = spec.model.path.startswith(BUILTIN_PREFIX) or Path(spec.model.path).exists()
-    if spec.rollout.engine != "torch":
-        skipped.append(f"model: the {spec.rollout.engine} engine reads its own tokenizer on the cluster")
-    elif absent_ok and not local_model:
+    if absent_ok and not local_model:
         skipped.append(f"model: {spec.model.path} is not on this machine")
     else:
         folder = model_dir(spec.model.path)
+        if spec.model.implementation == "native":
+            check_native(folder)
         cfg = read_config(folder)
-        tok = CharTokenizer.load(folder / "tokenizer.json")
+        tok = load_tokenizer(folder)
         response = spec.algorithm.max_response_length
         if response + 3 > cfg.max_position_embeddings:  # <bos>, one prompt token, the sampled token
             raise SpecError([SpecProblem("spec.algorithm.max_response_length",
@@ -116,8 +116,9 @@ def physical_memory() -> int:
 
 
 def check_memory(job: RLJob, checked: Checked, memory: int | None = None) -> None:
-    """Refuse a local job whose KV cache alone exceeds this machine's memory (`memory` bytes)."""
-    if checked.config is None or checked.longest_prompt is None:
+    """Refuse a local job whose torch engines' KV cache alone exceeds this machine's memory (`memory`
+    bytes); vLLM sizes its own cache (VLLM_CPU_KVCACHE_SPACE, gpu_memory_utilization)."""
+    if checked.config is None or checked.longest_prompt is None or job.spec.rollout.engine != "torch":
         return
     need = kv_cache_bytes(job, checked.config, checked.longest_prompt)
     have = physical_memory() if memory is None else memory

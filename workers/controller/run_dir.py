@@ -36,7 +36,7 @@ from rhymerl.workers import atomic, dumps
 from rhymerl.workers.controller import checkpoints
 from rhymerl.workers.controller.run_lock import RunLock
 from rhymerl.workers.controller.step_metrics import StepMetrics
-from rhymerl.workers.model.transformer import TinyLlama, load_model, save_model
+from rhymerl.workers.model.policy import PolicyModel, read_weights, save_model
 
 SPEC = "spec.yaml"
 METRICS = "metrics.jsonl"
@@ -180,7 +180,7 @@ class RunDir:
     def checkpoint_dirs(self) -> list[Path]:
         return checkpoints.complete(self.path / CHECKPOINTS)
 
-    def save_checkpoint(self, state: LoopState, model: TinyLlama, optimizer: torch.optim.Optimizer,
+    def save_checkpoint(self, state: LoopState, model: PolicyModel, optimizer: torch.optim.Optimizer,
                         keep_last: int) -> Path:
         def fill(folder: Path) -> None:
             save_model(model, folder)
@@ -196,7 +196,7 @@ class RunDir:
                               f"({exc.strerror or exc}); free space, then resume with --resume {self.path}") from None
         return final
 
-    def restore(self, model: TinyLlama, optimizer: torch.optim.Optimizer) -> LoopState:
+    def restore(self, model: PolicyModel, optimizer: torch.optim.Optimizer) -> LoopState:
         """Load the newest intact checkpoint and cut metrics and dumps back to it.
 
         Debris of interrupted writes is removed; a damaged checkpoint is set aside (renamed
@@ -229,17 +229,28 @@ class RunDir:
         atomic.write_text(self.path / METRICS, "".join(finite_json(m) + "\n" for m in kept))
         dumps.remove_after(self.path, step)
 
-    def _load(self, folder: Path, model: TinyLlama, optimizer: torch.optim.Optimizer) -> LoopState:
+    def _load(self, folder: Path, model: PolicyModel, optimizer: torch.optim.Optimizer) -> LoopState:
         try:
             checkpoints.verify(folder)
         except checkpoints.NoManifest:
             self.note(f"checkpoint {folder.name} predates checksums: loaded unverified")
         try:
             state = LoopState.from_json((folder / STATE).read_text())
-            weights = load_model(folder).state_dict()
+            weights = read_weights(folder)
+            _check_shapes(weights, model)
             opt = torch.load(folder / OPTIMIZER, weights_only=True)
         except Exception as exc:  # verified files that still do not load are damaged all the same
             raise checkpoints.CheckpointDamaged(f"{folder}: {type(exc).__name__}: {exc}") from exc
-        model.load_state_dict(weights)
+        model.load_hf_state_dict(weights)
         optimizer.load_state_dict(opt)
         return state
+
+
+def _check_shapes(weights: dict[str, torch.Tensor], model: PolicyModel) -> None:
+    """Raise unless `weights` has exactly the model's tensors and shapes (checked before loading, so a
+    damaged checkpoint leaves the model as it was)."""
+    want = {k: tuple(v.shape) for k, v in model.hf_state_dict().items()}
+    have = {k: tuple(v.shape) for k, v in weights.items()}
+    if want != have:
+        diff = sorted(set(want) ^ set(have)) or sorted(k for k in want if want[k] != have[k])
+        raise ValueError(f"weights do not match the model ({', '.join(diff[:3])})")

@@ -22,12 +22,12 @@ from rhymerl.workers.controller.history import RunHistory
 from rhymerl.workers.controller.prompts import Prompt
 from rhymerl.workers.controller.speculation import reachable_batches
 from rhymerl.workers.model.folder import model_dir
-from rhymerl.workers.model.tokenizer import CharTokenizer
-from rhymerl.workers.model.transformer import TinyLlama
+from rhymerl.workers.model.policy import PolicyModel
+from rhymerl.workers.model.tokenizer import Tokenizer
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.rollout.verify_cost import Progress
-from rhymerl.workers.rollout.vllm_engine import VllmEngine, VllmSettings, hf_named
+from rhymerl.workers.rollout.vllm_engine import VllmEngine, VllmSettings
 
 if TYPE_CHECKING:
     from rhymerl.workers.controller.loop import Group
@@ -40,8 +40,8 @@ class VllmRollout:
 
     job: RLJob
     engine: VllmEngine
-    model: TinyLlama
-    tok: CharTokenizer
+    model: PolicyModel
+    tok: Tokenizer
     encoded: dict[str, list[int]]
     params: SamplingParams
     history: RunHistory
@@ -49,20 +49,20 @@ class VllmRollout:
     weight_sync_s: float = 0.0
 
     @classmethod
-    def for_job(cls, job: RLJob, model: TinyLlama, tok: CharTokenizer, prompts: list[Prompt],
+    def for_job(cls, job: RLJob, model: PolicyModel, tok: Tokenizer, prompts: list[Prompt],
                 history: RunHistory, progress: Progress | None = None) -> VllmRollout:
         """The engine over the job's model folder; with history speculation it first measures its
         pass costs (`progress(done, total)` follows; a few seconds on the embedded model), since
         the draft cap is priced from vLLM's own step times, not the torch engine's."""
         spec, algo = job.spec, job.spec.algorithm
-        encoded = {p.prompt_id: [tok.bos_id, *tok.encode(p.text)] for p in prompts}
+        encoded = {p.prompt_id: tok.prompt_ids(p.text) for p in prompts}
         params = SamplingParams(spec.rollout.temperature, spec.rollout.top_p, spec.rollout.seed,
                                 algo.max_response_length)
-        engine = cls.engine_for(job, model, max((len(e) for e in encoded.values()), default=1), progress)
+        engine = cls.engine_for(job, model.vocab_size, max((len(e) for e in encoded.values()), default=1), progress)
         return cls(job, engine, model, tok, encoded, params, history)
 
     @staticmethod
-    def engine_for(job: RLJob, model: TinyLlama, longest_prompt: int,
+    def engine_for(job: RLJob, vocab_size: int, longest_prompt: int,
                    progress: Progress | None = None) -> VllmEngine:
         """The job's vLLM engine (also what a Ray rollout worker runs), its pass costs measured
         or taken from this machine's cache when history speculation prices its draft cap."""
@@ -74,7 +74,7 @@ class VllmRollout:
         engine = VllmEngine(settings)
         drafting = spec.rollout.speculation
         if drafting.method == "history" and drafting.disable_above_batch is None:
-            engine.cost_profile(reachable_batches(job), model.cfg.vocab_size, progress=progress)
+            engine.cost_profile(reachable_batches(job), vocab_size, progress=progress)
         return engine
 
     def sync_weights(self, version: int) -> None:
@@ -82,7 +82,7 @@ class VllmRollout:
         restored weights count as a change: `synced_version` starts at 0, the folder's weights)."""
         self.weight_sync_s = 0.0
         if version != self.synced_version:
-            self.weight_sync_s = self.engine.load_weights(hf_named(self.model.state_dict().items()))
+            self.weight_sync_s = self.engine.load_weights(self.model.hf_state_dict())
             self.synced_version = version
 
     def step_stats(self, groups: Sequence[Group]) -> dict[str, Any]:
@@ -113,7 +113,7 @@ class VllmRollout:
 
 
 @torch.no_grad()
-def logprob_gap(model: TinyLlama, samples: Sequence[tuple[list[int], GenResult]]) -> tuple[float, float] | None:
+def logprob_gap(model: PolicyModel, samples: Sequence[tuple[list[int], GenResult]]) -> tuple[float, float] | None:
     """Mean and largest |trainer - rollout| log-probability over every response token that carries
     the rollout's log-probability, the trainer's computed before temperature like vLLM's; None when
     no token carries one."""

@@ -86,6 +86,36 @@ def read_config(folder: Path) -> ModelConfig:
         raise ModelError(f"{path}: {exc}") from None
 
 
+def native_problem(data: dict[str, object]) -> str | None:
+    """Why a config.json describes a model rhymerl's native Llama cannot hold (None: it can)."""
+    heads = data.get("num_attention_heads")
+    hidden = data.get("hidden_size")
+    checks = [
+        (data.get("model_type", "llama") == "llama", f"model_type is {data.get('model_type')!r}"),
+        (data.get("num_key_value_heads", heads) == heads, "it uses grouped-query attention (num_key_value_heads "
+         f"{data.get('num_key_value_heads')} < num_attention_heads {heads})"),
+        # a config without model_type is rhymerl's own older format, tied by construction
+        (data.get("tie_word_embeddings", "model_type" not in data) is True,
+         "its output layer is not tied to the embedding"),
+        (not data.get("attention_bias") and not data.get("mlp_bias"), "its projections have biases"),
+        (data.get("hidden_act", "silu") == "silu", f"hidden_act is {data.get('hidden_act')!r}"),
+        (data.get("rope_scaling") is None, "it scales RoPE (rope_scaling)"),
+        (isinstance(hidden, int) and isinstance(heads, int) and heads > 0
+         and data.get("head_dim", hidden // heads) == hidden // heads, "its head_dim is not hidden_size / heads"),
+    ]
+    return next((why for ok, why in checks if not ok), None)
+
+
+def check_native(folder: Path) -> None:
+    """Refuse, naming config.json, a model that only model.implementation transformers can hold."""
+    path = folder / CONFIG
+    data = read_json(path, "; is this a model folder?")
+    why = native_problem(data) if isinstance(data, dict) else "it is not a JSON object"
+    if why is not None:
+        raise ModelError(f"{path}: rhymerl's native model cannot hold this model ({why}); set "
+                         "model.implementation: transformers (with rollout.engine: vllm)")
+
+
 def model_dir(path: str) -> Path:
     """The folder of `model.path`: the embedded model's or the path itself."""
     if path in BUILTIN:

@@ -11,16 +11,16 @@ Parameter names follow Hugging Face's LlamaForCausalLM so a checkpoint maps onto
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from rhymerl.workers.model import cached_attention
-from rhymerl.workers.model.folder import ModelConfig, ModelError, read_config
+from rhymerl.workers.model.folder import ModelConfig, ModelError, check_native, read_config
+from rhymerl.workers.model.policy import PolicyModel, read_weights
 
 
 class KVCache:
@@ -233,7 +233,7 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
 
-class TinyLlama(nn.Module):
+class TinyLlama(PolicyModel):
     rope_cos: Tensor
     rope_sin: Tensor
 
@@ -255,8 +255,26 @@ class TinyLlama(nn.Module):
         if isinstance(m, nn.Linear | nn.Embedding):
             nn.init.normal_(m.weight, std=0.02)
 
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
+    @property
+    def vocab_size(self) -> int:
+        return self.cfg.vocab_size
+
+    @property
+    def max_positions(self) -> int:
+        return self.cfg.max_position_embeddings
+
+    def hf_state_dict(self) -> dict[str, Tensor]:
+        named = {f"model.{name}": t for name, t in self.state_dict().items()}
+        named["lm_head.weight"] = named["model.embed_tokens.weight"]
+        return named
+
+    def load_hf_state_dict(self, tensors: Mapping[str, Tensor]) -> None:
+        param = self.embed_tokens.weight
+        self.load_state_dict({k.removeprefix("model."): v.to(param.dtype) for k, v in tensors.items()
+                              if k != "lm_head.weight"})
+
+    def config_json(self) -> str:
+        return self.cfg.to_json()
 
     def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos/sin for positions [L] or [B, L], shaped to broadcast over [B, heads, L, head_dim/2]."""
@@ -308,34 +326,16 @@ class TinyLlama(nn.Module):
         return cells.pad(self._logits(x))
 
 
-def save_model(model: TinyLlama, folder: Path, half: bool = False) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    dtype = torch.bfloat16 if half else torch.float32
-    state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
-    state["lm_head.weight"] = state["embed_tokens.weight"]
-    tensors = {("model." + k if k != "lm_head.weight" else k): v for k, v in state.items()}
-    tensors["lm_head.weight"] = tensors["lm_head.weight"].clone()
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    (folder / "config.json").write_text(model.cfg.to_json())
-
-
 def load_model(folder: Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> TinyLlama:
     """The model in `folder`; a ModelError names the file when config.json or the weights are unusable."""
-    weights = folder / "model.safetensors"
+    check_native(folder)
     cfg = read_config(folder)
-    if not weights.is_file():
-        raise ModelError(f"{folder}: missing {weights.name}")
     model = TinyLlama(cfg)
     try:
-        tensors = load_file(str(weights))
-    except (OSError, SafetensorError) as exc:
-        raise ModelError(f"{weights}: not a readable safetensors file ({exc})") from None
-    state = {k.removeprefix("model."): v for k, v in tensors.items() if k != "lm_head.weight"}
-    try:
-        model.load_state_dict({k: v.float() for k, v in state.items()})
+        model.load_hf_state_dict({k: v.float() for k, v in read_weights(folder).items()})
     except RuntimeError as exc:
         first = str(exc).splitlines()[1].strip() if "\n" in str(exc) else str(exc)
-        raise ModelError(f"{weights}: does not match {folder / 'config.json'}: {first}") from None
+        raise ModelError(f"{folder / 'model.safetensors'}: does not match {folder / 'config.json'}: {first}") from None
     return model.to(device=device, dtype=dtype)
 
 

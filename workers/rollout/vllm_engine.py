@@ -27,7 +27,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api.spec import SpeculationSpec
 from rhymerl.errors import UserError
 from rhymerl.workers import atomic
+from rhymerl.workers.model.folder import read_config
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams
 from rhymerl.workers.rollout.speculators import NGRAM_MATCH
 from rhymerl.workers.rollout.verify_cost import cache_dir
@@ -48,6 +49,8 @@ PROPOSER = "rhymerl.workers.rollout.vllm_proposer.HistoryProposer"
 EXTENSION = "rhymerl.workers.rollout.vllm_worker.RhymerlWorkerExtension"
 METHODS = ("none", "history", "ngram", "suffix")
 PROFILE_CODE_VERSION = 1  # raised when what measure_profile measures changes (the cache key has it)
+PROFILE_CONTEXT = 64  # tokens of each probe prompt of the pass-cost profile
+PROFILE_PASSES = 16  # engine passes each probe generate runs
 
 
 class VllmUnavailable(UserError):
@@ -126,19 +129,24 @@ class VllmEngine:
         from vllm import LLM
 
         self.settings = settings
+        spec_config = speculative_config(settings.method, settings.speculation)
+        # vLLM drafts for no row of a pass whose longest sequence is within k tokens of max_model_len:
+        # room for one more draft past the longest response keeps speculation on to the last token
+        room = settings.speculation.window.max + 1 if spec_config else 0
+        self.max_model_len = min(settings.max_model_len + room,
+                                 max(read_config(settings.model).max_position_embeddings, settings.max_model_len))
         kwargs: dict[str, Any] = {}
         if on_cpu:  # on CPU the fraction reserves host memory: the KV cache size above decides instead
             # A CPU torch.Generator cannot rewind, which vLLM does for a seeded request whose prompt
             # was prefilled in chunks: whole prompts only, then.
             kwargs |= {"gpu_memory_utilization": 0.05, "enforce_eager": True, "enable_chunked_prefill": False,
-                       "max_num_batched_tokens": max(settings.max_model_len, 8192)}
+                       "max_num_batched_tokens": max(self.max_model_len, 8192)}
         else:
             kwargs["gpu_memory_utilization"] = settings.gpu_memory_utilization
         self.llm: Any = LLM(model=str(settings.model), skip_tokenizer_init=True, dtype=settings.dtype,
-                            max_model_len=settings.max_model_len, max_num_seqs=settings.max_batch_size,
+                            max_model_len=self.max_model_len, max_num_seqs=settings.max_batch_size,
                             seed=settings.seed, disable_log_stats=not settings.log_stats,
-                            worker_extension_cls=EXTENSION,
-                            speculative_config=speculative_config(settings.method, settings.speculation), **kwargs)
+                            worker_extension_cls=EXTENSION, speculative_config=spec_config, **kwargs)
         self.llm.collective_rpc("rhymerl_prepare")
         self.profile: CostProfile | None = None
         self._configured = False
@@ -208,9 +216,12 @@ class VllmEngine:
         tokens = tuple(1 + c for c in CAPS if c <= self.settings.speculation.window.max)
         config = (self.settings.model / "config.json").read_text() if (self.settings.model / "config.json").is_file() \
             else ""
+        # the probe prompts' length: the usual 64 tokens where the engine's context leaves room for
+        # them, the passes and the longest draft
+        context = max(1, min(PROFILE_CONTEXT, self.max_model_len - PROFILE_PASSES - 1 - max(tokens)))
         key = hashlib.sha256(json.dumps([config, self.settings.dtype, _vllm_version(), torch.__version__,
                                          torch.get_num_threads(), torch.cuda.is_available(), list(batch_sizes),
-                                         list(tokens), PROFILE_CODE_VERSION]).encode()).hexdigest()[:16]
+                                         list(tokens), context, PROFILE_CODE_VERSION]).encode()).hexdigest()[:16]
         path = cache_dir() / f"vllm-{key}.json"
         if path.is_file():
             try:
@@ -221,13 +232,13 @@ class VllmEngine:
                 return self.profile
             except (ValueError, KeyError, TypeError):
                 pass  # a damaged cache entry is measured again
-        profile = self.measure_profile(batch_sizes, tokens, vocab_size, progress=progress)
+        profile = self.measure_profile(batch_sizes, tokens, vocab_size, context, progress=progress)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic.write_text(path, json.dumps(asdict(profile)))
         return profile
 
-    def measure_profile(self, batch_sizes: Sequence[int], tokens: Sequence[int], vocab_size: int, context: int = 64,
-                        passes: int = 16, progress: Callable[[int, int], None] | None = None) -> CostProfile:
+    def measure_profile(self, batch_sizes: Sequence[int], tokens: Sequence[int], vocab_size: int,
+                        context: int = PROFILE_CONTEXT, passes: int = PROFILE_PASSES, progress: Callable[[int, int], None] | None = None) -> CostProfile:
         """vLLM's own pass times t(batch, n) for the draft cap (adaptive_cap): the proposer offers
         n - 1 filler tokens on every row (almost always rejected, so each pass still emits one token
         per row) and a pass's time is the generate call's time over the passes it ran."""
@@ -267,12 +278,3 @@ class VllmEngine:
             llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
-
-
-def hf_named(state: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """The torch engine's model's parameters under Hugging Face Llama names (what the checkpoint
-    folder stores and vLLM loads): `model.` + name; the tied output layer is the embedding."""
-    named = {f"model.{name}": t for name, t in state}
-    if "model.embed_tokens.weight" in named:
-        named["lm_head.weight"] = named["model.embed_tokens.weight"]
-    return named

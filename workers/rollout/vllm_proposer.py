@@ -180,19 +180,35 @@ class HistoryProposer:
 
     def request_stats(self, sequences: Sequence[Sequence[int]]) -> list[tuple[int, int, int]]:
         """(engine steps, draft tokens offered, accepted) of each finished request, given its prompt
-        + response; (0, 0, 0) for one not found. A request's last state may hold a few tokens past
-        its end (vLLM trims what follows a stop token), so states up to k + 1 tokens longer match."""
-        wanted: dict[bytes, list[int]] = {}
-        for i, seq in enumerate(sequences):  # identical requests (greedy twins) share a key
-            wanted.setdefault(np.asarray(seq, dtype=np.int32).tobytes(), []).append(i)
+        + response; (0, 0, 0) for one not found. The request's pass after the last call to the
+        proposer is counted too: its state holds 1..k+1 tokens less than the request (the pass
+        accepted some of the state's draft and sampled one), or, where vLLM trimmed what followed a
+        stop token, up to k + 1 tokens more."""
         out = [(0, 0, 0)] * len(sequences)
+        taken: set[int] = set()
+        left: dict[bytes, list[int]] = {}
+        for i, seq in enumerate(sequences):
+            tokens = np.asarray(seq, dtype=np.int32)
+            for length in range(tokens.size - 1, max(tokens.size - self.k - 2, 0), -1):
+                state = next((r for r in self.rows.get((length, tokens[:length].tobytes()), ())
+                              if id(r) not in taken), None)
+                if state is not None:
+                    taken.add(id(state))
+                    tail = tokens[length:]
+                    limit = min(state.draft.size, tail.size)
+                    mismatch = np.flatnonzero(state.draft[:limit] != tail[:limit])
+                    accepted = int(mismatch[0]) if mismatch.size else limit
+                    out[i] = (state.passes + 1, state.drafted + int(state.draft.size), state.accepted + accepted)
+                    break
+            else:  # identical requests (greedy twins) share a key
+                left.setdefault(tokens.tobytes(), []).append(i)
         item = np.dtype(np.int32).itemsize
         for (n, key), states in self.rows.items():
             for length in range(max(n - self.k - 1, 1), n + 1):
-                waiting = wanted.get(key[: length * item])
+                waiting = left.get(key[: length * item])
                 if waiting:
                     for state in states:
-                        if waiting:
+                        if waiting and id(state) not in taken:
                             out[waiting.pop()] = (state.passes, state.drafted, state.accepted)
                     break
         return out

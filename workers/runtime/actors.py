@@ -28,12 +28,12 @@ from rhymerl.workers.controller.run_dir import LoopState, RunDir
 from rhymerl.workers.controller.speculation import RolloutSpeculation
 from rhymerl.workers.controller.vllm_rollout import VllmRollout, logprob_gap
 from rhymerl.workers.history.store import MemoryHistoryStore
-from rhymerl.workers.model.folder import model_dir
-from rhymerl.workers.model.registry import load_policy
-from rhymerl.workers.model.tokenizer import CharTokenizer
+from rhymerl.workers.model.folder import model_dir, read_config
+from rhymerl.workers.model.registry import load_native_policy, load_policy
+from rhymerl.workers.model.tokenizer import Tokenizer, load_tokenizer
 from rhymerl.workers.reward.pool import open_scorer
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, TorchEngine
-from rhymerl.workers.rollout.vllm_engine import VllmEngine, hf_named
+from rhymerl.workers.rollout.vllm_engine import VllmEngine
 from rhymerl.workers.runtime.worker_metrics import WorkerMetrics
 from rhymerl.workers.train.trainer import Trainer
 
@@ -109,12 +109,12 @@ def pod_run_dir() -> Path:
     return Path(os.environ[DATA_DIR_ENV]) / POD_RUN_DIR
 
 
-def encode_prompts(tok: CharTokenizer, prompts: Sequence[Prompt]) -> dict[str, list[int]]:
-    return {p.prompt_id: [tok.bos_id, *tok.encode(p.text)] for p in prompts}
+def encode_prompts(tok: Tokenizer, prompts: Sequence[Prompt]) -> dict[str, list[int]]:
+    return {p.prompt_id: tok.prompt_ids(p.text) for p in prompts}
 
 
-def load_tokenizer(job: RLJob) -> CharTokenizer:
-    return CharTokenizer.load(model_dir(job.spec.model.path) / "tokenizer.json")
+def load_job_tokenizer(job: RLJob) -> Tokenizer:
+    return load_tokenizer(model_dir(job.spec.model.path))
 
 
 def assemble(chunks: Sequence[Sequence[ScoredSample]], prompts: Mapping[str, Prompt], order: Sequence[str],
@@ -162,15 +162,18 @@ class RolloutWorker:
         torch.set_num_threads(threads)
         spec = job.spec
         self.job = job
-        self.model, tok = load_policy(spec.model)
-        self.engine = TorchEngine(self.model, tok.eos_id, spec.rollout.max_batch_size)
+        tok = load_job_tokenizer(job)
+        self.eos_id = tok.eos_id
         self.params = SamplingParams(spec.rollout.temperature, spec.rollout.top_p, spec.rollout.seed,
                                      spec.algorithm.max_response_length)
         self.vllm: VllmEngine | None = None
-        if spec.rollout.engine == "vllm":  # the torch engine stays for its eos id and length rule
+        if spec.rollout.engine == "vllm":  # vLLM holds the only copy of the weights here
             encoded = encode_prompts(tok, load_prompts(spec.data))
-            self.vllm = VllmRollout.engine_for(job, self.model, max(map(len, encoded.values())))
+            vocab = read_config(model_dir(spec.model.path)).vocab_size
+            self.vllm = VllmRollout.engine_for(job, vocab, max(map(len, encoded.values())))
         else:
+            self.model, _ = load_native_policy(spec.model)
+            self.engine = TorchEngine(self.model, tok.eos_id, spec.rollout.max_batch_size)
             self.speculation = RolloutSpeculation.for_job(job, self.model, MemoryHistoryStore())
         self.policy_version = 0
         self.metrics = WorkerMetrics("rollout")
@@ -179,10 +182,11 @@ class RolloutWorker:
         return os.getpid()
 
     def load_weights(self, version: int, weights: Weights) -> int:
-        with torch.no_grad():
-            self.model.load_state_dict(weights)
         if self.vllm is not None:
-            self.vllm.load_weights(hf_named(weights.items()))
+            self.vllm.load_weights(weights)
+        else:
+            with torch.no_grad():
+                self.model.load_hf_state_dict(weights)
         self.policy_version = version
         self.metrics.policy.set(version)
         self.metrics.flush()
@@ -230,7 +234,7 @@ class RolloutWorker:
         assert self.vllm is not None
         first = {r.prompt_id: r.prompt_ids for r in requests}
         self.vllm.set_history(list(first.values()), [(indexes or {}).get(p) for p in first])
-        results = self.vllm.generate(requests, self.params, self.engine.eos_id)
+        results = self.vllm.generate(requests, self.params, self.eos_id)
         yield from self._finish(RolloutOutput(samples, results, self.policy_version, time.perf_counter() - t0,
                                               bool(indexes), 0))
 
@@ -248,7 +252,7 @@ class RolloutWorker:
 
     def _finished(self, r: GenResult) -> bool:
         ids = r.response_ids
-        return bool(ids) and (ids[-1] == self.engine.eos_id or len(ids) >= self.params.max_response_length)
+        return bool(ids) and (ids[-1] == self.eos_id or len(ids) >= self.params.max_response_length)
 
     def end_step(self) -> None:
         """What the step's passes showed about the verify-cost profile goes into the machine's cache."""
@@ -261,7 +265,7 @@ class RewardWorker:
 
     def __init__(self, job: RLJob) -> None:
         self.job = job
-        self.tok = load_tokenizer(job)
+        self.tok = load_job_tokenizer(job)
         self.prompts = {p.prompt_id: p for p in load_prompts(job.spec.data)}
         self.scorer = open_scorer(job.spec.reward)
         self.metrics = WorkerMetrics("reward")
@@ -327,7 +331,9 @@ class TrainWorker:
         return [(pid, ls) for (_, pid), ls in groups.items()]
 
     def weights(self) -> Weights:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        """Copies under Hugging Face names; a tied output layer is the embedding's copy, not a second one."""
+        copies: dict[int, torch.Tensor] = {}
+        return {k: copies.setdefault(v.data_ptr(), v.detach().clone()) for k, v in self.model.hf_state_dict().items()}
 
     def step(self, state: LoopState, layout: StepLayout, kept: list[str],
              *chunks: list[ScoredSample]) -> tuple[dict[str, float], Weights | None]:
@@ -370,7 +376,7 @@ class HistoryWorker:
         self.job = job
         self.history = RunHistory.for_job(job)
         self.prompts = {p.prompt_id: p for p in load_prompts(job.spec.data)}
-        self.encoded = encode_prompts(load_tokenizer(job), list(self.prompts.values()))
+        self.encoded = encode_prompts(load_job_tokenizer(job), list(self.prompts.values()))
         self.history.record(fill())
         self.metrics = WorkerMetrics("history")
 

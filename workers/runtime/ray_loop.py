@@ -56,7 +56,7 @@ from rhymerl.workers.runtime.actors import (
     StepLayout,
     TrainWorker,
     encode_prompts,
-    load_tokenizer,
+    load_job_tokenizer,
 )
 from rhymerl.workers.runtime.cluster import local_ray, spawn
 
@@ -158,7 +158,7 @@ class Controller:
         spec = job.spec
         self.prompts = load_prompts(spec.data)
         self.by_id = {p.prompt_id: p for p in self.prompts}
-        self.encoded = encode_prompts(load_tokenizer(job), self.prompts)
+        self.encoded = encode_prompts(load_job_tokenizer(job), self.prompts)
         self.lengths = LengthHistory()
         self.version = 0
         self.weights: dict[int, Any] = {}  # policy version -> reference to its weights (the last two)

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from rhymerl.algorithms import objectives as obj
 from rhymerl.api.spec import AlgorithmSpec
-from rhymerl.workers.model.transformer import TinyLlama
+from rhymerl.workers.model.policy import PolicyModel
 from rhymerl.workers.train import guards
 
 
@@ -72,7 +72,7 @@ def micro_batches(samples: list[TrainSample], rows: list[int], token_budget: int
 
 
 class Trainer:
-    def __init__(self, model: TinyLlama, algo: AlgorithmSpec, temperature: float,
+    def __init__(self, model: PolicyModel, algo: AlgorithmSpec, temperature: float,
                  micro_batch_tokens: int = 16384) -> None:
         self.model = model
         self.algo = algo
@@ -84,13 +84,13 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=algo.lr, weight_decay=algo.weight_decay,
                                            betas=(0.9, 0.999))
 
-    def _score(self, model: TinyLlama, batch: _Packed) -> tuple[Tensor, Tensor]:
+    def _score(self, model: PolicyModel, batch: _Packed) -> tuple[Tensor, Tensor]:
         logits = model(batch.tokens) / self.temperature
         picked = logits.gather(1, batch.gather.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
         return obj.token_logprobs_and_entropy(picked, batch.targets)
 
     @torch.no_grad()
-    def _logprobs(self, model: TinyLlama, samples: list[TrainSample], rows: list[int]) -> dict[int, Tensor]:
+    def _logprobs(self, model: PolicyModel, samples: list[TrainSample], rows: list[int]) -> dict[int, Tensor]:
         out: dict[int, Tensor] = {}
         for mb in micro_batches(samples, rows, self.micro_batch_tokens):
             batch = pack(samples, mb)

@@ -25,7 +25,7 @@ from rhymerl.errors import OptionError, user_paths
 from rhymerl.tools.bench import report
 from rhymerl.tools.bench.tables import print_table
 from rhymerl.tools.sim.iteration_profile_file import FORMAT, ProfileFile, ProfilePoint, save_profile
-from rhymerl.workers.model.registry import load_policy
+from rhymerl.workers.model.registry import load_native_policy
 from rhymerl.workers.rollout.verify_cost import measure_decode_grid, measure_prefill
 
 
@@ -66,7 +66,7 @@ def device_name(device: str) -> str:
 
 
 def measure_profile(cfg: EngineProfileConfig, console: Console | None = None) -> ProfileFile:
-    model, _ = load_policy(ModelSpec.model_validate({"path": cfg.model, "dtype": cfg.dtype}), cfg.device)
+    model, _ = load_native_policy(ModelSpec.model_validate({"path": cfg.model, "dtype": cfg.dtype}), cfg.device)
     model.eval()
     _check(cfg, model.cfg.max_position_embeddings)
     cells = len(cfg.batch_sizes) * len(cfg.contexts) * cfg.rounds

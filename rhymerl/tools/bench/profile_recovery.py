@@ -128,7 +128,7 @@ def _open(w: RunWorkload, variant: str, entry: dict[str, Any], name: str, folder
     """The speculation state RolloutSpeculation.for_job builds, from `entry` cached in `folder`."""
     with user_paths("write the bench's profile cache", folder):
         (folder / name).write_text(json.dumps(entry))
-    costs = ProfileStore.open(w.model, batches=reachable_batches(w.job), folder=folder)
+    costs = ProfileStore.open(w.native, batches=reachable_batches(w.job), folder=folder)
     spec = w.job.spec.rollout.speculation
     if variant.endswith("-as-is"):
         return RolloutSpeculation(spec.method, DraftCapController(spec, costs.profile, clock=clock), history)
@@ -142,11 +142,11 @@ def _measure_clean(w: RunWorkload, folder: Path, sweeps: int, console: Console) 
     spoils a visit of a cell, not the cell)."""
     batches = reachable_batches(w.job)
     console.print(f"measuring the reference verify-cost profile (batches {batches}, {sweeps} sweeps) ...")
-    store = ProfileStore.open(w.model, batches=batches, folder=folder)
+    store = ProfileStore.open(w.native, batches=batches, folder=folder)
     e = store.entry
     every = [(i, j) for i in range(len(e.batch_sizes)) for j in range(len(e.tokens) + 1)]
     for _ in range(sweeps - 1):
-        timed = measure_cells(w.model, e.context, e.batch_sizes, e.tokens, every)
+        timed = measure_cells(w.native, e.context, e.batch_sizes, e.tokens, every)
         e.measured = np.minimum(e.measured, np.array([[timed[(i, j)] for j in range(len(e.tokens) + 1)]
                                                       for i in range(len(e.batch_sizes))]))
     store.write()
@@ -162,7 +162,7 @@ def run_bench(cfg: RecoveryBenchConfig, console: Console) -> tuple[list[StepRun]
     history = MemoryHistoryStore(job.spec.rollout.speculation.reward_weighted)
     history.update(r for r in w.records if r.epoch == w.last_epoch)
     steps = w.steps()[: cfg.steps]
-    engine = TorchEngine(w.model, w.tokenizer.eos_id, job.spec.rollout.max_batch_size)
+    engine = TorchEngine(w.native, w.tokenizer.eos_id, job.spec.rollout.max_batch_size)
     loads = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory(prefix="rhymerl-profile-recovery-") as tmp:
         root = Path(tmp)

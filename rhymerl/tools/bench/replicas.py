@@ -83,9 +83,9 @@ def _scheduler_run(w: RunWorkload, engine: TorchEngine, policy: str, cfg: Replic
 
 def run_bench(cfg: ReplicaBenchConfig, console: Console) -> dict[str, Any]:
     w = load_run_workload(cfg.run)
-    engine = TorchEngine(w.model, w.tokenizer.eos_id, max_batch_size=w.job.spec.rollout.max_batch_size)
+    engine = TorchEngine(w.native, w.tokenizer.eos_id, max_batch_size=w.job.spec.rollout.max_batch_size)
     # the scheduler's cost model, as `rhymerl run` gives it: measured passes at the batch sizes it reaches
-    profile = measure(w.model, batches=reachable_batches(w.job))
+    profile = measure(w.native, batches=reachable_batches(w.job))
     console.print(f"policy {w.checkpoint}, {len(w.requests)} samples in {len(w.steps())} steps of {w.per_step}, "
                   f"{cfg.replicas} replicas, history from {len(w.records)} dumped responses", highlight=False)
     reference = [r for chunk in w.steps() for r in engine.generate(chunk, w.params)]

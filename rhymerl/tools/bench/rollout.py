@@ -108,7 +108,7 @@ def _sources(method: str, spec: SpeculationSpec, store: dict[bool, MemoryHistory
 
 def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str, Any]], CostProfile]:
     w = load_run_workload(cfg.run)
-    job, model, tok, reqs, params, per_step = w.job, w.model, w.tokenizer, w.requests, w.params, w.per_step
+    job, model, tok, reqs, params, per_step = w.job, w.native, w.tokenizer, w.requests, w.params, w.per_step
     store = {weighted: MemoryHistoryStore(reward_weighted=weighted) for weighted in (True, False)}
     for s in store.values():
         s.update(r for r in w.records if r.epoch == w.last_epoch)

@@ -40,7 +40,7 @@ from rhymerl.tools.bench.tables import print_table
 from rhymerl.tools.bench.workload import RunWorkload, load_run_workload
 from rhymerl.workers.controller.speculation import reachable_batches
 from rhymerl.workers.history.store import MemoryHistoryStore
-from rhymerl.workers.model.transformer import save_model
+from rhymerl.workers.model.policy import save_model
 from rhymerl.workers.rollout.engine import GenResult
 from rhymerl.workers.rollout.vllm_engine import VllmEngine, VllmSettings
 
@@ -76,7 +76,7 @@ def _engine(method: str, folder: Path, w: RunWorkload) -> VllmEngine:
                             seed=w.job.spec.rollout.seed, log_stats=True)
     engine = VllmEngine(settings)
     if method == "history":  # history-aimd keeps no profile: its cap stays at window.max
-        engine.cost_profile(reachable_batches(w.job), w.model.cfg.vocab_size)
+        engine.cost_profile(reachable_batches(w.job), w.model.vocab_size)
     return engine
 
 

@@ -14,9 +14,10 @@ from rhymerl.api.spec import RLJob
 from rhymerl.workers import dumps
 from rhymerl.workers.controller.prompts import epoch_order, load_prompts
 from rhymerl.workers.controller.run_dir import RunDir, RunDirError
+from rhymerl.workers.model.policy import PolicyModel, read_weights
 from rhymerl.workers.model.registry import load_policy
-from rhymerl.workers.model.tokenizer import CharTokenizer
-from rhymerl.workers.model.transformer import TinyLlama, load_model
+from rhymerl.workers.model.tokenizer import Tokenizer
+from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.rollout.engine import GenRequest, SamplingParams
 from rhymerl.workers.rollout.sampling import sample_key
 
@@ -24,8 +25,8 @@ from rhymerl.workers.rollout.sampling import sample_key
 @dataclass
 class RunWorkload:
     job: RLJob
-    model: TinyLlama
-    tokenizer: CharTokenizer
+    model: PolicyModel
+    tokenizer: Tokenizer
     checkpoint: str
     records: list[dumps.RolloutRecord]
     """Every response the run dumped, in step order."""
@@ -35,6 +36,14 @@ class RunWorkload:
     requests: list[GenRequest]
     """That epoch's samples in the run's prompt order, group_size per prompt."""
     params: SamplingParams
+
+    @property
+    def native(self) -> TinyLlama:
+        """The policy as the torch engine needs it: rhymerl's native model."""
+        if not isinstance(self.model, TinyLlama):
+            raise RunDirError(f"{self.job.metadata.name}: the torch engine decodes the native model only; this "
+                              "run's model.implementation is transformers (use --engine vllm)")
+        return self.model
 
     @property
     def last_epoch(self) -> int:
@@ -56,7 +65,7 @@ def load_run_workload(path: Path) -> RunWorkload:
     if not ckpts:
         raise RunDirError(f"{path}: no checkpoint to take the policy from")
     model, tok = load_policy(job.spec.model)
-    model.load_state_dict(load_model(ckpts[-1]).state_dict())
+    model.load_hf_state_dict(read_weights(ckpts[-1]))
     model.eval()
     records = dumps.read_run(path)
     if not records:
@@ -65,7 +74,7 @@ def load_run_workload(path: Path) -> RunWorkload:
     prompts = load_prompts(job.spec.data)
     g = job.spec.algorithm.group_size
     order = epoch_order(len(prompts), job.spec.data.seed, epoch, job.spec.data.shuffle)
-    reqs = [GenRequest([tok.bos_id, *tok.encode(prompts[i].text)], sample_key(prompts[i].prompt_id, epoch, k),
+    reqs = [GenRequest(tok.prompt_ids(prompts[i].text), sample_key(prompts[i].prompt_id, epoch, k),
                        prompts[i].prompt_id) for i in order for k in range(g)]
     r = job.spec.rollout
     params = SamplingParams(r.temperature, r.top_p, r.seed, job.spec.algorithm.max_response_length)
