@@ -367,6 +367,9 @@ class SchedulingSpec(Strict):
         "prompt-length", description="ranking without history: by prompt length, or a seeded shuffle"
     )
     migration: MigrationSpec = Field(default_factory=MigrationSpec)
+    work_stealing: bool = Field(True, description="histopipe: a rollout replica that finished its share takes "
+                                "over samples of a busy one (in-process: samples not started; on Ray workers: "
+                                "half of the busiest call's unfinished samples, with their tokens)")
     max_staleness: NonNegInt = Field(1, le=64, description="async: policy versions a sample may lag (at most 64)")
 
 

@@ -101,6 +101,34 @@ def test_a_worker_that_dies_mid_step_is_restarted_and_its_samples_are_not_lost_o
         assert "scoring rollout worker 0's 8 samples again" in events
 
 
+TWO_WORKERS = ["rollout.replicas=2", "rollout.max_replicas=2"]
+
+
+def test_idle_rollout_workers_take_over_unfinished_samples_with_their_tokens_and_change_none(
+        in_process: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    res = run(out, [*TINY, *RAY, *TWO_WORKERS])
+    assert res.returncode == 0, res.stderr
+    assert samples(out) == samples(in_process)  # position-keyed sampling: a moved sample goes on as it would have
+    rows = metrics(out)
+    assert sum(int(str(m["rollout_stolen"])) for m in rows) > 0
+    # what moved went on from its tokens (an idle worker took over samples already started)
+    assert sum(int(str(m["rollout_resumed_tokens"])) for m in rows) > 0
+
+
+def test_a_rollout_worker_that_dies_while_others_take_over_its_samples_loses_none(
+        in_process: Path, tmp_path: Path) -> None:
+    once = tmp_path / "once"
+    once.mkdir()
+    out = tmp_path / "run"
+    res = run(out, [*TINY, *RAY, *TWO_WORKERS],
+              {"RHYMERL_CRASH_AT": "rollout-worker:1", "RHYMERL_CRASH_ONCE_DIR": str(once)})
+    assert res.returncode == 0, res.stderr
+    assert (once / "rollout-worker-1").exists(), "no worker reached its crash point"
+    assert samples(out) == samples(in_process)
+    assert [m["worker_reruns"] for m in metrics(out)] == [1, 0, 0, 0]
+
+
 def test_without_its_history_worker_rollout_goes_on_without_drafts_and_says_so(
         in_process: Path, tmp_path: Path) -> None:
     once = tmp_path / "once"

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from rhymerl.algorithms.scheduling import HistoPipe, Sample, SchedulingError, TableProfile
-from rhymerl.api.spec import MigrationSpec
+from rhymerl.algorithms.scheduling.factory import make_scheduler
+from rhymerl.api.spec import MigrationSpec, SchedulingSpec
 from rhymerl.tools.sim import SimConfig, simulate
 from rhymerl.tools.traces import Trace
 
@@ -72,3 +73,9 @@ def test_the_scheduler_refuses_to_steal_a_sample_that_is_not_waiting() -> None:
         sched.on_sample_finished(plan.queues[busy][0], idle, 10, 1.0)  # not stolen: still the busy worker's
     assert sched.on_idle(idle, 1, {}) == []
     assert HistoPipe(2, work_stealing=False).on_idle(0, 1, {1: [5]}) == []
+
+
+def test_the_jobs_work_stealing_switch_reaches_the_scheduler() -> None:
+    on, off = make_scheduler(SchedulingSpec(), 2), make_scheduler(SchedulingSpec(work_stealing=False), 2)
+    assert isinstance(on, HistoPipe) and isinstance(off, HistoPipe)
+    assert on.work_stealing and not off.work_stealing

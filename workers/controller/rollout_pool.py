@@ -60,7 +60,8 @@ class PoolReport:
     migrated: int = 0
     """Samples moved with their generated tokens (intra-step migrations and rebalanced samples)."""
     stolen: int = 0
-    """Samples not started yet, handed to an idle replica (no tokens to carry)."""
+    """Samples handed to an idle replica: in-process, ones not started yet (no tokens to carry); between
+    Ray rollout workers, unfinished ones with their tokens."""
     ranking: str = "none"
 
     @property

@@ -11,11 +11,14 @@ gets `SampleSummary`s: a few numbers per response.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
+import ray
 import torch
 
 from rhymerl.algorithms.drafting.index import HistoryIndex
@@ -32,7 +35,7 @@ from rhymerl.workers.model.folder import model_dir, read_config
 from rhymerl.workers.model.registry import load_native_policy, load_policy
 from rhymerl.workers.model.tokenizer import Tokenizer, load_tokenizer
 from rhymerl.workers.reward.pool import open_scorer
-from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, TorchEngine
+from rhymerl.workers.rollout.engine import EngineSession, GenRequest, GenResult, SamplingParams, TorchEngine
 from rhymerl.workers.rollout.vllm_engine import VllmEngine
 from rhymerl.workers.runtime.worker_metrics import WorkerMetrics
 from rhymerl.workers.train.trainer import Trainer
@@ -65,9 +68,15 @@ class RolloutOutput:
 
 @dataclass
 class RolloutProgress:
-    """Partial results by request position: what a re-run of a lost call resumes from."""
+    """Partial results by sample: what a re-run of a lost call, or the call that takes over samples
+    a busy worker released, resumes from."""
 
-    results: dict[int, GenResult]
+    results: dict[SampleRef, GenResult]
+
+
+Tag = tuple[str, object]
+"""What the item before it in a rollout stream was: ("progress", samples still running), ("released",
+the SampleRefs handed back), ("output", None)."""
 
 
 @dataclass
@@ -156,7 +165,10 @@ class StepLayout:
 
 
 class RolloutWorker:
-    """A rollout engine with its own copy of the weights, replaced in place by `load_weights`."""
+    """A rollout engine with its own copy of the weights, replaced in place by `load_weights`.
+    Calls run one at a time, in order, except `release`, which reaches a running call."""
+
+    CONCURRENCY_GROUPS: ClassVar[dict[str, int]] = {"control": 1}
 
     def __init__(self, job: RLJob, threads: int) -> None:
         torch.set_num_threads(threads)
@@ -177,6 +189,22 @@ class RolloutWorker:
             self.speculation = RolloutSpeculation.for_job(job, self.model, MemoryHistoryStore())
         self.policy_version = 0
         self.metrics = WorkerMetrics("rollout")
+        self._lock = threading.Lock()
+        self._call: int | None = None  # the running generate call's id
+        self._release = 0  # samples the controller asked the running call to hand back
+
+    @ray.method(concurrency_group="control")
+    def release(self, call: int, n: int) -> None:
+        """Ask the running call `call` to hand back up to `n` of its unfinished samples (work stealing
+        by an idle worker); runs beside the call, in its own thread. A call that already ended ignores it."""
+        with self._lock:
+            if self._call == call:
+                self._release = max(self._release, n)
+
+    def _released(self) -> int:
+        with self._lock:
+            n, self._release = self._release, 0
+            return n
 
     def ping(self) -> int:
         return os.getpid()
@@ -194,41 +222,64 @@ class RolloutWorker:
 
     def generate(self, samples: list[SampleRef], requests: list[GenRequest],
                  indexes: Mapping[str, HistoryIndex] | None, step: int,
-                 resume: RolloutProgress | None = None) -> Iterator[str | RolloutProgress | RolloutOutput]:
-        """A stream of (item, tag) pairs: (RolloutProgress, "progress") every SNAPSHOT_PASSES passes,
-        then (RolloutOutput, "output"). The small tag after an item says what it was and that it
-        is complete (the caller reads tags, never items). `indexes` None: no history drafts this
-        time; `resume`: partial results by request position, from the progress of a call that was
-        lost, continued from their tokens."""
+                 resume: RolloutProgress | None = None,
+                 call: int = -1) -> Iterator[Tag | RolloutProgress | RolloutOutput]:
+        """A stream of (item, tag) pairs: (RolloutProgress, progress tag) every SNAPSHOT_PASSES
+        passes, (RolloutProgress of the samples handed back, released tag) when `release(call, n)`
+        asked for some, then (RolloutOutput of the samples kept, output tag). The small tag after
+        an item says what it was and that it is complete (the caller reads tags, never items).
+        `indexes` None: no history drafts this time; `resume`: partial results by sample, from
+        the progress of a lost call or of a call that released them, continued from their tokens."""
         t0 = time.perf_counter()
         if self.vllm is not None:
             yield from self._generate_vllm(samples, requests, indexes, t0)
             return
         drafts = self.speculation.drafts_from(indexes or {})
         results: dict[int, GenResult] = {}
-        resumed = 0
+        released: set[int] = set()
+        carried: dict[int, int] = {}  # tokens each sample brought from elsewhere
         session = self.engine.session(self.params, drafts, slots=len(requests),
                                       max_prompt_len=max(len(r.prompt_ids) for r in requests))
         for i, r in enumerate(requests):
-            partial = resume.results.get(i) if resume else None
-            resumed += len(partial.response_ids) if partial else 0
+            partial = resume.results.get(samples[i]) if resume else None
+            carried[i] = len(partial.response_ids) if partial else 0
             if partial is not None and self._finished(partial):
                 results[i] = partial
             else:
                 session.add(i, r, partial)
-        passes = 0
-        while session.busy:
-            results.update(session.step())
-            passes += 1
-            if passes % SNAPSHOT_PASSES == 0:
-                yield RolloutProgress(results | session.progress())
-                yield "progress"
-                faults.point("rollout-worker", step)
-        yield from self._finish(RolloutOutput(samples, [results[i] for i in range(len(requests))], self.policy_version,
-                                              time.perf_counter() - t0, bool(indexes), resumed))
+        with self._lock:
+            self._call, self._release = call, 0
+        try:
+            passes = 0
+            while session.busy:
+                results.update(session.step())
+                passes += 1
+                if (n := self._released()) and session.busy:
+                    handed = self._hand_back(session, n)
+                    released.update(handed)
+                    yield RolloutProgress({samples[i]: r for i, r in handed.items()})
+                    yield ("released", [samples[i] for i in handed])
+                if passes % SNAPSHOT_PASSES == 0:
+                    yield RolloutProgress({samples[i]: r for i, r in (results | session.progress()).items()})
+                    yield ("progress", len(session.waiting()) + len(session.running()))
+                    faults.point("rollout-worker", step)
+        finally:
+            with self._lock:
+                self._call = None
+        kept = [i for i in range(len(requests)) if i not in released]
+        yield from self._finish(RolloutOutput([samples[i] for i in kept], [results[i] for i in kept],
+                                              self.policy_version, time.perf_counter() - t0, bool(indexes),
+                                              sum(carried[i] for i in kept)))
+
+    @staticmethod
+    def _hand_back(session: EngineSession, n: int) -> dict[int, GenResult]:
+        """Take up to `n` unfinished samples out of the session, those with the fewest tokens first
+        (the least to recompute where they go), always keeping one: their partial results."""
+        unfinished = sorted([*session.waiting(), *session.running()], key=lambda k: (session.generated(k), k))
+        return {k: session.take(k) for k in unfinished[: min(n, len(unfinished) - 1)]}
 
     def _generate_vllm(self, samples: list[SampleRef], requests: list[GenRequest],
-                       indexes: Mapping[str, HistoryIndex] | None, t0: float) -> Iterator[str | RolloutOutput]:
+                       indexes: Mapping[str, HistoryIndex] | None, t0: float) -> Iterator[Tag | RolloutOutput]:
         """The call on vLLM: one generate, no progress snapshots (vLLM's sampling is not keyed by
         position, so a lost call is run again whole rather than resumed from its tokens)."""
         assert self.vllm is not None
@@ -238,7 +289,7 @@ class RolloutWorker:
         yield from self._finish(RolloutOutput(samples, results, self.policy_version, time.perf_counter() - t0,
                                               bool(indexes), 0))
 
-    def _finish(self, out: RolloutOutput) -> Iterator[str | RolloutOutput]:
+    def _finish(self, out: RolloutOutput) -> Iterator[Tag | RolloutOutput]:
         resumed = out.resumed_tokens
         m = self.metrics
         m.tokens.inc(sum(len(r.response_ids) for r in out.results) - resumed)
@@ -248,7 +299,7 @@ class RolloutWorker:
         m.call(out.seconds)
         m.flush()
         yield out
-        yield "output"
+        yield ("output", None)
 
     def _finished(self, r: GenResult) -> bool:
         ids = r.response_ids

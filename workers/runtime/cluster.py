@@ -54,7 +54,9 @@ def local_ray(job_name: str) -> Iterator[None]:
 
 def spawn(cls: type, role: Role, *args: Any) -> Any:
     """Start one worker of `role` (a `cls` actor) where that role's resource is."""
-    actor: Any = ray.remote(cls).options(num_cpus=0, resources={role_resource(role): 1}, max_restarts=RESTARTS,
+    groups = getattr(cls, "CONCURRENCY_GROUPS", None)  # methods that run beside the ordered ones
+    remote: Any = ray.remote(concurrency_groups=groups)(cls) if groups else ray.remote(cls)  # type: ignore[call-overload]
+    actor: Any = remote.options(num_cpus=0, resources={role_resource(role): 1}, max_restarts=RESTARTS,
                                     max_task_retries=0, max_concurrency=1)
     return actor.remote(*args)
 

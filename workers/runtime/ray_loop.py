@@ -14,6 +14,11 @@ in-process loop (position-keyed sampling, the same batches). With >= 1 the first
 n+1 is started before step n trains, so rollout overlaps training and its samples are one policy
 version behind (recorded per sample in the dumps, `policy_lag_max` in the metrics).
 
+Work stealing: a rollout worker that has finished its calls of a round takes over half of the
+unfinished samples of the busiest call, with their tokens (`_steal`; the call hands them back at
+its next pass, `RolloutWorker.release`), so one long call no longer holds the round while other
+workers sit idle.
+
 Faults: a rollout or reward worker that dies is restarted by Ray; the call it was running is run
 again on it (a rollout with the weights it was started with), so every sample is generated and
 scored exactly once as far as the step is concerned. A history worker (or its store) that cannot
@@ -23,6 +28,7 @@ answer within HISTORY_WAIT_S leaves that call without history drafts (`history_o
 from __future__ import annotations
 
 import contextlib
+import itertools
 import re
 import time
 from collections.abc import Iterator, Sequence
@@ -61,6 +67,7 @@ from rhymerl.workers.runtime.actors import (
 from rhymerl.workers.runtime.cluster import local_ray, spawn
 
 HISTORY_WAIT_S = 10.0
+STEAL_MIN = 2  # unfinished samples a busy call must hold before an idle worker takes half of them
 RERUNS = 3  # times one rollout or reward call is run again after its worker died
 START_TIMEOUT_S = 600.0  # a worker's start-up (loading the model, measuring the verify cost)
 
@@ -119,8 +126,13 @@ class Chunk:
     requests: list[GenRequest]
     indexes: Any  # reference to the history worker's indexes, or None
     version: int
-    stream: Any = None  # the rollout call's item stream (actors.RolloutWorker.generate)
-    progress: Any = None  # reference to the latest progress the stream confirmed
+    progress: Any = None  # reference to the latest progress confirmed (or the released samples' partials)
+    call: int = -1  # id of the rollout call now running it
+    stream: Any = None  # that call's item stream (actors.RolloutWorker.generate)
+    items: Any = None  # the stream's iterator
+    unfinished: int = 0  # samples still running at the last progress report
+    thief: int | None = None  # the idle worker a release was asked for, until the call answers
+    broken: bool = False  # the stream broke off: _summary runs the call again
     output: Any = None
     scored: Any = None
     summary: Any = None
@@ -138,6 +150,14 @@ class Round:
     chunks: list[Chunk]
     history_ok: bool | None
     summaries: list[ChunkSummary] = field(default_factory=list)
+    stolen: int = 0  # samples idle workers took over from busy ones
+
+    def report(self, workers: int) -> PoolReport:
+        """Each worker's busy time (its calls back to back) and the round's makespan."""
+        busy = [0.0] * workers
+        for c, summary in zip(self.chunks, self.summaries, strict=True):
+            busy[c.worker] += summary.rollout_seconds
+        return PoolReport(busy, max(busy), stolen=self.stolen)
 
     def groups(self, group_size: int) -> list[GroupSummary]:
         by_sample = {s.sample: s for c in self.summaries for s in c.samples}
@@ -165,6 +185,12 @@ class Controller:
         self.reruns = 0
         self.history_down: str | None = None  # why the history worker cannot serve, while it cannot
         self.pending_records: list[tuple[int, Any]] = []
+        self.calls = itertools.count()
+        # HistoPipe's work stealing, of started samples too: an idle worker takes over half of a busy
+        # call's unfinished samples with their tokens (position-keyed sampling: they go on as they
+        # would have); vLLM calls cannot hand samples back mid-call
+        self.stealing = (spec.scheduling.policy == "histopipe" and spec.scheduling.work_stealing
+                         and spec.rollout.engine == "torch" and len(workers.rollout) > 1)
 
     # ------------------------------------------------------------------ weights
     def publish(self, version: int, weights: Any) -> None:
@@ -218,10 +244,18 @@ class Controller:
             self.w.start_history(self.job)
         return None
 
-    def submit(self, chunk: Chunk, step: int) -> None:
+    def submit(self, chunk: Chunk, step: int, restarted: bool = False) -> None:
+        """Start the chunk's rollout call with the weights it was placed with (its worker may hold
+        newer ones by now, or, `restarted`, only the model folder's; the current ones follow)."""
         rollout = self.w.rollout[chunk.worker]
+        if restarted or chunk.version != self.version:
+            rollout.load_weights.remote(chunk.version, self.weights[chunk.version])
+        chunk.call = next(self.calls)
         chunk.stream = rollout.generate.options(num_returns="streaming").remote(
-            chunk.samples, chunk.requests, chunk.indexes, step, chunk.progress)
+            chunk.samples, chunk.requests, chunk.indexes, step, chunk.progress, chunk.call)
+        chunk.items, chunk.broken, chunk.thief = iter(chunk.stream), False, None
+        if chunk.version != self.version:
+            rollout.load_weights.remote(self.version, self.weights[self.version])
 
     def score(self, chunk: Chunk, step: int) -> None:
         reward = self.w.reward[chunk.worker % len(self.w.reward)]
@@ -229,17 +263,66 @@ class Controller:
 
     def collect(self, rnd: Round) -> list[GroupSummary]:
         """Wait for the round's summaries, running again what a dead worker left undone."""
-        rnd.summaries = [self._summary(c, rnd.step) for c in rnd.chunks]
+        if self.stealing:
+            self._stream(rnd)
+        rnd.summaries = [self._summary(c, rnd) for c in rnd.chunks]
         groups = rnd.groups(self.job.spec.algorithm.group_size)
         for grp in groups:
             self.lengths.observe(grp.prompt_id, grp.lengths)
         return groups
 
-    def _summary(self, chunk: Chunk, step: int) -> ChunkSummary:
+    def _stream(self, rnd: Round) -> None:
+        """Follow every call of the round until its output (scored at once), letting each worker
+        that has finished its calls take over samples from the busiest one. A stream that breaks
+        off is left to `_summary`, which runs the call again."""
+        while live := [c for c in rnd.chunks if c.output is None and not c.broken]:
+            streams = {id(c.stream): c for c in live}
+            ready, _ = ray.wait([c.stream for c in live], num_returns=1)
+            chunk = streams[id(ready[0])]
+            try:
+                if self._advance(chunk, rnd) == "output":
+                    self.score(chunk, rnd.step)
+            except _Died:
+                chunk.broken = True
+            self._steal(rnd)
+
+    def _steal(self, rnd: Round) -> None:
+        """Ask the call with the most unfinished samples to release half of them for each idle worker."""
+        running = [c for c in rnd.chunks if c.output is None and not c.broken]
+        # a worker whose call broke off is restarting: its call runs again there (`_summary`)
+        busy = {c.worker for c in rnd.chunks if c.output is None} | {c.thief for c in running if c.thief is not None}
+        for worker in (w for w in range(len(self.w.rollout)) if w not in busy):
+            victims = [c for c in running if c.thief is None and c.unfinished >= STEAL_MIN]
+            if not victims:
+                return
+            victim = max(victims, key=lambda c: (c.unfinished, -c.worker))
+            victim.thief = worker
+            self.w.rollout[victim.worker].release.remote(victim.call, victim.unfinished // 2)
+
+    def _take_over(self, victim: Chunk, partials: Any, released: list[SampleRef], rnd: Round) -> None:
+        """The samples `victim`'s call released become a chunk of the idle worker it was asked for,
+        resuming from `partials` (their tokens so far)."""
+        thief, victim.thief = victim.thief, None
+        if not released:
+            return
+        if thief is None:  # no release was asked of this call: its own worker takes them back, none is lost
+            thief = victim.worker
+        moved = set(released)
+        kept = [i for i, s in enumerate(victim.samples) if s not in moved]
+        taken = [i for i, s in enumerate(victim.samples) if s in moved]
+        chunk = Chunk(thief, [victim.samples[i] for i in taken], [victim.requests[i] for i in taken], victim.indexes,
+                      victim.version, progress=partials)
+        victim.samples, victim.requests = [victim.samples[i] for i in kept], [victim.requests[i] for i in kept]
+        rnd.chunks.append(chunk)
+        rnd.stolen += len(taken)
+        self.submit(chunk, rnd.step)
+
+    def _summary(self, chunk: Chunk, rnd: Round) -> ChunkSummary:
+        step = rnd.step
         for attempt in range(RERUNS + 1):
             try:
                 if chunk.output is None:
-                    self._follow(chunk)
+                    self._follow(chunk, rnd)
                     self.score(chunk, step)
                 summary: ChunkSummary = ray.get(chunk.summary)
                 return summary
@@ -261,35 +344,38 @@ class Controller:
                     self.score(chunk, step)
         raise AssertionError("unreachable")
 
-    def _follow(self, chunk: Chunk) -> None:
-        """Read the stream's tags (small) until its output, keeping references to the progress it
-        reported and to the output; raise _Died if it breaks off first."""
-        items = iter(chunk.stream)
-        for item in items:
-            tag_ref = next(items, None)
-            try:
-                if tag_ref is None:
-                    ray.get(item)  # the call's error, if it raised one
-                    raise _Died("the rollout stream ended early")
-                tag = ray.get(tag_ref)
-            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
-                raise _Died(why(exc)) from exc
-            if tag == "progress":
-                chunk.progress = item
-            elif tag == "output":
-                chunk.output = item
-                return
-        raise _Died("the rollout stream ended without its output")
+    def _follow(self, chunk: Chunk, rnd: Round) -> None:
+        """Read the stream until its output; raise _Died if it breaks off first."""
+        while self._advance(chunk, rnd) != "output":
+            pass
+
+    def _advance(self, chunk: Chunk, rnd: Round) -> str:
+        """Read the stream's next item and its tag (small), keeping references to the progress it
+        reported and to the output, handing released samples over; raise _Died if it broke off."""
+        item = next(chunk.items, None)
+        if item is None:
+            raise _Died("the rollout stream ended without its output")
+        tag_ref = next(chunk.items, None)
+        try:
+            if tag_ref is None:
+                ray.get(item)  # the call's error, if it raised one
+                raise _Died("the rollout stream ended early")
+            kind, value = ray.get(tag_ref)
+        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
+            raise _Died(why(exc)) from exc
+        if kind == "progress":
+            chunk.progress, chunk.unfinished = item, value
+        elif kind == "released":
+            self._take_over(chunk, item, value, rnd)
+        elif kind == "output":
+            chunk.output = item
+        return str(kind)
 
     def _rerun_rollout(self, chunk: Chunk, step: int) -> None:
-        """On the restarted worker: the weights the call was started with, the call (resuming
-        from its confirmed progress), then the current weights."""
-        rollout = self.w.rollout[chunk.worker]
-        wait_alive(rollout)
-        rollout.load_weights.remote(chunk.version, self.weights[chunk.version])
-        self.submit(chunk, step)
-        if chunk.version != self.version:
-            rollout.load_weights.remote(self.version, self.weights[self.version])
+        """On the restarted worker: the call again, resuming from its confirmed progress, with the
+        weights it was started with."""
+        wait_alive(self.w.rollout[chunk.worker])
+        self.submit(chunk, step, restarted=True)
 
     def place(self, step: int, samples: list[SampleRef]) -> list[list[int]]:
         """Which samples each rollout worker runs: the job's scheduling policy's plan (by the
@@ -462,8 +548,7 @@ def _steps(job: RLJob, run: RunDir, resume: bool, w: Workers) -> Iterator[StepMe
         clock = {"rollout": sum(max(c.rollout_seconds for c in r.summaries) for r in rounds),
                  "reward": sum(max(c.reward_seconds for c in r.summaries) for r in rounds),
                  "train": stats.pop("time_train_s")}
-        reports = [PoolReport([c.rollout_seconds for c in r.summaries], max(c.rollout_seconds for c in r.summaries))
-                   for r in rounds] if len(w.rollout) > 1 else []
+        reports = [r.report(len(w.rollout)) for r in rounds] if len(w.rollout) > 1 else []
         history = [r.history_ok for r in rounds if r.history_ok is not None]
         engine_stats = {k: stats.pop(k) for k in ("rollout_logprob_diff_mean", "rollout_logprob_diff_max")
                         if k in stats}

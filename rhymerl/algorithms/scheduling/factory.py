@@ -50,6 +50,7 @@ def make_scheduler(
             two_tier=spec.two_tier,
             first_epoch=spec.first_epoch,
             migration=spec.migration,
+            work_stealing=spec.work_stealing,
             **common,
         )
     if policy == "equal":
