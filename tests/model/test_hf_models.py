@@ -56,6 +56,7 @@ def test_a_llama_tokenizer_puts_bos_before_a_prompt_and_a_qwen2_tokenizer_nothin
 def test_the_rhymerl_character_tokenizer_is_still_told_apart_from_a_hugging_face_one() -> None:
     tok = load_policy(ModelSpec())[1]
     assert isinstance(tok, CharTokenizer) and tok.prompt_ids("1+1") == [1, 21, 15, 21]
+    assert tok.stop_ids == [tok.eos_id]
 
 
 def test_a_character_the_tokenizer_lacks_is_found_with_or_without_an_unknown_token(tmp_path: Path) -> None:
@@ -73,6 +74,14 @@ def test_the_eos_token_comes_from_generation_config_when_the_tokenizer_config_na
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
     tok = load_tokenizer(tmp_path)
     assert tok.eos_id == 2 and tok.pad_id == 2
+    assert tok.stop_ids == [2, 0]  # an instruct model's end tokens all end a response
+
+
+def test_an_instruct_models_end_of_turn_ends_a_response_beside_its_eos(tmp_path: Path) -> None:
+    write_tokenizer(tmp_path, "qwen2")  # eos <|endoftext|> (0) in tokenizer_config.json
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))  # <|im_end|> is 2
+    tok = load_tokenizer(tmp_path)
+    assert tok.eos_id == 0 and tok.stop_ids == [0, 2]
 
 
 def test_a_folder_without_an_end_of_sequence_token_is_refused_naming_where_to_put_one(tmp_path: Path) -> None:

@@ -68,6 +68,40 @@ def test_history_drafts_of_a_hugging_face_models_own_responses_are_all_accepted(
     assert (got["bos"] == 1) == (family == "llama")  # Qwen2's prompts start with the text itself
 
 
+# greedy once without an end token, then with the token the first response wrote at position 5
+# named an end token by generation_config.json (as an instruct model's end of turn is)
+STOPS = """
+import json, sys
+from pathlib import Path
+from rhymerl.workers.model.tokenizer import load_tokenizer
+from rhymerl.workers.rollout.engine import GenRequest, SamplingParams
+from rhymerl.workers.rollout.vllm_engine import VllmEngine, VllmSettings
+
+if __name__ == "__main__":
+    folder = Path(sys.argv[1])
+    tok = load_tokenizer(folder)
+    engine = VllmEngine(VllmSettings(folder, method="none", max_batch_size=4, max_model_len=48))
+    reqs = [GenRequest(tok.prompt_ids("1+2="), 0)]
+    params = SamplingParams(0.0, 1.0, 0, 40)
+    free = engine.generate(reqs, params, -1)[0].response_ids
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [tok.eos_id, free[5]]}))
+    stopped = engine.generate(reqs, params, load_tokenizer(folder).stop_ids)[0]
+    print(json.dumps({"free": free, "stopped": stopped.response_ids, "reason": stopped.finish_reason}))
+    engine.close()
+"""
+
+
+def test_every_end_token_of_the_model_ends_a_vllm_response(tmp_path: Path) -> None:
+    model = write_model(tmp_path / "qwen2", "qwen2")
+    (tmp_path / "stops.py").write_text(STOPS)
+    res = subprocess.run([sys.executable, "-P", str(tmp_path / "stops.py"), str(model)], capture_output=True,
+                         text=True, timeout=600, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    end = got["free"].index(got["free"][5])  # its first occurrence
+    assert got["stopped"] == got["free"][: end + 1] and got["reason"] == "stop"
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_a_hugging_face_model_trains_with_transformers_and_rolls_out_on_vllm_in_sync(
         family: str, tmp_path: Path) -> None:

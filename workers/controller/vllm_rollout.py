@@ -106,7 +106,7 @@ class VllmRollout:
                                     [indexes.get(p.prompt_id) for p in prompts])
         reqs = [GenRequest(self.encoded[p.prompt_id], sample_key(p.prompt_id, epoch, k), p.prompt_id)
                 for p in prompts for k in range(g)]
-        return self.engine.generate(reqs, self.params, self.tok.eos_id)
+        return self.engine.generate(reqs, self.params, self.tok.stop_ids)
 
     def close(self) -> None:
         self.engine.close()

@@ -23,16 +23,18 @@ def _token_text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _first_id(value: object) -> int | None:
-    if isinstance(value, list) and value:
-        value = value[0]
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def _ids(value: object) -> list[int]:
+    """Token ids as a config writes them: one integer or a list of them."""
+    values = value if isinstance(value, list) else [value]
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
 
 
 class HfTokenizer:
-    def __init__(self, tok: RustTokenizer, eos_id: int, pad_id: int, unk_id: int | None) -> None:
+    def __init__(self, tok: RustTokenizer, eos_id: int, pad_id: int, unk_id: int | None,
+                 more_stops: list[int] | None = None) -> None:
         self.tok = tok
         self._eos_id = eos_id
+        self._stops = [eos_id, *(t for t in dict.fromkeys(more_stops or []) if t != eos_id)]
         self._pad_id = pad_id
         self.unk_id = unk_id
         self._representable: dict[str, bool] = {}
@@ -44,6 +46,10 @@ class HfTokenizer:
     @property
     def pad_id(self) -> int:
         return self._pad_id
+
+    @property
+    def stop_ids(self) -> list[int]:
+        return list(self._stops)
 
     @property
     def vocab_size(self) -> int:
@@ -89,12 +95,14 @@ class HfTokenizer:
             return int(tid)
 
         eos = special("eos_token")
+        more: list[int] = []  # generation_config's end tokens (an instruct model's end of turn too)
         for name in ("generation_config.json", "config.json"):
-            if eos is None and (folder / name).is_file():
-                data = read_json(folder / name)
-                eos = _first_id(data.get("eos_token_id")) if isinstance(data, dict) else None
+            data = read_json(folder / name) if (folder / name).is_file() else None
+            ids = _ids(data.get("eos_token_id")) if isinstance(data, dict) else []
+            more += ids
+            eos = ids[0] if eos is None and ids else eos
         if eos is None:
             raise ModelError(f"{folder}: no end-of-sequence token (eos_token in tokenizer_config.json or "
                              "eos_token_id in generation_config.json / config.json)")
         pad = special("pad_token")
-        return cls(tok, eos, eos if pad is None else pad, special("unk_token"))
+        return cls(tok, eos, eos if pad is None else pad, special("unk_token"), more)

@@ -26,6 +26,12 @@ class Tokenizer(Protocol):
     def pad_id(self) -> int: ...
 
     @property
+    def stop_ids(self) -> list[int]:
+        """The tokens that end a response: eos_id first, then any other end token the model was
+        tuned to emit (an instruct model's end of turn)."""
+        ...
+
+    @property
     def vocab_size(self) -> int: ...
 
     def encode(self, text: str) -> list[int]:
@@ -67,6 +73,10 @@ class CharTokenizer:
 
     def prompt_ids(self, text: str) -> list[int]:
         return [self.bos_id, *self.encode(text)]
+
+    @property
+    def stop_ids(self) -> list[int]:
+        return [self.eos_id]
 
     def unknown(self, text: str) -> int | None:
         if self._ids.keys() >= set(text):

@@ -179,18 +179,21 @@ class VllmEngine:
 
     # --- generation ----------------------------------------------------------------------------------
 
-    def generate(self, requests: Sequence[GenRequest], params: SamplingParams, eos_id: int,
+    def generate(self, requests: Sequence[GenRequest], params: SamplingParams, eos_id: int | Sequence[int],
                  logprobs: bool = True) -> list[GenResult]:
-        """Responses in request order, each ending at EOS (included) or at the length limit."""
+        """Responses in request order, each ending at an end token (included: `eos_id`, one id or
+        several, Tokenizer.stop_ids; -1 or none: no end token) or at the length limit."""
         from vllm import SamplingParams as VParams
         from vllm import TokensPrompt
 
         if not requests:
             return []
+        stops = [t for t in ([eos_id] if isinstance(eos_id, int) else eos_id) if t >= 0]
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
         vparams = [VParams(n=1, temperature=params.temperature, top_p=params.top_p,
                            seed=request_seed(params.seed, r.sample_id), max_tokens=params.max_response_length,
-                           stop_token_ids=[eos_id] if eos_id >= 0 else None, ignore_eos=eos_id < 0, detokenize=False, logprobs=0 if logprobs else None)
+                           stop_token_ids=stops or None, ignore_eos=not stops, detokenize=False,
+                           logprobs=0 if logprobs else None)
                    for r in requests]
         outputs = self.llm.generate(prompts, vparams, use_tqdm=False)
         results = []
@@ -199,7 +202,7 @@ class VllmEngine:
             ids = list(choice.token_ids)
             lps = [d[t].logprob for d, t in zip(choice.logprobs, ids, strict=True)] \
                 if logprobs and choice.logprobs else None
-            results.append(GenResult(response_ids=ids, finish_reason="stop" if ids and ids[-1] == eos_id else "length",
+            results.append(GenResult(response_ids=ids, finish_reason="stop" if ids and ids[-1] in stops else "length",
                                      logprobs=lps))
         if self.settings.method == "history":
             seqs = [list(r.prompt_ids) + g.response_ids for r, g in zip(requests, results, strict=True)]

@@ -175,7 +175,7 @@ class RolloutWorker:
         spec = job.spec
         self.job = job
         tok = load_job_tokenizer(job)
-        self.eos_id = tok.eos_id
+        self.stop_ids = tok.stop_ids
         self.params = SamplingParams(spec.rollout.temperature, spec.rollout.top_p, spec.rollout.seed,
                                      spec.algorithm.max_response_length)
         self.vllm: VllmEngine | None = None
@@ -285,7 +285,7 @@ class RolloutWorker:
         assert self.vllm is not None
         first = {r.prompt_id: r.prompt_ids for r in requests}
         self.vllm.set_history(list(first.values()), [(indexes or {}).get(p) for p in first])
-        results = self.vllm.generate(requests, self.params, self.eos_id)
+        results = self.vllm.generate(requests, self.params, self.stop_ids)
         yield from self._finish(RolloutOutput(samples, results, self.policy_version, time.perf_counter() - t0,
                                               bool(indexes), 0))
 
@@ -303,7 +303,7 @@ class RolloutWorker:
 
     def _finished(self, r: GenResult) -> bool:
         ids = r.response_ids
-        return bool(ids) and (ids[-1] == self.eos_id or len(ids) >= self.params.max_response_length)
+        return bool(ids) and (ids[-1] in self.stop_ids or len(ids) >= self.params.max_response_length)
 
     def end_step(self) -> None:
         """What the step's passes showed about the verify-cost profile goes into the machine's cache."""

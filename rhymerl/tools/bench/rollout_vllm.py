@@ -113,7 +113,7 @@ def _rollout(m: _Method, w: RunWorkload, store: MemoryHistoryStore) -> list[GenR
         first = {r.prompt_id: r.prompt_ids for r in chunk}
         indexes = store.indexes_before(w.epoch, prompt_ids)
         m.engine.set_history([first[p] for p in prompt_ids], [indexes.get(p) for p in prompt_ids])
-        out += m.engine.generate(chunk, w.params, w.tokenizer.eos_id)
+        out += m.engine.generate(chunk, w.params, w.tokenizer.stop_ids)
     return out
 
 
