@@ -14,34 +14,21 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from rhymerl.workers import dumps
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure import metrics, run, tokens  # the runtime bench's own job runner
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = Path(sys.executable).parent / "rhymerl"
 BASE = ["backend=ray", "rollout.replicas=2", "rollout.max_replicas=2", "algorithm.max_off_policy_steps=0"]
 SETTINGS = {"stealing": ["scheduling.work_stealing=true"], "no stealing": ["scheduling.work_stealing=false"]}
 
 
-def run(out: Path, sets: list[str]) -> float:
-    cmd = [str(SCRIPT), "run", str(REPO / "examples" / "quickstart.yaml"), "--out", str(out),
-           *(a for s in sets for a in ("--set", s))]
-    t0 = time.perf_counter()
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=3600)
-    if res.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{res.stderr[-3000:]}")
-    return time.perf_counter() - t0
-
-
 def summary(out: Path, wall: float) -> dict[str, float]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(out)
     return {"wall_s": wall,
             "wait_rollout_s": statistics.median(float(r["time_wait_rollout_s"]) for r in rows),
             "bubble": statistics.median(float(r["rollout_bubble"]) for r in rows),
@@ -57,18 +44,17 @@ def main() -> None:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in SETTINGS}
-    tokens: dict[str, list[tuple[int, str, int, tuple[int, ...]]]] = {}
+    responses: dict[str, list[tuple[int, str, int, tuple[int, ...]]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):
             for name in (list(SETTINGS) if rep % 2 == 0 else list(SETTINGS)[::-1]):
                 out = Path(tmp) / f"{name.replace(' ', '-')}-{rep}"
                 wall = run(out, [*BASE, *SETTINGS[name], f"algorithm.epochs={args.epochs}"])
                 runs[name].append(summary(out, wall))
-                tokens.setdefault(name, [(r.step, r.prompt_id, r.sample_index, tuple(r.response_ids))
-                                         for r in dumps.read_run(out)])
+                responses.setdefault(name, tokens(out))
                 print(f"run {rep + 1}/{args.repeats} {name}: {wall:.1f}s, {runs[name][-1]}", flush=True)
     med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
-    same = tokens["stealing"] == tokens["no stealing"]
+    same = responses["stealing"] == responses["no stealing"]
     result = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "epochs": args.epochs,
               "repeats": args.repeats, "runs": runs, "medians": med, "tokens_identical": same}
     (args.out / "stealing.json").write_text(json.dumps(result, indent=2) + "\n")

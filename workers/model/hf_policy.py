@@ -30,10 +30,6 @@ class HfPolicy(PolicyModel):
     def vocab_size(self) -> int:
         return int(self.hf.get_input_embeddings().num_embeddings)
 
-    @property
-    def max_positions(self) -> int:
-        return int(self.hf.config.max_position_embeddings)
-
     def forward(self, tokens: Tensor) -> Tensor:
         """Right padding needs no attention mask: causal attention never looks at later positions."""
         logits: Tensor = self.hf(input_ids=tokens, use_cache=False).logits

@@ -33,15 +33,14 @@ class HfTokenizer:
     def __init__(self, tok: RustTokenizer, eos_id: int, pad_id: int, unk_id: int | None,
                  more_stops: list[int] | None = None) -> None:
         self.tok = tok
-        self._eos_id = eos_id
-        self._stops = [eos_id, *(t for t in dict.fromkeys(more_stops or []) if t != eos_id)]
+        self._stops = [eos_id, *(t for t in dict.fromkeys(more_stops or []) if t != eos_id)]  # eos first
         self._pad_id = pad_id
         self.unk_id = unk_id
         self._representable: dict[str, bool] = {}
 
     @property
     def eos_id(self) -> int:
-        return self._eos_id
+        return self._stops[0]
 
     @property
     def pad_id(self) -> int:

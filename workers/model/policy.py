@@ -33,10 +33,6 @@ class PolicyModel(nn.Module, abc.ABC):
     def vocab_size(self) -> int:
         """Rows of the embedding (may exceed the tokenizer's vocabulary: padded for kernels)."""
 
-    @property
-    @abc.abstractmethod
-    def max_positions(self) -> int: ...
-
     @abc.abstractmethod
     def hf_state_dict(self) -> dict[str, Tensor]:
         """Every weight under its Hugging Face name (a tied output layer under both names)."""

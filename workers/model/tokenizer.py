@@ -126,7 +126,7 @@ def is_char_tokenizer(path: Path) -> bool:
 def load_tokenizer(folder: Path) -> Tokenizer:
     """The tokenizer of a model folder: rhymerl's character tokenizer or the folder's Hugging Face one."""
     if is_char_tokenizer(folder / "tokenizer.json"):
-        return CharTokenizer.load(folder / "tokenizer.json")
+        return CharTokenizer()
     from rhymerl.workers.model.hf_tokenizer import HfTokenizer
 
     return HfTokenizer.load(folder)

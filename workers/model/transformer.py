@@ -259,10 +259,6 @@ class TinyLlama(PolicyModel):
     def vocab_size(self) -> int:
         return self.cfg.vocab_size
 
-    @property
-    def max_positions(self) -> int:
-        return self.cfg.max_position_embeddings
-
     def hf_state_dict(self) -> dict[str, Tensor]:
         named = {f"model.{name}": t for name, t in self.state_dict().items()}
         named["lm_head.weight"] = named["model.embed_tokens.weight"]
