@@ -129,6 +129,63 @@ def test_a_rollout_worker_that_dies_while_others_take_over_its_samples_loses_non
     assert [m["worker_reruns"] for m in metrics(out)] == [1, 0, 0, 0]
 
 
+# responses long enough to vary in length; every running sample of a ranking group is watched once
+# one of them finished, and an outlier is any that passes the longest response its group's prompts
+# gave last epoch (lambda 1); no work stealing (a stolen sample is not migrated again)
+OUTLIERS = ["algorithm.max_response_length=600", "algorithm.group_size=4", "scheduling.migration.tail_fraction=1.0",
+            "scheduling.migration.min_lambda=1.0", "scheduling.migration.growth_percentile=0",
+            "scheduling.work_stealing=false", *TWO_WORKERS]
+
+
+def groups_once(out: Path, epochs: int, prompts: int, group_size: int) -> dict[tuple[int, str], set[int]]:
+    """Each group's dumped responses, checked to be every (epoch, prompt, index) exactly once, and the
+    steps each group was trained in."""
+    recs = dumps.read_run(out)
+    keys = sorted((r.epoch, r.prompt_id, r.sample_index) for r in recs)
+    assert len(keys) == len(set(keys)), "a sample counted twice"
+    assert len(keys) == epochs * prompts * group_size, "a sample lost"
+    steps: dict[tuple[int, str], set[int]] = {}
+    versions: dict[tuple[int, str], set[int]] = {}
+    for r in recs:
+        steps.setdefault((r.epoch, r.prompt_id), set()).add(r.step)
+        versions.setdefault((r.epoch, r.prompt_id), set()).add(r.policy_version)
+    assert all(len(v) == 1 for v in versions.values()), "a group from several policy versions"
+    assert all(len(s) == 1 for s in steps.values()), "a group trained in pieces"
+    return steps
+
+
+def test_outliers_move_to_another_ray_workers_running_call_with_their_tokens_and_change_none(tmp_path: Path) -> None:
+    job = ["data.num_prompts=8", "algorithm.prompts_per_step=4", "algorithm.epochs=2",
+           "algorithm.max_off_policy_steps=0", *OUTLIERS]
+    res = run(tmp_path / "local", job)
+    assert res.returncode == 0, res.stderr
+    out = tmp_path / "run"
+    res = run(out, [*job, *RAY])
+    assert res.returncode == 0, res.stderr
+    # position-keyed sampling: a moved sample goes on as it would have
+    assert samples(out) == samples(tmp_path / "local")
+    rows = metrics(out)
+    assert sum(int(str(m["rollout_migrated"])) for m in rows) > 0
+    assert all(m["rollout_deferred"] == 0 for m in rows)  # off-policy 0: no later round to defer to
+    assert sum(int(str(m["rollout_resumed_tokens"])) for m in rows) > 0
+
+
+def test_at_off_policy_1_outliers_deferred_to_the_next_round_train_there_once_with_the_weights_they_began_with(
+        tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    res = run(out, ["data.num_prompts=4", "algorithm.prompts_per_step=2", "algorithm.epochs=3",
+                    "algorithm.max_off_policy_steps=1", *OUTLIERS, *RAY])
+    assert res.returncode == 0, res.stderr
+    steps = groups_once(out, epochs=3, prompts=4, group_size=4)
+    rows = metrics(out)
+    deferred = sum(int(str(m["rollout_deferred"])) for m in rows)
+    assert deferred > 0
+    # a deferred outlier's group trains in the step after its own: some step trains more than its 2 prompts
+    assert any(int(str(m["prompts"])) > 2 for m in rows)
+    assert sum(int(str(m["prompts"])) for m in rows) == 3 * 4 == len(steps)
+    assert max(int(str(m["policy_lag_max"])) for m in rows) == 2  # one version more than the pipeline's own lag
+
+
 def test_without_its_history_worker_rollout_goes_on_without_drafts_and_says_so(
         in_process: Path, tmp_path: Path) -> None:
     once = tmp_path / "once"
@@ -194,3 +251,19 @@ def test_rollout_workers_run_vllm_with_history_drafts_and_the_transformers_train
     # every step's tokens were sampled with the weights the train worker had (float rounding only)
     assert all(m["rollout_logprob_diff_max"] < 1e-3 for m in rows)
     assert all(m["spec_rate"] > 0 for m in rows[2:]) and all(m["spec_rate"] == 0 for m in rows[:2])
+
+
+def test_a_run_resumed_from_a_checkpoint_that_left_deferred_groups_open_trains_each_of_them_once(
+        tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    job = ["data.num_prompts=4", "algorithm.prompts_per_step=2", "algorithm.epochs=3",
+           "algorithm.max_off_policy_steps=1", *OUTLIERS, *RAY]
+    res = run(out, job, {"RHYMERL_CRASH_AT": "train:5"})
+    assert res.returncode != 0
+    opened = [json.loads(p.read_text())["open_groups"] for p in (out / "checkpoints").glob("step_*/extra.json")]
+    res = run(out, [], resume=True)
+    assert res.returncode == 0, res.stderr
+    groups_once(out, epochs=3, prompts=4, group_size=4)
+    assert [m["step"] for m in metrics(out)] == [1, 2, 3, 4, 5, 6]
+    if not any(opened):
+        pytest.skip("no outlier was deferred past the checkpoint this time (timing): nothing resumed open")

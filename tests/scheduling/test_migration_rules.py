@@ -137,3 +137,32 @@ def test_groups_without_history_are_never_migrated() -> None:
     for sid in range(3):
         actions += sched.on_sample_finished(sid, _worker_of(plan.queues, sid), 5, now=1.0)
     assert actions == []
+
+
+def _books(sched: HistoPipe, step: int) -> tuple[list[int], int, list[int], int, int]:
+    return ([sched.outstanding(w, step) for w in range(4)], sched.step_left(step), sched.deferred(),
+            sched.stats.intra_step, sched.stats.inter_step)
+
+
+def test_a_move_that_could_not_happen_leaves_the_books_as_before_it_and_the_sample_finishes_where_it_was() -> None:
+    sched, samples = _two_group_scheduler()
+    plan = sched.plan_step(1, samples)
+    short = [s.sid for s in samples if s.prompt_id.startswith("s")]
+    long_ids = [s.sid for s in samples if s.prompt_id.startswith("l")]
+    for sid in short[:8] + long_ids[:8]:
+        sched.on_sample_finished(sid, _worker_of(plan.queues, sid), 100, now=1.0)
+    for outlier, generated, kind in ((short[9], 111, "intra-step"), (long_ids[9], 1101, "inter-step")):
+        src = _worker_of(plan.queues, outlier)
+        before = _books(sched, 1)
+        [move] = sched.on_progress(outlier, src, generated, now=2.0)
+        assert isinstance(move, Move) and move.kind == kind
+        assert _books(sched, 1) != before
+        sched.on_move_failed(move)  # the executor found it finished at src first
+        assert _books(sched, 1) == before
+        assert outlier not in sched.stats.migrated_samples
+        assert sched.on_progress(outlier, src, generated + 500, now=3.0) == []  # not chosen again
+        sched.on_sample_finished(outlier, src, generated + 1, now=4.0)
+    with pytest.raises(SchedulingError, match="cannot be undone"):
+        sched.on_move_failed(move)
+    nxt = sched.plan_step(2, [Sample(sid=100, prompt_id="s0", input_len=8)])
+    assert nxt.carried == []  # the failed deferral does not reappear

@@ -49,10 +49,14 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def folder(root: Path, step: int) -> Path:
+    return root / f"step_{step:06d}"
+
+
 def write(root: Path, step: int, fill: Callable[[Path], None]) -> Path:
     """Create `root/step_NNNNNN` whole: `fill(folder)` writes the files into a temporary folder,
     which gets its manifest and is renamed into place. Returns the final folder."""
-    final = root / f"step_{step:06d}"
+    final = folder(root, step)
     tmp = root / f".step_{step:06d}.{os.getpid()}.tmp"
     root.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(tmp, ignore_errors=True)

@@ -55,6 +55,7 @@ class Group:
     rewards: list[float]
     reward_errors: list[str | None]  # why scoring each response failed; None where it scored
     policy_version: int  # of the weights that generated it
+    epoch: int  # the epoch whose visit of the prompt it is
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,7 @@ def sample_batch(job: RLJob, rollout: Rollout | VllmRollout, scorer: Scorer, epo
         results = rollout.generate(take, state.epoch, batch)
         t1 = time.perf_counter()
         groups = score(job, scorer, rollout.tok, take, rollout.encoded, results, state.step + 1,
-                       state.policy_version)
+                       state.policy_version, state.epoch)
         batch.clock["rollout"] += t1 - t0
         batch.clock["reward"] += time.perf_counter() - t1
         batch.groups += groups
@@ -238,14 +239,14 @@ class Rollout:
 
 
 def score(job: RLJob, scorer: Scorer, tok: Tokenizer, prompts: list[Prompt], encoded: dict[str, list[int]],
-          results: list[GenResult], step: int, policy_version: int) -> list[Group]:
+          results: list[GenResult], step: int, policy_version: int, epoch: int) -> list[Group]:
     """Reward every response (G per prompt, in order) and group them by prompt."""
     g = job.spec.algorithm.group_size
     spans = [slice(i * g, (i + 1) * g) for i in range(len(prompts))]
     outcomes = score_samples(job, scorer, tok, [(p, k, results[i * g + k]) for i, p in enumerate(prompts)
                                                 for k in range(g)], step)
     return [Group(p, encoded[p.prompt_id], results[span], [o.value for o in outcomes[span]],
-                  [o.error for o in outcomes[span]], policy_version) for p, span in zip(prompts, spans, strict=True)]
+                  [o.error for o in outcomes[span]], policy_version, epoch) for p, span in zip(prompts, spans, strict=True)]
 
 
 def score_samples(job: RLJob, scorer: Scorer, tok: Tokenizer, samples: Sequence[tuple[Prompt, int, GenResult]],
@@ -317,7 +318,7 @@ def records(groups: list[Group], state: LoopState) -> Iterator[dumps.RolloutReco
     for g in groups:
         for k, (res, reward, error) in enumerate(zip(g.results, g.rewards, g.reward_errors, strict=True)):
             yield dumps.RolloutRecord(
-                step=state.step, epoch=state.epoch, prompt_id=g.prompt.prompt_id, sample_index=k,
+                step=state.step, epoch=g.epoch, prompt_id=g.prompt.prompt_id, sample_index=k,
                 prompt_len=len(g.prompt_ids), prompt_ids=g.prompt_ids, response_ids=res.response_ids,
                 reward=reward, reward_error=error, finish_reason="stop" if res.finish_reason == "stop" else "length",
                 policy_version=g.policy_version,

@@ -23,7 +23,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ EVENTS = "events.log"
 CHECKPOINTS = "checkpoints"
 STATE = "state.json"
 OPTIMIZER = "optimizer.pt"
+EXTRA = "extra.json"  # what a backend keeps beside the loop state (the Ray runtime: groups left open)
 
 
 class RunDirError(UserError):
@@ -181,11 +182,13 @@ class RunDir:
         return checkpoints.complete(self.path / CHECKPOINTS)
 
     def save_checkpoint(self, state: LoopState, model: PolicyModel, optimizer: torch.optim.Optimizer,
-                        keep_last: int) -> Path:
+                        keep_last: int, extra: Mapping[str, Any] | None = None) -> Path:
         def fill(folder: Path) -> None:
             save_model(model, folder)
             torch.save(optimizer.state_dict(), folder / OPTIMIZER)
             (folder / STATE).write_text(json.dumps(asdict(state)))
+            if extra:
+                (folder / EXTRA).write_text(json.dumps(extra))
 
         root = self.path / CHECKPOINTS
         try:
@@ -222,6 +225,16 @@ class RunDir:
             if atomic.is_temporary(leftover) and leftover.is_file():
                 leftover.unlink()
         return state
+
+    def checkpoint_extra(self, step: int) -> dict[str, Any]:
+        """What `save_checkpoint(extra=...)` kept with the checkpoint of `step` ({} if nothing, or none)."""
+        path = checkpoints.folder(self.path / CHECKPOINTS, step) / EXTRA
+        if not path.is_file():
+            return {}
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            raise RunDirError(f"{path}: not a JSON object")
+        return data
 
     def cut_back(self, step: int) -> None:
         """Forget metrics and dumps of steps after `step` (they run again)."""

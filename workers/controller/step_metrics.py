@@ -63,6 +63,7 @@ class StepMetrics(BaseModel):
     policy_lag_max: int | None = None  # policy versions the step's oldest sample lags behind the trained policy
     history_ok: bool | None = None  # false: some rollout ran without history drafts (history worker unavailable)
     worker_reruns: int | None = None  # rollout or reward calls run again after their worker died
+    rollout_deferred: int | None = None  # outliers moved on to the next round with their tokens (inter-step)
     rollout_resumed_tokens: int | None = None  # generated tokens calls took over (re-runs, work stealing)
 
     def row(self) -> dict[str, Any]:

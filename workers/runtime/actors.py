@@ -44,14 +44,26 @@ Weights = dict[str, torch.Tensor]
 DATA_DIR_ENV = "RHYMERL_DATA_DIR"
 POD_RUN_DIR = "run"
 SNAPSHOT_PASSES = 16  # a rollout call reports its progress this often (engine passes)
+STATE_PASSES = 4  # with migration, it reports its samples' token counts (small) this often
+OPEN_GROUPS = "open_groups"  # a checkpoint's record of groups it left open
 
 
 @dataclass(frozen=True)
 class SampleRef:
-    """Which response a request is: prompt and sample index within its group."""
+    """Which response a request is: prompt, sample index within its group, and the epoch of the
+    group (an outlier deferred past an epoch's end runs beside the next epoch's visit of its prompt)."""
 
     prompt_id: str
     index: int
+    epoch: int
+
+    @property
+    def group(self) -> GroupKey:
+        return self.epoch, self.prompt_id
+
+
+GroupKey = tuple[int, str]
+"""A group of responses: (epoch, prompt id)."""
 
 
 @dataclass
@@ -74,9 +86,20 @@ class RolloutProgress:
     results: dict[SampleRef, GenResult]
 
 
+@dataclass(frozen=True)
+class CallState:
+    """What a rollout call reports with each progress item, its output and, with migration, every
+    STATE_PASSES passes: the tokens each running sample has so far and the length of each finished
+    one (the scheduler's events)."""
+
+    running: dict[SampleRef, int]
+    finished: dict[SampleRef, int]
+
+
 Tag = tuple[str, object]
-"""What the item before it in a rollout stream was: ("progress", samples still running), ("released",
-the SampleRefs handed back), ("output", None)."""
+"""What the item before it in a rollout stream was: ("progress", CallState), ("state", CallState)
+after a None item, ("released", the SampleRefs handed back to an idle worker), ("migrated", (the
+SampleRefs handed back to be moved, those asked for that had finished)), ("output", CallState)."""
 
 
 @dataclass
@@ -126,42 +149,40 @@ def load_job_tokenizer(job: RLJob) -> Tokenizer:
     return load_tokenizer(model_dir(job.spec.model.path))
 
 
-def assemble(chunks: Sequence[Sequence[ScoredSample]], prompts: Mapping[str, Prompt], order: Sequence[str],
+def assemble(chunks: Sequence[Sequence[ScoredSample]], prompts: Mapping[str, Prompt], order: Sequence[GroupKey],
              encoded: Mapping[str, list[int]], group_size: int) -> list[Group]:
-    """The groups of `order`'s prompts from scored samples spread over chunks (any placement), each
-    group's responses by sample index: what the in-process loop builds from one rollout."""
-    by_sample = {s.sample: s for chunk in chunks for s in chunk}
-    if len(by_sample) != len(order) * group_size or sum(len(c) for c in chunks) != len(by_sample):
-        raise RuntimeError(f"expected {len(order) * group_size} scored samples once each, got "
-                           f"{sum(len(c) for c in chunks)} ({len(by_sample)} distinct)")
+    """The groups `order` names from scored samples spread over chunks (any placement), each group's
+    responses by sample index: what the in-process loop builds from one rollout. Every response
+    must be there once; chunks may hold others (of groups that complete later)."""
+    by_sample: dict[SampleRef, ScoredSample] = {}
+    for chunk in chunks:
+        for s in chunk:
+            if by_sample.setdefault(s.sample, s) is not s:
+                raise RuntimeError(f"sample {s.sample}: scored twice")
     groups = []
-    for pid in order:
-        scored = [by_sample[SampleRef(pid, k)] for k in range(group_size)]
+    for epoch, pid in order:
+        refs = [SampleRef(pid, k, epoch) for k in range(group_size)]
+        if missing := [r.index for r in refs if r not in by_sample]:
+            raise RuntimeError(f"prompt {pid} of epoch {epoch}: responses {missing} did not arrive")
+        scored = [by_sample[r] for r in refs]
         versions = {s.policy_version for s in scored}
         if len(versions) != 1:
             raise RuntimeError(f"prompt {pid}: responses of one group from policy versions {sorted(versions)}")
         groups.append(Group(prompts[pid], encoded[pid], [s.result for s in scored], [s.reward for s in scored],
-                            [s.error for s in scored], versions.pop()))
+                            [s.error for s in scored], versions.pop(), epoch))
     return groups
 
 
 @dataclass(frozen=True)
 class StepLayout:
-    """How a step's scored chunks (passed after it, in order) form its rounds: each round's prompts
-    in order and how many chunks (one per rollout worker it ran on) it has."""
+    """The groups a step completed, in order; the scored chunks passed after it hold their responses
+    (and may hold responses of groups an outlier deferred to a later step: those are left for it)."""
 
-    orders: list[list[str]]
-    chunks: list[int]
+    groups: list[GroupKey]
 
-    def groups(self, chunks: Sequence[Sequence[ScoredSample]], prompts: Mapping[str, Prompt],
-               encoded: Mapping[str, list[int]], group_size: int) -> list[Group]:
-        if sum(self.chunks) != len(chunks):
-            raise RuntimeError(f"step layout names {sum(self.chunks)} chunks, {len(chunks)} arrived")
-        out, at = [], 0
-        for order, n in zip(self.orders, self.chunks, strict=True):
-            out += assemble(chunks[at: at + n], prompts, order, encoded, group_size)
-            at += n
-        return out
+    def assemble(self, chunks: Sequence[Sequence[ScoredSample]], prompts: Mapping[str, Prompt],
+                 encoded: Mapping[str, list[int]], group_size: int) -> list[Group]:
+        return assemble(chunks, prompts, self.groups, encoded, group_size)
 
 
 class RolloutWorker:
@@ -188,23 +209,51 @@ class RolloutWorker:
             self.engine = TorchEngine(self.model, tok.eos_id, spec.rollout.max_batch_size)
             self.speculation = RolloutSpeculation.for_job(job, self.model, MemoryHistoryStore())
         self.policy_version = 0
+        sched = spec.scheduling
+        self.migrates = sched.policy == "histopipe" and sched.migration.enabled and spec.rollout.replicas > 1
         self.metrics = WorkerMetrics("rollout")
         self._lock = threading.Lock()
         self._call: int | None = None  # the running generate call's id
-        self._release = 0  # samples the controller asked the running call to hand back
+        self._release = 0  # samples the controller asked the running call to hand back to an idle worker
+        self._migrate: set[SampleRef] = set()  # samples it asked the running call to hand back to be moved
+        self._admitted: list[tuple[SampleRef, GenRequest, GenResult | None]] = []  # to join the running call
+        self._max_prompt = 0  # the running call's longest prompt: what its KV cache was sized for
 
     @ray.method(concurrency_group="control")
-    def release(self, call: int, n: int) -> None:
+    def release(self, call: int, n: int = 0, samples: Sequence[SampleRef] = ()) -> None:
         """Ask the running call `call` to hand back up to `n` of its unfinished samples (work stealing
-        by an idle worker); runs beside the call, in its own thread. A call that already ended ignores it."""
+        by an idle worker) and `samples` where unfinished (migration); runs beside the call, in its
+        own thread. A call that already ended ignores it."""
         with self._lock:
             if self._call == call:
                 self._release = max(self._release, n)
+                self._migrate.update(samples)
 
-    def _released(self) -> int:
+    @ray.method(concurrency_group="control")
+    def admit(self, call: int, samples: list[SampleRef], requests: list[GenRequest],
+              partials: RolloutProgress) -> bool:
+        """Add samples, with the tokens they have, to the running call `call` (an intra-step
+        migration joins the destination's batch rather than queueing behind it); they come back in
+        its output. False, and nothing added, if that call is no longer running."""
         with self._lock:
-            n, self._release = self._release, 0
-            return n
+            if self._call != call or max(len(r.prompt_ids) for r in requests) > self._max_prompt:
+                return False
+            self._admitted += [(s, r, partials.results.get(s)) for s, r in zip(samples, requests, strict=True)]
+            return True
+
+    def _requests(self) -> tuple[int, set[SampleRef], list[tuple[SampleRef, GenRequest, GenResult | None]]]:
+        with self._lock:
+            out = (self._release, self._migrate, self._admitted)
+            self._release, self._migrate, self._admitted = 0, set(), []
+            return out
+
+    def _close_call(self) -> bool:
+        """End the running call unless samples were admitted to it meanwhile."""
+        with self._lock:
+            if self._admitted:
+                return False
+            self._call = None
+            return True
 
     def ping(self) -> int:
         return os.getpid()
@@ -223,11 +272,13 @@ class RolloutWorker:
     def generate(self, samples: list[SampleRef], requests: list[GenRequest],
                  indexes: Mapping[str, HistoryIndex] | None, step: int,
                  resume: RolloutProgress | None = None,
-                 call: int = -1) -> Iterator[Tag | RolloutProgress | RolloutOutput]:
+                 call: int = -1) -> Iterator[Tag | RolloutProgress | RolloutOutput | None]:
         """A stream of (item, tag) pairs: (RolloutProgress, progress tag) every SNAPSHOT_PASSES
-        passes, (RolloutProgress of the samples handed back, released tag) when `release(call, n)`
-        asked for some, then (RolloutOutput of the samples kept, output tag). The small tag after
-        an item says what it was and that it is complete (the caller reads tags, never items).
+        passes, (None, state tag) every STATE_PASSES passes in between when the job migrates
+        outliers, (RolloutProgress of the samples handed back, released or migrated tag) when
+        `release` asked for some, then (RolloutOutput of the samples kept and admitted, output tag).
+        The small tag after an item says what it was and that it is complete (the caller reads
+        tags, never items).
         `indexes` None: no history drafts this time; `resume`: partial results by sample, from
         the progress of a lost call or of a call that released them, continued from their tokens."""
         t0 = time.perf_counter()
@@ -235,41 +286,71 @@ class RolloutWorker:
             yield from self._generate_vllm(samples, requests, indexes, t0)
             return
         drafts = self.speculation.drafts_from(indexes or {})
+        samples, requests = list(samples), list(requests)
         results: dict[int, GenResult] = {}
-        released: set[int] = set()
+        gone: set[int] = set()  # handed back
         carried: dict[int, int] = {}  # tokens each sample brought from elsewhere
-        session = self.engine.session(self.params, drafts, slots=len(requests),
+        # with migration, room for outliers other workers' calls hand over (`admit`)
+        session = self.engine.session(self.params, drafts, slots=None if self.migrates else len(requests),
                                       max_prompt_len=max(len(r.prompt_ids) for r in requests))
-        for i, r in enumerate(requests):
-            partial = resume.results.get(samples[i]) if resume else None
+
+        def add(i: int, partial: GenResult | None, first: bool = False) -> None:
             carried[i] = len(partial.response_ids) if partial else 0
             if partial is not None and self._finished(partial):
                 results[i] = partial
             else:
-                session.add(i, r, partial)
+                session.add(i, requests[i], partial, first=first)
+
+        def state() -> CallState:
+            live = {*session.waiting(), *session.running()}
+            return CallState({samples[i]: session.generated(i) for i in live},
+                             {samples[i]: len(r.response_ids) for i, r in results.items()})
+
+        for i, sample in enumerate(samples):
+            add(i, resume.results.get(sample) if resume else None)
         with self._lock:
-            self._call, self._release = call, 0
+            self._call, self._release, self._migrate, self._admitted = call, 0, set(), []
+            self._max_prompt = session.max_prompt_len
         try:
             passes = 0
-            while session.busy:
+            while True:
+                n, migrate, admitted = self._requests()
+                for sample, request, partial in admitted:
+                    samples.append(sample)
+                    requests.append(request)
+                    add(len(samples) - 1, partial, first=True)
+                if migrate:
+                    live = {*session.waiting(), *session.running()}
+                    moving = {i: session.take(i) for i in sorted(live) if samples[i] in migrate}
+                    gone.update(moving)
+                    handed = [samples[i] for i in moving]
+                    yield RolloutProgress({samples[i]: r for i, r in moving.items()})
+                    yield ("migrated", (handed, [s for s in migrate if s not in set(handed)]))
+                if n and session.busy:
+                    stolen = self._hand_back(session, n)
+                    gone.update(stolen)
+                    yield RolloutProgress({samples[i]: r for i, r in stolen.items()})
+                    yield ("released", [samples[i] for i in stolen])
+                if not session.busy:
+                    if self._close_call():
+                        break
+                    continue
                 results.update(session.step())
                 passes += 1
-                if (n := self._released()) and session.busy:
-                    handed = self._hand_back(session, n)
-                    released.update(handed)
-                    yield RolloutProgress({samples[i]: r for i, r in handed.items()})
-                    yield ("released", [samples[i] for i in handed])
                 if passes % SNAPSHOT_PASSES == 0:
                     yield RolloutProgress({samples[i]: r for i, r in (results | session.progress()).items()})
-                    yield ("progress", len(session.waiting()) + len(session.running()))
+                    yield ("progress", state())
                     faults.point("rollout-worker", step)
+                elif self.migrates and passes % STATE_PASSES == 0:
+                    yield None
+                    yield ("state", state())
         finally:
             with self._lock:
                 self._call = None
-        kept = [i for i in range(len(requests)) if i not in released]
+        kept = [i for i in range(len(requests)) if i not in gone]
         yield from self._finish(RolloutOutput([samples[i] for i in kept], [results[i] for i in kept],
                                               self.policy_version, time.perf_counter() - t0, bool(indexes),
-                                              sum(carried[i] for i in kept)))
+                                              sum(carried[i] for i in kept)), state())
 
     @staticmethod
     def _hand_back(session: EngineSession, n: int) -> dict[int, GenResult]:
@@ -287,9 +368,10 @@ class RolloutWorker:
         self.vllm.set_history(list(first.values()), [(indexes or {}).get(p) for p in first])
         results = self.vllm.generate(requests, self.params, self.stop_ids)
         yield from self._finish(RolloutOutput(samples, results, self.policy_version, time.perf_counter() - t0,
-                                              bool(indexes), 0))
+                                              bool(indexes), 0),
+                                CallState({}, {s: len(r.response_ids) for s, r in zip(samples, results, strict=True)}))
 
-    def _finish(self, out: RolloutOutput) -> Iterator[Tag | RolloutOutput]:
+    def _finish(self, out: RolloutOutput, state: CallState) -> Iterator[Tag | RolloutOutput]:
         resumed = out.resumed_tokens
         m = self.metrics
         m.tokens.inc(sum(len(r.response_ids) for r in out.results) - resumed)
@@ -299,7 +381,7 @@ class RolloutWorker:
         m.call(out.seconds)
         m.flush()
         yield out
-        yield ("output", None)
+        yield ("output", state)
 
     def _finished(self, r: GenResult) -> bool:
         ids = r.response_ids
@@ -366,9 +448,12 @@ class TrainWorker:
     def ping(self) -> int:
         return os.getpid()
 
-    def restore(self) -> LoopState:
-        """Weights and optimiser of the newest intact checkpoint; metrics and dumps cut back to it."""
-        return self.run.restore(self.model, self.trainer.optimizer)
+    def restore(self) -> tuple[LoopState, list[GroupKey]]:
+        """Weights and optimiser of the newest intact checkpoint; metrics and dumps cut back to it.
+        Also the groups that checkpoint left open (an outlier of theirs was deferred past it): the
+        resumed run generates them again, whole."""
+        state = self.run.restore(self.model, self.trainer.optimizer)
+        return state, [(int(e), str(p)) for e, p in self.run.checkpoint_extra(state.step).get(OPEN_GROUPS, [])]
 
     def history_records(self) -> list[dumps.RolloutRecord]:
         """Every dumped response (what a history worker starting mid-run refills its store from)."""
@@ -386,14 +471,15 @@ class TrainWorker:
         copies: dict[int, torch.Tensor] = {}
         return {k: copies.setdefault(v.data_ptr(), v.detach().clone()) for k, v in self.model.hf_state_dict().items()}
 
-    def step(self, state: LoopState, layout: StepLayout, kept: list[str],
+    def step(self, state: LoopState, layout: StepLayout, kept: list[GroupKey],
              *chunks: list[ScoredSample]) -> tuple[dict[str, float], Weights | None]:
-        """Train on the kept groups (prompt ids) of the step, then dump every group. `state` is the
+        """Train on the kept groups of the step, then dump every group. `state` is the
         loop's state after the step. Returns the statistics and, if the weights changed, the new
         weights."""
-        groups = layout.groups(chunks, self.prompts, self.encoded, self.job.spec.algorithm.group_size)
+        groups = layout.assemble(chunks, self.prompts, self.encoded, self.job.spec.algorithm.group_size)
         wanted = set(kept)
-        samples = training_samples([grp for grp in groups if grp.prompt.prompt_id in wanted], self.job, state.step)
+        samples = training_samples([grp for grp in groups if (grp.epoch, grp.prompt.prompt_id) in wanted], self.job,
+                                   state.step)
         # the rollout engine's log-probabilities against these weights, on the samples they generated
         current = state.policy_version - (1 if samples else 0)
         gap = logprob_gap(self.model, [(grp.prompt_ids, r) for grp in groups if grp.policy_version == current
@@ -412,9 +498,10 @@ class TrainWorker:
         self.metrics.flush()
         return stats, (self.weights() if samples else None)
 
-    def save(self, state: LoopState) -> str:
+    def save(self, state: LoopState, open_groups: Sequence[GroupKey] = ()) -> str:
         return str(self.run.save_checkpoint(state, self.model, self.trainer.optimizer,
-                                            self.job.spec.checkpoint.keep_last))
+                                            self.job.spec.checkpoint.keep_last,
+                                            {OPEN_GROUPS: [list(k) for k in open_groups]}))
 
 
 class HistoryWorker:
@@ -447,6 +534,6 @@ class HistoryWorker:
         return found, len(found)
 
     def record(self, state: LoopState, layout: StepLayout, *chunks: list[ScoredSample]) -> int:
-        groups = layout.groups(chunks, self.prompts, self.encoded, self.job.spec.algorithm.group_size)
+        groups = layout.assemble(chunks, self.prompts, self.encoded, self.job.spec.algorithm.group_size)
         self.history.record(records(groups, state))
         return len(groups)

@@ -39,9 +39,10 @@ import ray
 import ray.exceptions
 import torch
 
+from rhymerl.algorithms.scheduling.base import Scheduler
 from rhymerl.algorithms.scheduling.factory import make_scheduler
 from rhymerl.algorithms.scheduling.history import LengthHistory
-from rhymerl.algorithms.scheduling.types import Sample
+from rhymerl.algorithms.scheduling.types import Action, Move, Sample, Watch
 from rhymerl.api import RLJob
 from rhymerl.errors import UserError
 from rhymerl.workers import dumps, faults
@@ -54,11 +55,15 @@ from rhymerl.workers.reward.outcome import check_failures
 from rhymerl.workers.rollout.engine import GenRequest
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.runtime.actors import (
+    CallState,
     ChunkSummary,
+    GroupKey,
     HistoryWorker,
     RewardWorker,
+    RolloutProgress,
     RolloutWorker,
     SampleRef,
+    SampleSummary,
     StepLayout,
     TrainWorker,
     encode_prompts,
@@ -119,14 +124,14 @@ class Workers:
 
 @dataclass
 class Chunk:
-    """One rollout worker's share of a round, and the references its results travel under."""
+    """One rollout call's samples, and the references its results travel under."""
 
     worker: int
     samples: list[SampleRef]
     requests: list[GenRequest]
     indexes: Any  # reference to the history worker's indexes, or None
     version: int
-    progress: Any = None  # reference to the latest progress confirmed (or the released samples' partials)
+    progress: Any = None  # reference to the latest progress confirmed (or the moved samples' partials)
     call: int = -1  # id of the rollout call now running it
     stream: Any = None  # that call's item stream (actors.RolloutWorker.generate)
     items: Any = None  # the stream's iterator
@@ -137,6 +142,10 @@ class Chunk:
     scored: Any = None
     summary: Any = None
 
+    def remove(self, gone: set[SampleRef]) -> None:
+        keep = [i for i, s in enumerate(self.samples) if s not in gone]
+        self.samples, self.requests = [self.samples[i] for i in keep], [self.requests[i] for i in keep]
+
 
 class _Died(Exception):
     """The rollout worker of a chunk died before its output was confirmed."""
@@ -146,34 +155,43 @@ class _Died(Exception):
 class Round:
     step: int
     epoch: int
-    order: list[str]
+    order: list[str]  # the prompts it launched
     chunks: list[Chunk]
     history_ok: bool | None
     summaries: list[ChunkSummary] = field(default_factory=list)
     stolen: int = 0  # samples idle workers took over from busy ones
+    migrated: int = 0  # outliers moved to another worker's call (intra-step)
+    deferred: int = 0  # outliers moved to the next round (inter-step)
 
     def report(self, workers: int) -> PoolReport:
         """Each worker's busy time (its calls back to back) and the round's makespan."""
         busy = [0.0] * workers
         for c, summary in zip(self.chunks, self.summaries, strict=True):
             busy[c.worker] += summary.rollout_seconds
-        return PoolReport(busy, max(busy), stolen=self.stolen)
+        return PoolReport(busy, max(busy), migrated=self.migrated, stolen=self.stolen)
 
-    def groups(self, group_size: int) -> list[GroupSummary]:
-        by_sample = {s.sample: s for c in self.summaries for s in c.samples}
-        out = []
-        for pid in self.order:
-            ss = [by_sample[SampleRef(pid, k)] for k in range(group_size)]
-            out.append(GroupSummary(pid, [s.length for s in ss], [s.reward for s in ss], [s.error for s in ss],
-                                    sum(s.drafted for s in ss), sum(s.accepted for s in ss),
-                                    sum(s.forward_passes for s in ss)))
-        return out
+
+@dataclass
+class Deferred:
+    """An outlier moved to the next round: it goes on there with the weights it started with."""
+
+    request: GenRequest
+    partials: Any  # reference to a RolloutProgress holding its tokens so far
+    version: int
+    indexes: Any
+
+
+@dataclass
+class Finished:
+    summary: SampleSummary
+    version: int
+    chunk: Chunk
 
 
 class Controller:
     """Drives the workers through the job's steps; holds only summaries and references."""
 
-    def __init__(self, job: RLJob, run: RunDir, workers: Workers) -> None:
+    def __init__(self, job: RLJob, run: RunDir, workers: Workers, first_plan: int = 0) -> None:
         self.job, self.run, self.w = job, run, workers
         spec = job.spec
         self.prompts = load_prompts(spec.data)
@@ -181,47 +199,95 @@ class Controller:
         self.encoded = encode_prompts(load_job_tokenizer(job), self.prompts)
         self.lengths = LengthHistory()
         self.version = 0
-        self.weights: dict[int, Any] = {}  # policy version -> reference to its weights (the last two)
+        self.weights: dict[int, Any] = {}  # policy version -> reference to its weights (those in use)
         self.reruns = 0
         self.history_down: str | None = None  # why the history worker cannot serve, while it cannot
         self.pending_records: list[tuple[int, Any]] = []
         self.calls = itertools.count()
+        self.plans = first_plan  # rounds planned so far (the scheduler numbers its plans)
+        torch_engine = spec.rollout.engine == "torch" and len(workers.rollout) > 1
         # HistoPipe's work stealing, of started samples too: an idle worker takes over half of a busy
         # call's unfinished samples with their tokens (position-keyed sampling: they go on as they
         # would have); vLLM calls cannot hand samples back mid-call
-        self.stealing = (spec.scheduling.policy == "histopipe" and spec.scheduling.work_stealing
-                         and spec.rollout.engine == "torch" and len(workers.rollout) > 1)
+        self.stealing = spec.scheduling.policy == "histopipe" and spec.scheduling.work_stealing and torch_engine
+        # HistoPipe's outlier migration (RhymeRL §6.3) by the same scheduler object as in-process and in
+        # the simulator, fed the workers' progress reports; inter-step only where a later round can
+        # take the outlier (max_off_policy_steps >= 1)
+        self.sched: Scheduler | None = None
+        if spec.scheduling.policy == "histopipe" and spec.scheduling.migration.enabled and torch_engine:
+            self.sched = make_scheduler(spec.scheduling, len(workers.rollout), seed=spec.rollout.seed,
+                                        max_off_policy=spec.algorithm.max_off_policy_steps, history=self.lengths,
+                                        learns_lengths=False)
+        self.sids = itertools.count()
+        self.sid: dict[SampleRef, int] = {}
+        self.ref: dict[int, SampleRef] = {}
+        self.watch: dict[SampleRef, int] = {}  # tokens at which the scheduler wants to hear of a sample
+        self.moving: dict[SampleRef, Move] = {}  # moves asked of a worker, not yet answered
+        self.deferred: dict[SampleRef, Deferred] = {}
+        self.open: dict[GroupKey, None] = {}  # groups launched and not yet complete, in launch order
+        self.finished: dict[SampleRef, Finished] = {}  # scored samples of open groups
+        self.told: set[SampleRef] = set()  # samples whose finish the scheduler has heard of
 
     # ------------------------------------------------------------------ weights
     def publish(self, version: int, weights: Any) -> None:
         """Every rollout worker loads `weights` before its next call."""
         self.weights[version] = weights
-        for old in [v for v in self.weights if v < version - 1]:
+        in_use = {version - 1} | {d.version for d in self.deferred.values()}
+        for old in [v for v in self.weights if v < version and v not in in_use]:
             del self.weights[old]
         self.version = version
         for r in self.w.rollout:
             r.load_weights.remote(version, weights)
 
     # ------------------------------------------------------------------ rounds
-    def launch(self, prompts: Sequence[Prompt], epoch: int, step: int) -> Round:
+    def launch(self, prompts: Sequence[Prompt], epoch: int, step: int, inter_step: bool,
+               again: Sequence[GroupKey] = ()) -> Round:
+        """Start a round: `prompts`' groups of `epoch`, the groups `again` (whole: a resumed run's
+        groups whose outliers were deferred past its checkpoint) and the outliers deferred to it.
+        inter_step: whether outliers of this round may be deferred to a later one."""
         g = self.job.spec.algorithm.group_size
-        samples = [SampleRef(p.prompt_id, k) for p in prompts for k in range(g)]
-        requests = [GenRequest(self.encoded[s.prompt_id], sample_key(s.prompt_id, epoch, s.index), s.prompt_id)
-                    for s in samples]
+        keys = [*again, *[(epoch, p.prompt_id) for p in prompts]]
+        fresh = [SampleRef(pid, k, e) for e, pid in keys for k in range(g)]
+        for key in keys:
+            self.open[key] = None
+        carried = list(self.deferred)
+        samples = fresh + carried
         history_ok: bool | None = None
         chunks = []
-        for w, picked in enumerate(self.place(step, samples)):
-            if not picked:
-                continue
+        self.plans += 1
+        for w, picked in enumerate(self.place(self.plans, samples, inter_step)):
             mine = [samples[i] for i in picked]
-            indexes = None
-            if self.job.spec.rollout.speculation.method == "history":
-                indexes = self.indexes(epoch, sorted({s.prompt_id for s in mine}), step)
-                history_ok = (history_ok is not False) and indexes is not None
-            chunk = Chunk(w, mine, [requests[i] for i in picked], indexes, self.version)
-            self.submit(chunk, step)
-            chunks.append(chunk)
+            parts = [[s for s in mine if s not in self.deferred], [s for s in mine if s in self.deferred]]
+            for part in (p for p in parts if p):
+                moved = part[0] in self.deferred
+                version = self.deferred[part[0]].version if moved else self.version
+                if self.job.spec.rollout.speculation.method != "history":
+                    indexes = None
+                elif moved:
+                    indexes = self.deferred[part[0]].indexes
+                else:
+                    indexes = self.indexes(epoch, sorted({s.prompt_id for s in part}), step)
+                    history_ok = (history_ok is not False) and indexes is not None
+                chunk = Chunk(w, part, [self.request(s) for s in part], indexes, version)
+                if moved:
+                    chunk.progress = self.partials([self.deferred[s] for s in part])
+                self.submit(chunk, step)
+                chunks.append(chunk)
+        self.deferred.clear()
         return Round(step, epoch, [p.prompt_id for p in prompts], chunks, history_ok)
+
+    def request(self, s: SampleRef) -> GenRequest:
+        if s in self.deferred:
+            return self.deferred[s].request
+        return GenRequest(self.encoded[s.prompt_id], sample_key(s.prompt_id, s.epoch, s.index), s.prompt_id)
+
+    @staticmethod
+    def partials(deferred: Sequence[Deferred]) -> Any:
+        """One progress object from the deferred samples' partial results (a few outliers' tokens)."""
+        merged: dict[SampleRef, Any] = {}
+        for part in ray.get(list({id(d.partials): d.partials for d in deferred}.values())):
+            merged |= part.results
+        return ray.put(RolloutProgress(merged))
 
     def indexes(self, epoch: int, prompt_ids: list[str], step: int) -> Any:
         """A reference to the history worker's indexes of these prompts, or None if it cannot serve
@@ -261,20 +327,49 @@ class Controller:
         reward = self.w.reward[chunk.worker % len(self.w.reward)]
         chunk.scored, chunk.summary = reward.score.options(num_returns=2).remote(chunk.output, step)
 
-    def collect(self, rnd: Round) -> list[GroupSummary]:
-        """Wait for the round's summaries, running again what a dead worker left undone."""
-        if self.stealing:
+    def collect(self, rnd: Round) -> list[tuple[GroupKey, GroupSummary]]:
+        """Wait for the round's summaries, running again what a dead worker left undone; return the
+        groups it completed (its own, and earlier ones whose deferred outliers it finished)."""
+        if self.stealing or self.sched is not None:
             self._stream(rnd)
         rnd.summaries = [self._summary(c, rnd) for c in rnd.chunks]
-        groups = rnd.groups(self.job.spec.algorithm.group_size)
-        for grp in groups:
+        for c, summary in zip(rnd.chunks, rnd.summaries, strict=True):
+            for s in summary.samples:
+                if s.sample in self.finished:
+                    raise RuntimeError(f"sample {s.sample}: scored twice")
+                self.finished[s.sample] = Finished(s, summary.policy_version, c)
+        g = self.job.spec.algorithm.group_size
+        done = [key for key in self.open if all(SampleRef(key[1], k, key[0]) in self.finished for k in range(g))]
+        out = []
+        for key in done:
+            del self.open[key]
+            ss = [self.finished[SampleRef(key[1], k, key[0])].summary for k in range(g)]
+            grp = GroupSummary(key[1], [s.length for s in ss], [s.reward for s in ss], [s.error for s in ss],
+                               sum(s.drafted for s in ss), sum(s.accepted for s in ss),
+                               sum(s.forward_passes for s in ss))
             self.lengths.observe(grp.prompt_id, grp.lengths)
-        return groups
+            out.append((key, grp))
+        return out
+
+    def take_groups(self, keys: Sequence[GroupKey]) -> tuple[list[Any], int]:
+        """The scored chunks holding these (complete) groups' responses, and the oldest policy version
+        among them; the groups' books are closed."""
+        g = self.job.spec.algorithm.group_size
+        chunks: dict[int, Chunk] = {}
+        versions = []
+        for epoch, pid in keys:
+            for k in range(g):
+                f = self.finished.pop(SampleRef(pid, k, epoch))
+                chunks[id(f.chunk)] = f.chunk
+                versions.append(f.version)
+                if (sid := self.sid.pop(SampleRef(pid, k, epoch), None)) is not None:
+                    del self.ref[sid]
+        return [c.scored for c in chunks.values()], min(versions, default=self.version)
 
     def _stream(self, rnd: Round) -> None:
-        """Follow every call of the round until its output (scored at once), letting each worker
-        that has finished its calls take over samples from the busiest one. A stream that breaks
-        off is left to `_summary`, which runs the call again."""
+        """Follow every call of the round until its output (scored at once), feeding the scheduler
+        its progress and letting each worker that has finished its calls take over samples from the
+        busiest one. A stream that breaks off is left to `_summary`, which runs the call again."""
         while live := [c for c in rnd.chunks if c.output is None and not c.broken]:
             streams = {id(c.stream): c for c in live}
             ready, _ = ray.wait([c.stream for c in live], num_returns=1)
@@ -284,7 +379,8 @@ class Controller:
                     self.score(chunk, rnd.step)
             except _Died:
                 chunk.broken = True
-            self._steal(rnd)
+            if self.stealing:
+                self._steal(rnd)
 
     def _steal(self, rnd: Round) -> None:
         """Ask the call with the most unfinished samples to release half of them for each idle worker."""
@@ -308,14 +404,92 @@ class Controller:
         if thief is None:  # no release was asked of this call: its own worker takes them back, none is lost
             thief = victim.worker
         moved = set(released)
-        kept = [i for i, s in enumerate(victim.samples) if s not in moved]
-        taken = [i for i, s in enumerate(victim.samples) if s in moved]
-        chunk = Chunk(thief, [victim.samples[i] for i in taken], [victim.requests[i] for i in taken], victim.indexes,
-                      victim.version, progress=partials)
-        victim.samples, victim.requests = [victim.samples[i] for i in kept], [victim.requests[i] for i in kept]
+        chunk = Chunk(thief, [s for s in victim.samples if s in moved],
+                      [r for s, r in zip(victim.samples, victim.requests, strict=True) if s in moved],
+                      victim.indexes, victim.version, progress=partials)
+        victim.remove(moved)
         rnd.chunks.append(chunk)
-        rnd.stolen += len(taken)
+        rnd.stolen += len(released)
+        if self.sched is not None and thief != victim.worker:
+            self.sched.on_moved([Move(self.sid[s], victim.worker, thief, 0) for s in released])
         self.submit(chunk, rnd.step)
+
+    # ------------------------------------------------------------------ migration
+    def _observe(self, chunk: Chunk, state: CallState, rnd: Round) -> None:
+        """Feed the scheduler what a call reported: finished samples, and watched ones that reached
+        their token count; carry out what it answers."""
+        if self.sched is None:
+            return
+        for s, length in state.finished.items():
+            if (sid := self.sid.get(s)) is None or s in self.told:
+                continue
+            if (move := self.moving.pop(s, None)) is not None:
+                self.sched.on_move_failed(move)  # it finished before the worker could hand it over
+            self.told.add(s)
+            self._carry_out(self.sched.on_sample_finished(sid, chunk.worker, length, 0.0), rnd)
+        for s, generated in state.running.items():
+            if (want := self.watch.get(s)) is not None and generated >= want and s not in self.moving:
+                del self.watch[s]
+                self._carry_out(self.sched.on_progress(self.sid[s], chunk.worker, generated, 0.0), rnd)
+
+    def _carry_out(self, actions: Sequence[Action], rnd: Round) -> None:
+        for a in actions:
+            if isinstance(a, Watch):
+                self.watch[self.ref[a.sid]] = a.tokens
+            elif isinstance(a, Move):
+                s = self.ref[a.sid]
+                chunk = next(c for c in rnd.chunks if s in c.samples and c.output is None and not c.broken)
+                self.moving[s] = a
+                self.w.rollout[chunk.worker].release.remote(chunk.call, 0, [s])
+            else:
+                raise RuntimeError(f"the Ray runtime cannot carry out {a}")
+
+    def _moved(self, src: Chunk, partials: Any, answer: tuple[list[SampleRef], list[SampleRef]], rnd: Round) -> None:
+        """A call handed back samples to be moved (and names those that had finished): intra-step
+        ones join the destination worker's running call (or start one there), inter-step ones wait
+        for the next round."""
+        handed, missed = answer
+        for s in missed:
+            if (move := self.moving.pop(s, None)) is not None:
+                self.sched.on_move_failed(move)  # type: ignore[union-attr]
+        if not handed:
+            return
+        requests = dict(zip(src.samples, src.requests, strict=True))
+        src.remove(set(handed))
+        by_dst: dict[int | None, list[SampleRef]] = {}
+        for s in handed:
+            by_dst.setdefault(self.moving.pop(s).dst, []).append(s)
+        for dst, moved in by_dst.items():
+            reqs = [requests[s] for s in moved]
+            if dst is None:
+                for s, r in zip(moved, reqs, strict=True):
+                    self.deferred[s] = Deferred(r, partials, src.version, src.indexes)
+                rnd.deferred += len(moved)
+                continue
+            rnd.migrated += len(moved)
+            if not self._admit(dst, moved, reqs, partials, src.version, rnd):
+                chunk = Chunk(dst, moved, reqs, src.indexes, src.version, progress=partials)
+                rnd.chunks.append(chunk)
+                self.submit(chunk, rnd.step)
+
+    def _admit(self, dst: int, samples: list[SampleRef], requests: list[GenRequest], partials: Any,
+               version: int, rnd: Round) -> bool:
+        """Add moved samples to the call `dst` is running, if it runs one with the same weights."""
+        running = [c for c in rnd.chunks if c.worker == dst and c.output is None and not c.broken]
+        if not running:
+            return False
+        target = min(running, key=lambda c: c.call)  # a worker runs its calls in order
+        if target.version != version:
+            return False
+        try:
+            ok = ray.get(self.w.rollout[dst].admit.remote(target.call, samples, requests, partials),
+                         timeout=HISTORY_WAIT_S)
+        except ray.exceptions.RayError:
+            return False
+        if ok:
+            target.samples += samples
+            target.requests += requests
+        return bool(ok)
 
     def _summary(self, chunk: Chunk, rnd: Round) -> ChunkSummary:
         step = rnd.step
@@ -364,11 +538,18 @@ class Controller:
         except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
             raise _Died(why(exc)) from exc
         if kind == "progress":
-            chunk.progress, chunk.unfinished = item, value
+            chunk.progress, chunk.unfinished = item, len(value.running)
+            self._observe(chunk, value, rnd)
         elif kind == "released":
             self._take_over(chunk, item, value, rnd)
+        elif kind == "state":
+            chunk.unfinished = len(value.running)
+            self._observe(chunk, value, rnd)
+        elif kind == "migrated":
+            self._moved(chunk, item, value, rnd)
         elif kind == "output":
             chunk.output = item
+            self._observe(chunk, value, rnd)
         return str(kind)
 
     def _rerun_rollout(self, chunk: Chunk, step: int) -> None:
@@ -377,26 +558,38 @@ class Controller:
         wait_alive(self.w.rollout[chunk.worker])
         self.submit(chunk, step, restarted=True)
 
-    def place(self, step: int, samples: list[SampleRef]) -> list[list[int]]:
-        """Which samples each rollout worker runs: the job's scheduling policy's plan (by the
-        prompts' length history), its shared queue dealt round-robin."""
+    def place(self, plan_no: int, samples: list[SampleRef], inter_step: bool) -> list[list[int]]:
+        """Which samples (positions in `samples`) each rollout worker runs: the job's scheduling
+        policy's plan (by the prompts' length history), its shared queue dealt round-robin. With
+        migration the run's one scheduler plans (it places the outliers deferred to this round)."""
         n = len(self.w.rollout)
         if n == 1:
             return [list(range(len(samples)))]
         spec = self.job.spec
-        sched = make_scheduler(spec.scheduling, n, seed=spec.rollout.seed, max_off_policy=0, final_step=step,
-                               history=self.lengths, learns_lengths=False)
-        plan = sched.plan_step(step, [Sample(i, s.prompt_id, len(self.encoded[s.prompt_id]))
-                                      for i, s in enumerate(samples)])
-        queues = [list(q) for q in plan.queues]
+        at = {s: i for i, s in enumerate(samples)}
+        if self.sched is None:
+            sched = make_scheduler(spec.scheduling, n, seed=spec.rollout.seed, max_off_policy=0,
+                                   final_step=plan_no, history=self.lengths, learns_lengths=False)
+            ids = dict(zip(samples, range(len(samples)), strict=True))
+        else:
+            sched = self.sched
+            sched.final_step = None if inter_step else plan_no
+            for s in samples:
+                if s not in self.deferred:
+                    self.sid[s] = sid = next(self.sids)
+                    self.ref[sid] = s
+            ids = self.sid
+        plan = sched.plan_step(plan_no, [Sample(ids[s], s.prompt_id, len(self.encoded[s.prompt_id]))
+                                         for s in samples if s not in self.deferred])
+        ref = {v: k for k, v in ids.items()} if self.sched is None else self.ref
+        queues = [[at[ref[sid]] for sid in q] for q in plan.queues]
         for j, sid in enumerate(plan.shared):
-            queues[j % n].append(sid)
+            queues[j % n].append(at[ref[sid]])
         return queues
 
     # ------------------------------------------------------------------ history
-    def record(self, state: LoopState, rounds: list[Round]) -> None:
-        layout = StepLayout([r.order for r in rounds], [len(r.chunks) for r in rounds])
-        ref = self.w.history.record.remote(state, layout, *[c.scored for r in rounds for c in r.chunks])
+    def record(self, state: LoopState, layout: StepLayout, chunks: list[Any]) -> None:
+        ref = self.w.history.record.remote(state, layout, *chunks)
         self.pending_records.append((state.step, ref))
 
     def check_records(self) -> None:
@@ -481,16 +674,22 @@ def run_steps_ray(job: RLJob, run: RunDir, resume: bool, threads: int,
         w.stop()
 
 
+def _later_step(job: RLJob, n_prompts: int, epoch: int, cursor_after: int) -> bool:
+    """Whether a step follows the one whose prompts end at position `cursor_after` of `epoch`."""
+    return cursor_after < n_prompts or epoch < job.spec.algorithm.epochs
+
+
 def _steps(job: RLJob, run: RunDir, resume: bool, w: Workers) -> Iterator[StepMetrics]:
     spec, algo = job.spec, job.spec.algorithm
     assert algo.dynamic_sampling is not None
     dynamic = algo.dynamic_sampling
-    state = ray.get(w.train.restore.remote(), timeout=START_TIMEOUT_S) if resume else LoopState()
+    state, again = ray.get(w.train.restore.remote(), timeout=START_TIMEOUT_S) if resume else (LoopState(), [])
     if resume:
         run.cut_back(state.step)  # the controller's own records, where they are not the train worker's
     w.start_history(job)
     w.ready(run)
-    ctl = Controller(job, run, w)
+    ctl = Controller(job, run, w, first_plan=state.step)
+    n_prompts = len(ctl.prompts)
     for pid, lengths in ray.get(w.train.lengths.remote()):
         ctl.lengths.observe(pid, lengths)
     ctl.publish(state.policy_version, w.train.weights.remote())
@@ -499,11 +698,11 @@ def _steps(job: RLJob, run: RunDir, resume: bool, w: Workers) -> Iterator[StepMe
 
     while state.epoch <= algo.epochs:
         t_step = time.perf_counter()
-        order = epoch_order(len(ctl.prompts), spec.data.seed, state.epoch, spec.data.shuffle)
+        order = epoch_order(n_prompts, spec.data.seed, state.epoch, spec.data.shuffle)
         faults.point("rollout", state.step + 1)
         rounds: list[Round] = []
-        groups: list[GroupSummary] = []
-        kept: list[GroupSummary] = []
+        groups: list[tuple[GroupKey, GroupSummary]] = []
+        kept: list[GroupKey] = []
         waited = 0.0
         while state.cursor < len(order) and len(kept) < algo.prompts_per_step and (
                 not rounds or (dynamic.enabled and len(rounds) < dynamic.max_gen_batches)):
@@ -512,31 +711,31 @@ def _steps(job: RLJob, run: RunDir, resume: bool, w: Workers) -> Iterator[StepMe
             if pending is not None and (pending.order != [p.prompt_id for p in take] or pending.epoch != state.epoch):
                 raise RuntimeError(f"step {state.step + 1}: the round started ahead has prompts {pending.order} of "
                                    f"epoch {pending.epoch}, the step wants {[p.prompt_id for p in take]}")
-            rnd = pending or ctl.launch(take, state.epoch, state.step + 1)
-            pending = None
+            rnd = pending or ctl.launch(take, state.epoch, state.step + 1, again=again, inter_step=pipelined and
+                                        _later_step(job, n_prompts, state.epoch, state.cursor))
+            pending, again = None, []
             t0 = time.perf_counter()
             got = ctl.collect(rnd)
             waited += time.perf_counter() - t0
             rounds.append(rnd)
             groups += got
-            kept += [g for g in got if not dynamic.enabled or g.informative]
+            kept += [key for key, g in got if not dynamic.enabled or g.informative]
 
         faults.point("train", state.step + 1)
-        version_used = min(c.policy_version for r in rounds for c in r.summaries)
+        layout = StepLayout([key for key, _ in groups])
+        chunks, version_used = ctl.take_groups(layout.groups)
         before = state.policy_version
         state.step += 1
         state.policy_version += 1 if kept else 0
         record_state = replace(state)  # the epoch the step's samples belong to, before any rollover
-        layout = StepLayout([r.order for r in rounds], [len(r.chunks) for r in rounds])
-        chunks = [c.scored for r in rounds for c in r.chunks]
         t_train = time.perf_counter()
-        stats_ref, weights_ref = w.train.step.options(num_returns=2).remote(
-            record_state, layout, [g.prompt_id for g in kept], *chunks)
-        ctl.record(record_state, rounds)
+        stats_ref, weights_ref = w.train.step.options(num_returns=2).remote(record_state, layout, kept, *chunks)
+        ctl.record(record_state, layout, chunks)
         if state.cursor >= len(order):
             state.epoch, state.cursor = state.epoch + 1, 0
-        if pipelined and (nxt := next_take(job, len(ctl.prompts), state)) is not None:
-            pending = ctl.launch([ctl.prompts[i] for i in nxt[1]], nxt[0], state.step + 1)
+        if pipelined and (nxt := next_take(job, n_prompts, state)) is not None:
+            pending = ctl.launch([ctl.prompts[i] for i in nxt[1]], nxt[0], state.step + 1,
+                                 inter_step=_later_step(job, n_prompts, nxt[0], state.cursor + len(nxt[1])))
         stats: dict[str, float] = ray.get(stats_ref)
         train_wait = time.perf_counter() - t_train
         if kept:
@@ -553,17 +752,18 @@ def _steps(job: RLJob, run: RunDir, resume: bool, w: Workers) -> Iterator[StepMe
         engine_stats = {k: stats.pop(k) for k in ("rollout_logprob_diff_mean", "rollout_logprob_diff_max")
                         if k in stats}
         metrics = step_metrics(
-            groups, len(rounds), clock, reports, record_state, stats, **engine_stats,
+            [g for _, g in groups], len(rounds), clock, reports, record_state, stats, **engine_stats,
             time_step_s=round(time.perf_counter() - t_step, 3),
             time_wait_rollout_s=round(waited, 3), time_wait_train_s=round(train_wait, 3),
             policy_lag_max=before - version_used, history_ok=all(history) if history else None,
-            worker_reruns=ctl.reruns,
+            worker_reruns=ctl.reruns, rollout_deferred=sum(r.deferred for r in rounds),
             rollout_resumed_tokens=sum(c.resumed_tokens for r in rounds for c in r.summaries))
         ctl.reruns = 0
         run.append_metrics(metrics.row())
-        check_failures([e for g in groups for e in g.reward_errors], spec.reward, state.step,
+        check_failures([e for _, g in groups for e in g.reward_errors], spec.reward, state.step,
                        dumps.dump_path(run.path, state.step))
         faults.point("metrics", state.step)
         if state.step % spec.checkpoint.every_steps == 0 or state.epoch > algo.epochs:
-            ray.get(w.train.save.remote(replace(state)))
+            ahead = {(pending.epoch, pid) for pid in pending.order} if pending is not None else set()
+            ray.get(w.train.save.remote(replace(state), [key for key in ctl.open if key not in ahead]))
         yield metrics

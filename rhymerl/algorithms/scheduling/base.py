@@ -208,6 +208,32 @@ class Scheduler:
             self._book_move(m)
             self.stats.rebalanced += 1
 
+    def on_move_failed(self, m: Move) -> None:
+        """The executor could not carry out move `m` this scheduler decided: the sample finished where
+        it was before it could be handed over (an executor that reaches a worker over the network
+        learns of moves after the fact). The books return to before the move; the sample stays
+        marked migrated, so it is not chosen again."""
+        st = self._state(m.sid)
+        if st.done or st.worker != m.dst:
+            raise SchedulingError(f"sample {m.sid}: move {m.src} -> {m.dst} cannot be undone")
+        if m.dst is None:
+            if m.sid not in self._deferred:
+                raise SchedulingError(f"sample {m.sid}: undoing a deferral it does not have")
+            self._deferred.remove(m.sid)
+            st.step = st.visit[1]
+            self._step_left[st.step] += 1
+            self.stats.inter_step -= 1
+        else:
+            assert st.step is not None
+            if self.pipeline != "shared":
+                self._outstanding[(m.dst, st.step)] -= 1
+            self.stats.intra_step -= 1
+        st.worker = m.src
+        if self.pipeline != "shared":
+            self._outstanding[(m.src, st.step)] += 1
+        self.stats.migrated_samples.discard(m.sid)
+        self._move_failed(st, m)
+
     # ------------------------------------------------------------------ queries
     def outstanding(self, worker: int, step: int) -> int:
         """This step's samples on a worker that have not finished (waiting or running)."""
@@ -247,6 +273,9 @@ class Scheduler:
 
     def _steal(self, worker: int, step: int, waiting: Mapping[int, Sequence[SampleId]]) -> list[Move]:
         return []
+
+    def _move_failed(self, st: SampleState, m: Move) -> None:
+        """A policy's own books for a move it decided that did not happen."""
 
     # ------------------------------------------------------------------ helpers
     def _forget_before(self, step: int) -> None:

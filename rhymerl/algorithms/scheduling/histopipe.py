@@ -245,6 +245,11 @@ class HistoPipe(Scheduler):
             grp.remaining -= 1
         return [move]
 
+    def _move_failed(self, st: SampleState, m: Move) -> None:
+        grp = self._group(st)
+        if m.dst is None and grp is not None:
+            grp.remaining += 1  # it finishes here after all
+
     def _steal(self, worker: int, step: int, waiting: Mapping[int, Sequence[SampleId]]) -> list[Move]:
         """An idle worker takes half of the waiting samples of the worker with the most predicted
         waiting work in the same step (the shorter half: queues are longest-first), so a worker
