@@ -9,7 +9,8 @@ rollout-worker, reward-worker, history-worker (workers/runtime/actors.py).
 
 A worker that is restarted after such a crash (Ray restarts actors) would reach the same point
 again; with `RHYMERL_CRASH_ONCE_DIR` set, each point fires once: a marker file in that folder,
-written before the kill, records that it did.
+written before the kill, records that it did. `RHYMERL_CRASH_SIGNAL=SIGTERM` sends that signal instead
+of SIGKILL: what an eviction or a spot reclaim's notice sends first (workers/controller/stopping.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 ENV = "RHYMERL_CRASH_AT"
 ONCE_ENV = "RHYMERL_CRASH_ONCE_DIR"
+SIGNAL_ENV = "RHYMERL_CRASH_SIGNAL"
 
 
 def point(name: str, step: int) -> None:
@@ -33,4 +35,4 @@ def point(name: str, step: int) -> None:
             marker.touch(exist_ok=False)
         except FileExistsError:
             return
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.Signals[os.environ.get(SIGNAL_ENV, "SIGKILL")])

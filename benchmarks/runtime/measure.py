@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -45,6 +46,26 @@ def run(out: Path, sets: list[str]) -> float:
     if res.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{res.stderr[-3000:]}")
     return time.perf_counter() - t0
+
+
+def side_by_side(settings: dict[str, list[str]], base: list[str], epochs: int, repeats: int,
+                 summary: Callable[[Path, float], dict[str, float]],
+                 keep: Callable[[Path], object]) -> tuple[dict[str, list[dict[str, float]]], dict[str, object]]:
+    """Each setting's runs of the quickstart (cut to `epochs`), `repeats` times, interleaved (the order
+    flips every repeat): every run's `summary(folder, wall seconds)` and, per setting, `keep(folder)`
+    of its first run (kept before the run folders go)."""
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in settings}
+    kept: dict[str, object] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(repeats):
+            for name in (list(settings) if rep % 2 == 0 else list(settings)[::-1]):
+                out = Path(tmp) / f"{name.replace(' ', '-')}-{rep}"
+                wall = run(out, [*base, *settings[name], f"algorithm.epochs={epochs}"])
+                runs[name].append(summary(out, wall))
+                if name not in kept:
+                    kept[name] = keep(out)
+                print(f"run {rep + 1}/{repeats} {name}: {wall:.1f}s, {runs[name][-1]}", flush=True)
+    return runs, kept
 
 
 def metrics(out: Path) -> list[dict[str, object]]:

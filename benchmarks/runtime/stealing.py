@@ -15,13 +15,12 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure import metrics, run, tokens  # the runtime bench's own job runner
+from measure import metrics, side_by_side, tokens  # the runtime bench's own job runner
 
 BASE = ["backend=ray", "rollout.replicas=2", "rollout.max_replicas=2", "algorithm.max_off_policy_steps=0"]
 SETTINGS = {"stealing": ["scheduling.work_stealing=true"], "no stealing": ["scheduling.work_stealing=false"]}
@@ -43,16 +42,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    runs: dict[str, list[dict[str, float]]] = {k: [] for k in SETTINGS}
-    responses: dict[str, list[tuple[int, str, int, tuple[int, ...]]]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for rep in range(args.repeats):
-            for name in (list(SETTINGS) if rep % 2 == 0 else list(SETTINGS)[::-1]):
-                out = Path(tmp) / f"{name.replace(' ', '-')}-{rep}"
-                wall = run(out, [*BASE, *SETTINGS[name], f"algorithm.epochs={args.epochs}"])
-                runs[name].append(summary(out, wall))
-                responses.setdefault(name, tokens(out))
-                print(f"run {rep + 1}/{args.repeats} {name}: {wall:.1f}s, {runs[name][-1]}", flush=True)
+    runs, responses = side_by_side(SETTINGS, BASE, args.epochs, args.repeats, summary, tokens)
     med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
     same = responses["stealing"] == responses["no stealing"]
     result = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "epochs": args.epochs,

@@ -256,6 +256,7 @@ def _pod_template(job: RLJob, role: Role, digest: str) -> dict[str, Any]:
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [_container(job, role, resources)],
         "volumes": volumes,
+        "terminationGracePeriodSeconds": runtime.stop_grace_s,
     }
     if runtime.kube_api:
         pod["serviceAccountName"] = child_name(name, "controller")

@@ -30,6 +30,7 @@ from rhymerl.workers.controller.preflight import check_memory, preflight
 from rhymerl.workers.controller.prompts import load_prompts
 from rhymerl.workers.controller.run_dir import RunDir
 from rhymerl.workers.controller.step_metrics import StepMetrics
+from rhymerl.workers.controller.stopping import RunStopped
 from rhymerl.workers.reward.verifiers import load_user_function
 from rhymerl.workers.rollout.verify_cost import cache_dir
 from rhymerl.workers.rollout.vllm_engine import vllm_installed
@@ -123,6 +124,9 @@ def run_local(job: RLJob | None, out: Path | None, console: Console | None = Non
                           "used again", markup=False, highlight=False, soft_wrap=True)
         elif isinstance(exc, KeyboardInterrupt):
             run.note("interrupted (Ctrl-C)")
+            console.print(where_it_stands(run), markup=False, highlight=False, soft_wrap=True)
+        elif isinstance(exc, RunStopped):
+            run.note(str(exc))
             console.print(where_it_stands(run), markup=False, highlight=False, soft_wrap=True)
         else:
             run.note(f"stopped by {type(exc).__name__}: {exc}")

@@ -2,7 +2,8 @@
 
 Exit codes: 0 success, 1 a bug (a traceback), 2 a problem the user can fix (spec, YAML, data,
 paths, a locked or damaged run folder, a failing reward function, a nan under on_nonfinite: fail)
-printed as one plain `error: ...` line per problem (rhymerl.cli.report), 130 stopped by Ctrl-C.
+printed as one plain `error: ...` line per problem (rhymerl.cli.report), 130 stopped by Ctrl-C, 143
+stopped by SIGTERM after a step (with its checkpoint).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from rhymerl.cli.report import INVALID, App, print_user_error
 from rhymerl.cli.trace import trace_app
 from rhymerl.errors import UserError
 from rhymerl.tools.pretrain_recipe import PretrainConfig
+from rhymerl.workers.controller.stopping import TERMINATED, RunStopped
 
 INTERRUPTED = 130  # the shell's code for a command stopped by Ctrl-C (128 + SIGINT)
 app = App(help="RL post-training (GRPO, DAPO) made fast by history.", no_args_is_help=True,
@@ -117,6 +119,8 @@ def run(
         run_local(_load(job, set_ or []), out)
     except KeyboardInterrupt:  # run_local has said where the run stands and how to resume it
         raise typer.Exit(INTERRUPTED) from None
+    except RunStopped:  # SIGTERM: stopped after a step, with its checkpoint; run_local said how to resume
+        raise typer.Exit(TERMINATED) from None
 
 
 @app.command(epilog="Environment (set by the operator's pod template): RHYMERL_CONTROLLER (the Ray head, "

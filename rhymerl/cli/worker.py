@@ -105,6 +105,7 @@ def _controller(job: RLJob, registry: CollectorRegistry, endpoints: Endpoints, s
     import torch
 
     from rhymerl.workers.controller.run_dir import RunDir
+    from rhymerl.workers.controller.stopping import RunStopped
     from rhymerl.workers.runtime.actors import pod_run_dir
     from rhymerl.workers.runtime.ray_loop import run_steps_ray
 
@@ -137,6 +138,9 @@ def _controller(job: RLJob, registry: CollectorRegistry, endpoints: Endpoints, s
                 print(f"controller: step {row.step} epoch {row.epoch} reward {row.reward_mean:.4f} "
                       f"time {row.time_step_s}s lag {row.policy_lag_max}", flush=True)
                 progress(last, False)
+        except RunStopped as stopped:  # evicted or preempted: the step ran to its end and was checkpointed
+            print(f"controller: {stopped}; the restarted pod resumes from it", flush=True)
+            return 0
         finally:
             run.close()
         rows = run.metrics()

@@ -25,11 +25,14 @@ TINY = ["--set", "data.num_prompts=4", "--set", "algorithm.prompts_per_step=2", 
 TIMED = {"spec_rate", "spec_acceptance", "tokens_per_pass"}
 
 
-def _start(out: Path, crash_at: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "RHYMERL_CRASH_AT"}
+def _start(out: Path, crash_at: str | None = None, signal_name: str = "SIGKILL",
+           sets: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RHYMERL_CRASH")}
     if crash_at:
         env["RHYMERL_CRASH_AT"] = crash_at
-    return subprocess.run([str(SCRIPT), "run", str(REPO / "examples" / "quickstart.yaml"), "--out", str(out), *TINY],
+        env["RHYMERL_CRASH_SIGNAL"] = signal_name
+    return subprocess.run([str(SCRIPT), "run", str(REPO / "examples" / "quickstart.yaml"), "--out", str(out), *TINY,
+                           *(a for s in sets for a in ("--set", s))],
                           capture_output=True, text=True, env=env, timeout=600)
 
 
@@ -53,6 +56,28 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[object], l
     res = _start(out)
     assert res.returncode == 0, res.stderr
     return _outcome(out)
+
+
+@pytest.mark.slow
+def test_on_sigterm_the_step_runs_to_its_end_is_checkpointed_and_the_resumed_run_ends_as_an_uninterrupted_one(
+        tmp_path: Path, reference: tuple[list[object], list[dict[str, object]], dict[str, torch.Tensor]]) -> None:
+    out = tmp_path / "run"
+    # SIGTERM in step 2's rollout; periodic checkpoints only every 4 steps
+    stopped = _start(out, "rollout:2", "SIGTERM", ("checkpoint.every_steps=4",))
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
+    assert "Traceback" not in stopped.stderr + stopped.stdout
+    assert [m["step"] for m in RunDir(out).metrics()] == [1, 2]  # the step it was in ran to its end
+    assert [d.name for d in RunDir(out).checkpoint_dirs()] == ["step_000002"]  # saved on the signal
+    assert f"Resume with: rhymerl run --resume {out}" in " ".join(stopped.stdout.split())
+    assert "stopped on SIGTERM after step 2" in (out / "events.log").read_text()
+    resumed = _resume(out)
+    assert resumed.returncode == 0, resumed.stderr
+    records, rows, weights = _outcome(out)
+    ref_records, ref_rows, ref_weights = reference
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert rows == ref_rows
+    assert records == ref_records
+    assert all(torch.equal(weights[k], ref_weights[k]) for k in ref_weights)
 
 
 @pytest.mark.slow

@@ -253,6 +253,13 @@ def test_checkpoints_live_on_volume_claims_of_the_controller_and_train_pods_only
         assert "volumeClaimTemplates" not in sets[f"math-grpo-{role}"]["spec"]
 
 
+def test_an_evicted_controller_has_time_to_finish_its_step_and_checkpoint_and_other_pods_the_default() -> None:
+    objects = desired(_cluster(), OWNER)
+    assert _pod(objects, "controller")["terminationGracePeriodSeconds"] == 900
+    for role in ("rollout", "train", "reward", "history"):
+        assert _pod(objects, role)["terminationGracePeriodSeconds"] == 30
+
+
 def test_disruption_budgets_cover_the_roles_that_can_have_two_pods() -> None:
     small = [o["metadata"]["name"] for o in desired(_job(), OWNER) if o["kind"] == "PodDisruptionBudget"]
     assert small == []

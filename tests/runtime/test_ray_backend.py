@@ -232,6 +232,20 @@ def test_a_controller_killed_mid_run_resumes_from_its_checkpoint_to_the_same_sam
     assert [m["step"] for m in metrics(out)] == [1, 2, 3, 4]
 
 
+def test_on_sigterm_the_controller_finishes_its_step_checkpoints_it_and_the_resumed_run_has_the_same_samples(
+        in_process: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    res = run(out, [*TINY, *RAY, "checkpoint.every_steps=4"],
+              {"RHYMERL_CRASH_AT": "train:2", "RHYMERL_CRASH_SIGNAL": "SIGTERM"})
+    assert res.returncode == 128 + 15, res.stderr
+    assert [m["step"] for m in metrics(out)] == [1, 2]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000002"]
+    res = run(out, [], resume=True)
+    assert res.returncode == 0, res.stderr
+    assert samples(out) == samples(in_process)
+    assert [m["step"] for m in metrics(out)] == [1, 2, 3, 4]
+
+
 def test_a_users_mistake_met_by_a_worker_is_one_plain_line_and_exit_2(tmp_path: Path) -> None:
     code = tmp_path / "code"
     code.mkdir()

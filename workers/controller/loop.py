@@ -31,6 +31,7 @@ from rhymerl.workers.controller.rollout_pool import PoolReport, RolloutPool, tab
 from rhymerl.workers.controller.run_dir import LoopState, RunDir
 from rhymerl.workers.controller.speculation import RolloutSpeculation, reachable_batches, speculation_metrics
 from rhymerl.workers.controller.step_metrics import StepMetrics
+from rhymerl.workers.controller.stopping import GracefulStop
 from rhymerl.workers.controller.vllm_rollout import VllmRollout
 from rhymerl.workers.model.policy import PolicyModel
 from rhymerl.workers.model.registry import load_policy
@@ -129,36 +130,42 @@ def _steps(job: RLJob, run: RunDir, resume: bool, scorer: Scorer,
     prompts = load_prompts(spec.data)
     rollout = open_rollout(job, model, tok, prompts, history, run, resume, profile_progress)
     try:
-        while state.epoch <= algo.epochs:
-            t_step = time.perf_counter()
-            order = epoch_order(len(prompts), spec.data.seed, state.epoch, spec.data.shuffle)
-            faults.point("rollout", state.step + 1)
-            rollout.sync_weights(state.policy_version)
-            batch = sample_batch(job, rollout, scorer, [prompts[i] for i in order], state)
-            engine_stats = rollout.step_stats(batch.groups)
-            samples = training_samples(batch.kept, job, state.step + 1)
-            faults.point("train", state.step + 1)
-            train_stats = train(trainer, samples, batch, run, state.step + 1)
+        with GracefulStop() as stop:
+            while state.epoch <= algo.epochs:
+                t_step = time.perf_counter()
+                order = epoch_order(len(prompts), spec.data.seed, state.epoch, spec.data.shuffle)
+                faults.point("rollout", state.step + 1)
+                rollout.sync_weights(state.policy_version)
+                batch = sample_batch(job, rollout, scorer, [prompts[i] for i in order], state)
+                engine_stats = rollout.step_stats(batch.groups)
+                samples = training_samples(batch.kept, job, state.step + 1)
+                faults.point("train", state.step + 1)
+                train_stats = train(trainer, samples, batch, run, state.step + 1)
 
-            state.step += 1
-            step_records = list(records(batch.groups, state))
-            dumps.write_step(run.path, state.step, step_records)
-            faults.point("dump", state.step)
-            history.record(step_records)
-            rollout.keep_cost_evidence()
-            state.policy_version += 1 if samples else 0
-            metrics = step_metrics([GroupSummary.of(g) for g in batch.groups], batch.rounds, batch.clock,
-                                   batch.pool_reports, state, train_stats, **engine_stats,
-                                   time_step_s=round(time.perf_counter() - t_step, 3))
-            if state.cursor >= len(order):
-                state.epoch, state.cursor = state.epoch + 1, 0
-            run.append_metrics(metrics.row())
-            check_failures([e for g in batch.groups for e in g.reward_errors], spec.reward, state.step,
-                           dumps.dump_path(run.path, state.step))
-            faults.point("metrics", state.step)
-            if state.step % spec.checkpoint.every_steps == 0 or state.epoch > algo.epochs:
-                run.save_checkpoint(state, model, trainer.optimizer, spec.checkpoint.keep_last)
-            yield metrics
+                state.step += 1
+                step_records = list(records(batch.groups, state))
+                dumps.write_step(run.path, state.step, step_records)
+                faults.point("dump", state.step)
+                history.record(step_records)
+                rollout.keep_cost_evidence()
+                state.policy_version += 1 if samples else 0
+                metrics = step_metrics([GroupSummary.of(g) for g in batch.groups], batch.rounds, batch.clock,
+                                       batch.pool_reports, state, train_stats, **engine_stats,
+                                       time_step_s=round(time.perf_counter() - t_step, 3))
+                if state.cursor >= len(order):
+                    state.epoch, state.cursor = state.epoch + 1, 0
+                run.append_metrics(metrics.row())
+                check_failures([e for g in batch.groups for e in g.reward_errors], spec.reward, state.step,
+                               dumps.dump_path(run.path, state.step))
+                faults.point("metrics", state.step)
+                saved = state.step % spec.checkpoint.every_steps == 0 or state.epoch > algo.epochs
+                if saved:
+                    run.save_checkpoint(state, model, trainer.optimizer, spec.checkpoint.keep_last)
+                yield metrics
+                if stop.requested and state.epoch <= algo.epochs:
+                    if not saved:
+                        run.save_checkpoint(state, model, trainer.optimizer, spec.checkpoint.keep_last)
+                    stop.check(state.step)
     finally:
         rollout.close()
 

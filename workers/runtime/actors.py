@@ -57,10 +57,6 @@ class SampleRef:
     index: int
     epoch: int
 
-    @property
-    def group(self) -> GroupKey:
-        return self.epoch, self.prompt_id
-
 
 GroupKey = tuple[int, str]
 """A group of responses: (epoch, prompt id)."""

@@ -19,6 +19,13 @@ unfinished samples of the busiest call, with their tokens (`_steal`; the call ha
 its next pass, `RolloutWorker.release`), so one long call no longer holds the round while other
 workers sit idle.
 
+Outlier migration (RhymeRL §6.3): with HistoPipe the run keeps one scheduler object, fed each
+call's token counts and finishes as they stream in (`_observe`); its moves are carried out by
+asking the source call to hand the sample back (`_carry_out`, `_moved`): within the round the
+sample joins the destination worker's running call (`RolloutWorker.admit`), across rounds it goes
+on in the next one with the weights it began with. A group trains in the step its last response
+finishes (`collect`, `take_groups`).
+
 Faults: a rollout or reward worker that dies is restarted by Ray; the call it was running is run
 again on it (a rollout with the weights it was started with), so every sample is generated and
 scored exactly once as far as the step is concerned. A history worker (or its store) that cannot
@@ -51,6 +58,7 @@ from rhymerl.workers.controller.prompts import Prompt, epoch_order, load_prompts
 from rhymerl.workers.controller.rollout_pool import PoolReport
 from rhymerl.workers.controller.run_dir import LoopState, RunDir
 from rhymerl.workers.controller.step_metrics import StepMetrics
+from rhymerl.workers.controller.stopping import GracefulStop
 from rhymerl.workers.reward.outcome import check_failures
 from rhymerl.workers.rollout.engine import GenRequest
 from rhymerl.workers.rollout.sampling import sample_key
@@ -227,12 +235,15 @@ class Controller:
         self.open: dict[GroupKey, None] = {}  # groups launched and not yet complete, in launch order
         self.finished: dict[SampleRef, Finished] = {}  # scored samples of open groups
         self.told: set[SampleRef] = set()  # samples whose finish the scheduler has heard of
+        self.running: list[Round] = []  # rounds launched whose calls may still need their weights
 
     # ------------------------------------------------------------------ weights
     def publish(self, version: int, weights: Any) -> None:
         """Every rollout worker loads `weights` before its next call."""
         self.weights[version] = weights
-        in_use = {version - 1} | {d.version for d in self.deferred.values()}
+        self.running = [r for r in self.running if any(c.output is None or c.broken for c in r.chunks)]
+        in_use = ({version - 1} | {d.version for d in self.deferred.values()}
+                  | {c.version for r in self.running for c in r.chunks})
         for old in [v for v in self.weights if v < version and v not in in_use]:
             del self.weights[old]
         self.version = version
@@ -274,7 +285,9 @@ class Controller:
                 self.submit(chunk, step)
                 chunks.append(chunk)
         self.deferred.clear()
-        return Round(step, epoch, [p.prompt_id for p in prompts], chunks, history_ok)
+        rnd = Round(step, epoch, [p.prompt_id for p in prompts], chunks, history_ok)
+        self.running.append(rnd)
+        return rnd
 
     def request(self, s: SampleRef) -> GenRequest:
         if s in self.deferred:
@@ -359,11 +372,14 @@ class Controller:
         versions = []
         for epoch, pid in keys:
             for k in range(g):
-                f = self.finished.pop(SampleRef(pid, k, epoch))
+                s = SampleRef(pid, k, epoch)
+                f = self.finished.pop(s)
                 chunks[id(f.chunk)] = f.chunk
                 versions.append(f.version)
-                if (sid := self.sid.pop(SampleRef(pid, k, epoch), None)) is not None:
+                if (sid := self.sid.pop(s, None)) is not None:
                     del self.ref[sid]
+                self.told.discard(s)
+                self.watch.pop(s, None)
         return [c.scored for c in chunks.values()], min(versions, default=self.version)
 
     def _stream(self, rnd: Round) -> None:
@@ -404,6 +420,8 @@ class Controller:
         if thief is None:  # no release was asked of this call: its own worker takes them back, none is lost
             thief = victim.worker
         moved = set(released)
+        for s in moved & self.moving.keys():  # stolen before the call saw the move: it was not moved
+            self.sched.on_move_failed(self.moving.pop(s))  # type: ignore[union-attr]
         chunk = Chunk(thief, [s for s in victim.samples if s in moved],
                       [r for s, r in zip(victim.samples, victim.requests, strict=True) if s in moved],
                       victim.indexes, victim.version, progress=partials)
@@ -438,9 +456,12 @@ class Controller:
                 self.watch[self.ref[a.sid]] = a.tokens
             elif isinstance(a, Move):
                 s = self.ref[a.sid]
-                chunk = next(c for c in rnd.chunks if s in c.samples and c.output is None and not c.broken)
+                holder = [c for c in rnd.chunks if s in c.samples and c.output is None and not c.broken]
+                if not holder:  # its call broke off: it goes on where it is when the call runs again
+                    self.sched.on_move_failed(a)  # type: ignore[union-attr]
+                    continue
                 self.moving[s] = a
-                self.w.rollout[chunk.worker].release.remote(chunk.call, 0, [s])
+                self.w.rollout[holder[0].worker].release.remote(holder[0].call, 0, [s])
             else:
                 raise RuntimeError(f"the Ray runtime cannot carry out {a}")
 
@@ -680,22 +701,27 @@ def _later_step(job: RLJob, n_prompts: int, epoch: int, cursor_after: int) -> bo
 
 
 def _steps(job: RLJob, run: RunDir, resume: bool, w: Workers) -> Iterator[StepMetrics]:
-    spec, algo = job.spec, job.spec.algorithm
-    assert algo.dynamic_sampling is not None
-    dynamic = algo.dynamic_sampling
     state, again = ray.get(w.train.restore.remote(), timeout=START_TIMEOUT_S) if resume else (LoopState(), [])
     if resume:
         run.cut_back(state.step)  # the controller's own records, where they are not the train worker's
     w.start_history(job)
     w.ready(run)
     ctl = Controller(job, run, w, first_plan=state.step)
-    n_prompts = len(ctl.prompts)
     for pid, lengths in ray.get(w.train.lengths.remote()):
         ctl.lengths.observe(pid, lengths)
     ctl.publish(state.policy_version, w.train.weights.remote())
+    with GracefulStop() as stop:
+        yield from _loop(job, run, w, ctl, state, again, stop)
+
+
+def _loop(job: RLJob, run: RunDir, w: Workers, ctl: Controller, state: LoopState, again: list[GroupKey],
+          stop: GracefulStop) -> Iterator[StepMetrics]:
+    spec, algo = job.spec, job.spec.algorithm
+    assert algo.dynamic_sampling is not None
+    dynamic = algo.dynamic_sampling
+    n_prompts = len(ctl.prompts)
     pipelined = algo.max_off_policy_steps >= 1
     pending: Round | None = None
-
     while state.epoch <= algo.epochs:
         t_step = time.perf_counter()
         order = epoch_order(n_prompts, spec.data.seed, state.epoch, spec.data.shuffle)
@@ -763,7 +789,12 @@ def _steps(job: RLJob, run: RunDir, resume: bool, w: Workers) -> Iterator[StepMe
         check_failures([e for _, g in groups for e in g.reward_errors], spec.reward, state.step,
                        dumps.dump_path(run.path, state.step))
         faults.point("metrics", state.step)
-        if state.step % spec.checkpoint.every_steps == 0 or state.epoch > algo.epochs:
-            ahead = {(pending.epoch, pid) for pid in pending.order} if pending is not None else set()
+        ahead = {(pending.epoch, pid) for pid in pending.order} if pending is not None else set()
+        saved = state.step % spec.checkpoint.every_steps == 0 or state.epoch > algo.epochs
+        if saved:
             ray.get(w.train.save.remote(replace(state), [key for key in ctl.open if key not in ahead]))
         yield metrics
+        if stop.requested and state.epoch <= algo.epochs:
+            if not saved:
+                ray.get(w.train.save.remote(replace(state), [key for key in ctl.open if key not in ahead]))
+            stop.check(state.step)
