@@ -286,8 +286,8 @@ class RolloutWorker:
         results: dict[int, GenResult] = {}
         gone: set[int] = set()  # handed back
         carried: dict[int, int] = {}  # tokens each sample brought from elsewhere
-        # with migration, room for outliers other workers' calls hand over (`admit`)
-        session = self.engine.session(self.params, drafts, slots=None if self.migrates else len(requests),
+        # outliers other calls hand over (`admit`) take the slots this call's finished samples free
+        session = self.engine.session(self.params, drafts, slots=len(requests),
                                       max_prompt_len=max(len(r.prompt_ids) for r in requests))
 
         def add(i: int, partial: GenResult | None, first: bool = False) -> None:
