@@ -205,8 +205,6 @@ class RolloutWorker:
             self.engine = TorchEngine(self.model, tok.eos_id, spec.rollout.max_batch_size)
             self.speculation = RolloutSpeculation.for_job(job, self.model, MemoryHistoryStore())
         self.policy_version = 0
-        sched = spec.scheduling
-        self.migrates = sched.policy == "histopipe" and sched.migration.enabled and spec.rollout.replicas > 1
         self.metrics = WorkerMetrics("rollout")
         self._lock = threading.Lock()
         self._call: int | None = None  # the running generate call's id
@@ -267,12 +265,13 @@ class RolloutWorker:
 
     def generate(self, samples: list[SampleRef], requests: list[GenRequest],
                  indexes: Mapping[str, HistoryIndex] | None, step: int,
-                 resume: RolloutProgress | None = None,
-                 call: int = -1) -> Iterator[Tag | RolloutProgress | RolloutOutput | None]:
+                 resume: RolloutProgress | None = None, call: int = -1,
+                 report_state: bool = False) -> Iterator[Tag | RolloutProgress | RolloutOutput | None]:
         """A stream of (item, tag) pairs: (RolloutProgress, progress tag) every SNAPSHOT_PASSES
-        passes, (None, state tag) every STATE_PASSES passes in between when the job migrates
-        outliers, (RolloutProgress of the samples handed back, released or migrated tag) when
-        `release` asked for some, then (RolloutOutput of the samples kept and admitted, output tag).
+        passes, (None, state tag) every STATE_PASSES passes in between with `report_state` (the
+        controller migrates outliers), (RolloutProgress of the samples handed back, released or
+        migrated tag) when `release` asked for some, then (RolloutOutput of the samples kept and
+        admitted, output tag).
         The small tag after an item says what it was and that it is complete (the caller reads
         tags, never items).
         `indexes` None: no history drafts this time; `resume`: partial results by sample, from
@@ -337,7 +336,7 @@ class RolloutWorker:
                     yield RolloutProgress({samples[i]: r for i, r in (results | session.progress()).items()})
                     yield ("progress", state())
                     faults.point("rollout-worker", step)
-                elif self.migrates and passes % STATE_PASSES == 0:
+                elif report_state and passes % STATE_PASSES == 0:
                     yield None
                     yield ("state", state())
         finally:

@@ -331,7 +331,7 @@ class Controller:
             rollout.load_weights.remote(chunk.version, self.weights[chunk.version])
         chunk.call = next(self.calls)
         chunk.stream = rollout.generate.options(num_returns="streaming").remote(
-            chunk.samples, chunk.requests, chunk.indexes, step, chunk.progress, chunk.call)
+            chunk.samples, chunk.requests, chunk.indexes, step, chunk.progress, chunk.call, self.sched is not None)
         chunk.items, chunk.broken, chunk.thief = iter(chunk.stream), False, None
         if chunk.version != self.version:
             rollout.load_weights.remote(self.version, self.weights[self.version])
@@ -591,7 +591,7 @@ class Controller:
         if self.sched is None:
             sched = make_scheduler(spec.scheduling, n, seed=spec.rollout.seed, max_off_policy=0,
                                    final_step=plan_no, history=self.lengths, learns_lengths=False)
-            ids = dict(zip(samples, range(len(samples)), strict=True))
+            ids, ref = at, dict(enumerate(samples))
         else:
             sched = self.sched
             sched.final_step = None if inter_step else plan_no
@@ -599,10 +599,9 @@ class Controller:
                 if s not in self.deferred:
                     self.sid[s] = sid = next(self.sids)
                     self.ref[sid] = s
-            ids = self.sid
+            ids, ref = self.sid, self.ref
         plan = sched.plan_step(plan_no, [Sample(ids[s], s.prompt_id, len(self.encoded[s.prompt_id]))
                                          for s in samples if s not in self.deferred])
-        ref = {v: k for k, v in ids.items()} if self.sched is None else self.ref
         queues = [[at[ref[sid]] for sid in q] for q in plan.queues]
         for j, sid in enumerate(plan.shared):
             queues[j % n].append(at[ref[sid]])
