@@ -191,12 +191,16 @@ def test_without_its_history_worker_rollout_goes_on_without_drafts_and_says_so(
     once = tmp_path / "once"
     once.mkdir()
     out = tmp_path / "run"
-    res = run(out, [*TINY, *RAY], {"RHYMERL_CRASH_AT": "history-worker:3", "RHYMERL_CRASH_ONCE_DIR": str(once)})
+    # a third epoch: the restarted worker (it refills from the train worker's dumps, which may be busy
+    # training) need not be back within the 10 s step 4 waits for it, but is by step 5
+    res = run(out, [*TINY, *RAY, "algorithm.epochs=3"],
+              {"RHYMERL_CRASH_AT": "history-worker:3", "RHYMERL_CRASH_ONCE_DIR": str(once)})
     assert res.returncode == 0, res.stderr
-    assert samples(out) == samples(in_process)  # drafts never change tokens
+    assert [s for s in samples(out) if s[0] <= 4] == samples(in_process)  # drafts never change tokens
     rows = metrics(out)
-    assert [m["history_ok"] for m in rows] == [True, True, False, True]
-    assert rows[2]["spec_rate"] == 0.0 and rows[3]["spec_rate"] > 0  # the restarted worker refilled from dumps
+    ok = [m["history_ok"] for m in rows]
+    assert ok[:3] == [True, True, False] and ok[4:] == [True, True]
+    assert rows[2]["spec_rate"] == 0.0 and all(m["spec_rate"] > 0 for m in rows[4:])  # refilled from the dumps
     assert "cannot serve indexes" in (out / "events.log").read_text()
 
 
