@@ -22,7 +22,11 @@ if TYPE_CHECKING:
 
 # metrics.jsonl key -> status.progress field
 _FIELDS = {"step": "step", "epoch": "epoch", "policy_version": "policyVersion", "reward_mean": "rewardMean",
-           "spec_acceptance": "acceptanceRate", "rollout_bubble": "bubbleRatio"}
+           "spec_acceptance": "acceptanceRate", "rollout_bubble": "bubbleRatio",
+           "rollout_workers_live": "rolloutWorkers", "rollout_workers_wanted": "rolloutWorkersWanted",
+           "fleet_recommended": "recommendedRolloutWorkers"}
+_COUNTS = ("step", "epoch", "policyVersion", "rolloutWorkers", "rolloutWorkersWanted", "recommendedRolloutWorkers")
+MESSAGE_MAX = 500
 _TIMES = ("time_rollout_s", "time_reward_s", "time_train_s")
 
 
@@ -38,12 +42,13 @@ def progress_of(row: Mapping[str, Any], now: datetime | None = None, finished: b
     for key, name in _FIELDS.items():
         value = _number(row.get(key))
         if value is not None:
-            out[name] = int(value) if name in ("step", "epoch", "policyVersion") else value
+            out[name] = int(value) if name in _COUNTS else value
     times = [t for t in (_number(row.get(k)) for k in _TIMES) if t is not None]
     if times:
         out["lastStepSeconds"] = round(sum(times), 3)
     out["updatedAt"] = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
     out["finished"] = finished
+    out["message"] = "finished" if finished else f"step {out.get('step', 0)} done"
     return Progress.model_validate(out).model_dump(mode="json", exclude_unset=True)
 
 
@@ -59,3 +64,15 @@ def report(api: ApiClient, namespace: str, name: str, row: Mapping[str, Any], fi
         GROUP, VERSION, namespace, PLURAL, name, {"status": {"progress": progress}},
         _content_type="application/merge-patch+json")
     return progress
+
+
+def report_message(api: ApiClient, namespace: str, name: str, message: str, now: datetime | None = None) -> None:
+    """Patch only status.progress.message (and updatedAt): what the controller is doing or waiting for
+    ("waiting for pods to join: 1 train"), between its step reports."""
+    from kubernetes.client import CustomObjectsApi
+
+    patch = {"message": message[:MESSAGE_MAX],
+             "updatedAt": (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    CustomObjectsApi(api).patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, name, {"status": {"progress": patch}},
+        _content_type="application/merge-patch+json")

@@ -38,8 +38,10 @@ class Pod:
     env: dict[str, str]
     root: Path
     http_port: int
+    grace_s: int = 30
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
+    exits: list[int] = field(default_factory=list)  # each exit of its main process, in order
     log: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -59,48 +61,60 @@ class Pod:
         return self.log.read_text(errors="replace") if self.log.is_file() else ""
 
 
-def pods_of(objects: list[dict[str, Any]], root: Path, extra_env: dict[str, str] | None = None) -> list[Pod]:
-    """One Pod per replica of every StatefulSet in `objects` (rendered with their ConfigMap)."""
-    config_maps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
-    head_port = free_port()
-    port_blocks = iter(range(free_block(), 65000, 64))
-    bin_dir = Path(sys.executable).parent
-    pods = []
-    for sts in (o for o in objects if o["kind"] == "StatefulSet"):
+class Cluster:
+    """The rendered objects, and how a pod of one of their StatefulSets is made (as the StatefulSet
+    controller would, for any ordinal: scaling up makes the next ones)."""
+
+    def __init__(self, objects: list[dict[str, Any]], root: Path, extra_env: dict[str, str] | None = None) -> None:
+        self.objects, self.root, self.extra_env = objects, root, extra_env or {}
+        self.config_maps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
+        self.sets = {o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]: o
+                     for o in objects if o["kind"] == "StatefulSet"}
+        self.head_port = free_port()
+        self.port_blocks = iter(range(free_block(), 65000, 64))
+
+    def pods(self) -> list[Pod]:
+        """One Pod per replica of every StatefulSet, as rendered."""
+        return [self.pod(role, i) for role, sts in self.sets.items() for i in range(sts["spec"]["replicas"])]
+
+    def pod(self, role: str, ordinal: int) -> Pod:
+        sts = self.sets[role]
         template = sts["spec"]["template"]
         (container,) = template["spec"]["containers"]
         volumes = {v["name"]: v for v in template["spec"].get("volumes", [])}
-        role = template["metadata"]["labels"]["app.kubernetes.io/component"]
-        for i in range(sts["spec"]["replicas"]):
-            name = f"{sts['metadata']['name']}-{i}"
-            pod_root = root / name
-            mounts: dict[str, str] = {}
-            for m in container.get("volumeMounts", []):
-                folder = pod_root / "volumes" / m["name"]
-                folder.mkdir(parents=True, exist_ok=True)
-                cm = volumes.get(m["name"], {}).get("configMap")
-                if cm is not None:
-                    for key, text in config_maps[cm["name"]]["data"].items():
-                        (folder / key).write_text(text)
-                mounts[m["mountPath"]] = str(folder)
-            http_port = free_port()
+        bin_dir = Path(sys.executable).parent
+        name = f"{sts['metadata']['name']}-{ordinal}"
+        pod_root = self.root / name
+        mounts: dict[str, str] = {}
+        for m in container.get("volumeMounts", []):
+            folder = pod_root / "volumes" / m["name"]
+            folder.mkdir(parents=True, exist_ok=True)
+            cm = volumes.get(m["name"], {}).get("configMap")
+            if cm is not None:
+                for key, text in self.config_maps[cm["name"]]["data"].items():
+                    (folder / key).write_text(text)
+            mounts[m["mountPath"]] = str(folder)
+        http_port = free_port()
+        local = functools.partial(_mounted, mounts)
+        env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "LANG": "C.UTF-8"}
+        for e in container.get("env", []):
+            if "value" in e:
+                env[e["name"]] = local(e["value"])
+            elif "fieldRef" in e.get("valueFrom", {}):
+                path = e["valueFrom"]["fieldRef"]["fieldPath"]
+                env[e["name"]] = {"metadata.name": name, "metadata.namespace": sts["metadata"]["namespace"],
+                                  "status.podIP": "127.0.0.1"}[path]
+        env["RHYMERL_HTTP_PORT"] = str(http_port)
+        env["RHYMERL_RAY_PORT_BASE"] = str(next(self.port_blocks))
+        env["RHYMERL_CONTROLLER"] = f"127.0.0.1:{self.head_port}"
+        env.update(self.extra_env)
+        argv = [str(bin_dir / container["command"][0]), *(local(a) for a in container.get("args", []))]
+        return Pod(name, role, argv, env, pod_root, http_port, grace_s=template["spec"]["terminationGracePeriodSeconds"])
 
-            local = functools.partial(_mounted, mounts)
-            env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "LANG": "C.UTF-8"}
-            for e in container.get("env", []):
-                if "value" in e:
-                    env[e["name"]] = local(e["value"])
-                elif "fieldRef" in e.get("valueFrom", {}):
-                    path = e["valueFrom"]["fieldRef"]["fieldPath"]
-                    env[e["name"]] = {"metadata.name": name, "metadata.namespace": sts["metadata"]["namespace"],
-                                      "status.podIP": "127.0.0.1"}[path]
-            env["RHYMERL_HTTP_PORT"] = str(http_port)
-            env["RHYMERL_RAY_PORT_BASE"] = str(next(port_blocks))
-            env["RHYMERL_CONTROLLER"] = f"127.0.0.1:{head_port}"
-            env.update(extra_env or {})
-            argv = [str(bin_dir / container["command"][0]), *(local(a) for a in container.get("args", []))]
-            pods.append(Pod(name, role, argv, env, pod_root, http_port))
-    return pods
+
+def pods_of(objects: list[dict[str, Any]], root: Path, extra_env: dict[str, str] | None = None) -> list[Pod]:
+    """One Pod per replica of every StatefulSet in `objects` (rendered with their ConfigMap)."""
+    return Cluster(objects, root, extra_env).pods()
 
 
 def free_block(size: int = 64 * 16) -> int:
@@ -144,11 +158,33 @@ class Kubelet:
         main process started, e.g. a Ray node, goes with it)."""
         for pod in self.pods:
             if pod.proc is not None and pod.proc.poll() is not None:
+                pod.exits.append(pod.proc.returncode)
                 for pid in processes_of(pod):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
                 pod.restarts += 1
                 self.start(pod)
+
+    def add(self, pod: Pod) -> None:
+        """A new pod (a StatefulSet scaled up) starts."""
+        self.pods.append(pod)
+        self.start(pod)
+
+    def delete(self, pod: Pod) -> int | None:
+        """The pod is deleted (a scale-down, a spot notice, a drain): SIGTERM to its main process,
+        SIGKILL to whatever is left after its grace period; it is not restarted. Its exit code."""
+        assert pod.proc is not None
+        self.pods.remove(pod)
+        pod.proc.send_signal(signal.SIGTERM)
+        try:
+            code: int | None = pod.proc.wait(pod.grace_s)
+        except subprocess.TimeoutExpired:
+            code = None
+        for pid in processes_of(pod):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        pod.proc.wait()
+        return code
 
     def kill(self, pod: Pod) -> None:
         """The container dies at once: every process in it, found as a cgroup would find them (Ray's

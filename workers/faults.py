@@ -1,6 +1,6 @@
 """Named crash points, so tests can kill a real run at every phase of a step.
 
-`RHYMERL_CRASH_AT=NAME:STEP` makes the process SIGKILL itself when it reaches point NAME while
+`RHYMERL_CRASH_AT=NAME:STEP[,NAME:STEP...]` makes the process SIGKILL itself when it reaches point NAME while
 working on step STEP: no `finally`, no flush, no exit handler runs, exactly as when the kernel's
 OOM killer or a spot reclaim takes a pod. Without the variable a point costs one dict lookup. The
 points (docs/formats.md, "Crash safety"): rollout, train, dump, metrics, checkpoint-files,
@@ -11,22 +11,33 @@ A worker that is restarted after such a crash (Ray restarts actors) would reach 
 again; with `RHYMERL_CRASH_ONCE_DIR` set, each point fires once: a marker file in that folder,
 written before the kill, records that it did. `RHYMERL_CRASH_SIGNAL=SIGTERM` sends that signal instead
 of SIGKILL: what an eviction or a spot reclaim's notice sends first (workers/controller/stopping.py).
+
+`RHYMERL_HOLD_AT=NAME:STEP[,NAME:STEP...]` with `RHYMERL_HOLD_DIR` holds a process at a point
+instead, so a test can make something happen exactly there (scale the fleet, stop a pod): the first
+process to reach it writes `NAME-STEP.reached` (its pid and `RHYMERL_POD_NAME`) into that folder and
+waits until the test creates `NAME-STEP.go`; each point holds once.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 ENV = "RHYMERL_CRASH_AT"
+HOLD_ENV = "RHYMERL_HOLD_AT"
+HOLD_DIR_ENV = "RHYMERL_HOLD_DIR"
 ONCE_ENV = "RHYMERL_CRASH_ONCE_DIR"
 SIGNAL_ENV = "RHYMERL_CRASH_SIGNAL"
 
 
 def point(name: str, step: int) -> None:
+    holds = os.environ.get(HOLD_ENV)
+    if holds is not None and f"{name}:{step}" in holds.split(","):
+        _hold(f"{name}-{step}")
     target = os.environ.get(ENV)
-    if target is None or target != f"{name}:{step}":
+    if target is None or f"{name}:{step}" not in target.split(","):
         return
     once = os.environ.get(ONCE_ENV)
     if once is not None:
@@ -36,3 +47,17 @@ def point(name: str, step: int) -> None:
         except FileExistsError:
             return
     os.kill(os.getpid(), signal.Signals[os.environ.get(SIGNAL_ENV, "SIGKILL")])
+
+
+def _hold(marker: str) -> None:
+    folder = Path(os.environ[HOLD_DIR_ENV])
+    mine = folder / f"{marker}.{os.getpid()}"
+    mine.write_text(f"{os.getpid()} {os.environ.get('RHYMERL_POD_NAME', '')}\n")
+    try:
+        os.link(mine, folder / f"{marker}.reached")  # whole, and only for the first process to get here
+    except FileExistsError:
+        return
+    finally:
+        mine.unlink()
+    while not (folder / f"{marker}.go").exists():
+        time.sleep(0.05)

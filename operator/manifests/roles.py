@@ -46,15 +46,18 @@ class RoleRuntime:
     kube_api: bool  # talks to the Kubernetes API (patches its job's status.progress)
     history_client: bool  # reads or writes the history store (gets the Redis password, if any)
     startup_s: int  # how long start-up (loading a model) may take before liveness applies
-    stop_grace_s: int = 30  # SIGTERM to SIGKILL: the controller finishes its step and checkpoints in it
+    stop_grace_s: int = 30  # SIGTERM to SIGKILL: the controller finishes its step and checkpoints in it, a
+    # rollout pod's workers hand their samples back
 
 
 _HTTP = Port("http", HTTP_PORT)
+GRACE_ENV = "RHYMERL_GRACE_S"
 RUNTIME: dict[Role, RoleRuntime] = {
     "controller": RoleRuntime("controller", (_HTTP, Port("ray-gcs", RAY_GCS_PORT), Port("ray-client", RAY_CLIENT_PORT),
                                              Port("ray-dashboard", RAY_DASHBOARD_PORT)),
                               stateful=True, kube_api=True, history_client=True, startup_s=300, stop_grace_s=900),
-    "rollout": RoleRuntime("rollout", (_HTTP,), stateful=False, kube_api=False, history_client=True, startup_s=1200),
+    "rollout": RoleRuntime("rollout", (_HTTP,), stateful=False, kube_api=False, history_client=True, startup_s=1200,
+                           stop_grace_s=60),
     "train": RoleRuntime("train", (_HTTP,), stateful=True, kube_api=False, history_client=False, startup_s=1200),
     "reward": RoleRuntime("reward", (_HTTP,), stateful=False, kube_api=False, history_client=False, startup_s=300),
     "history": RoleRuntime("history", (_HTTP,), stateful=False, kube_api=False, history_client=True, startup_s=300),
@@ -89,4 +92,5 @@ def environment(job_name: str, role: Role) -> dict[str, str]:
         "RHYMERL_HTTP_PORT": str(HTTP_PORT),
         "HOME": SCRATCH_DIR,  # caches (torch, vLLM, Hugging Face) need a writable home
         "PYTHONUNBUFFERED": "1",
+        GRACE_ENV: str(RUNTIME[role].stop_grace_s),  # a pod cannot read its own grace period otherwise
     }

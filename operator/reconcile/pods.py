@@ -1,7 +1,11 @@
 """What a job's pods say: ready, crashed, preempted, unschedulable; and the failure count. Pure.
 
 Crashes are container restarts (the kubelet restarts a crashed container in place and counts it in
-restartCount); they count against spec.failure_policy.backoff_limit. A pod taken away by the
+restartCount); they count against spec.failure_policy.backoff_limit. A restart whose container
+last ended cleanly (exit 0: a controller that stopped on SIGTERM after checkpointing; or the rejoin
+code, REJOIN_EXIT_CODE: a pod asking to join its job's next Ray head) is not a crash: counted apart,
+as restarts. The kubelet keeps only the last termination, so restarts seen together are classed by
+it. A pod taken away by the
 platform (spot preemption, eviction, node shutdown or loss: the DisruptionTarget condition, or the
 pod's reason) is a preemption: the StatefulSet replaces it and it never counts as a crash. Which pods
 are already counted is kept in status.failures.counted, so an operator restart counts nothing twice.
@@ -13,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rhymerl.api.roles import CLEAN_EXIT_CODES
 from rhymerl.api.spec import CountedPod, Failures
 from rhymerl.operator.manifests.labels import COMPONENT_KEY
 
@@ -45,6 +50,7 @@ class PodView:
     waiting: str | None  # "container X: ImagePullBackOff: message" for image and config problems
     crash: str | None  # "container X exited 1 (Error)" for the last non-zero exit, if any
     crash_looping: bool
+    clean_restart: bool = False  # every restarted container last ended cleanly (CLEAN_EXIT_CODES)
 
 
 def _conditions(pod: Pod) -> dict[str, Mapping[str, Any]]:
@@ -87,9 +93,13 @@ def view(pod: Pod) -> PodView:
     restarts = 0
     waiting = crash = None
     looping = False
+    clean = True
     for c in _containers(pod):
         name = c.get("name", "?")
         restarts += int(c.get("restartCount") or 0)
+        last = (c.get("lastState") or {}).get("terminated") or {}
+        if int(c.get("restartCount") or 0) and last.get("exitCode") not in CLEAN_EXIT_CODES:
+            clean = False
         state = c.get("state") or {}
         wait = state.get("waiting") or {}
         reason = wait.get("reason")
@@ -97,14 +107,14 @@ def view(pod: Pod) -> PodView:
             detail = f": {wait['message']}" if wait.get("message") else ""
             waiting = waiting or f"container {name}: {reason}{detail}"
         looping = looping or reason in CRASH_REASONS
-        for terminated in ((state.get("terminated") or {}), ((c.get("lastState") or {}).get("terminated") or {})):
-            if terminated and terminated.get("exitCode") not in (None, 0) and crash is None:
+        for terminated in ((state.get("terminated") or {}), last):
+            if terminated and terminated.get("exitCode") not in (None, *CLEAN_EXIT_CODES) and crash is None:
                 crash = f"container {name} {_exit(terminated)}"
     return PodView(
         name=meta.get("name", ""), uid=meta.get("uid", ""), role=(meta.get("labels") or {}).get(COMPONENT_KEY, ""),
         ready=ready and not meta.get("deletionTimestamp"), deleting=bool(meta.get("deletionTimestamp")),
         restarts=restarts, preempted=preemption(pod), unschedulable=unschedulable, waiting=waiting, crash=crash,
-        crash_looping=looping,
+        crash_looping=looping and crash is not None, clean_restart=bool(restarts) and clean,
     )
 
 
@@ -112,7 +122,7 @@ def view(pod: Pod) -> PodView:
 class FailureNote:
     """One newly counted failure, for a Kubernetes Event."""
 
-    kind: str  # "crash" or "preemption"
+    kind: str  # "crash", "restart" (not a crash) or "preemption"
     pod: str
     message: str
 
@@ -132,6 +142,7 @@ def count(previous: Failures, pods: Sequence[PodView], gone: Iterable[PodView] =
     reported again by a late watch event), so it stays about as small as the job."""
     known = {c.uid: c for c in previous.counted}
     crashes, preemptions, last = previous.crashes, previous.preemptions, previous.lastFailure
+    clean = previous.restarts
     notes: list[FailureNote] = []
     current = {p.uid for p in pods}
     kept: list[CountedPod] = []
@@ -143,7 +154,11 @@ def count(previous: Failures, pods: Sequence[PodView], gone: Iterable[PodView] =
         seen.add(pod.uid)
         before = known.get(pod.uid, CountedPod(pod=pod.name, uid=pod.uid))
         new_restarts = max(0, pod.restarts - before.restarts)
-        if new_restarts:
+        if new_restarts and pod.clean_restart:
+            clean += new_restarts
+            notes.append(FailureNote("restart", pod.name, f"pod {pod.name}: container restarted after a clean exit "
+                                     "(not a crash)"))
+        elif new_restarts:
             crashes += new_restarts
             last = f"pod {pod.name}: {pod.crash or 'container restarted'}"
             notes.append(FailureNote("crash", pod.name, f"{last} (crash {crashes})"))
@@ -159,4 +174,5 @@ def count(previous: Failures, pods: Sequence[PodView], gone: Iterable[PodView] =
     went = [c for c in previous.counted if c.uid not in seen] + went
     kept.sort(key=lambda c: (c.pod, c.uid))
     counted = kept + went[-MAX_GONE:]
-    return Count(Failures(crashes=crashes, preemptions=preemptions, lastFailure=last, counted=counted), tuple(notes))
+    return Count(Failures(crashes=crashes, preemptions=preemptions, restarts=clean, lastFailure=last, counted=counted),
+                 tuple(notes))

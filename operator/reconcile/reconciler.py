@@ -186,6 +186,6 @@ async def reconcile(cluster: Cluster, namespace: str, name: str, gone_pods: Sequ
         for event in events:
             await cluster.event(body, event.type, event.reason, event.message)
         for note in counted.notes:
-            await cluster.event(body, "Warning" if note.kind == "crash" else "Normal",
-                                "PodCrashed" if note.kind == "crash" else "PodPreempted", note.message)
+            reason = {"crash": "PodCrashed", "restart": "PodRestarted"}.get(note.kind, "PodPreempted")
+            await cluster.event(body, "Warning" if note.kind == "crash" else "Normal", reason, note.message)
     return Outcome(new["phase"], sum(cluster.writes.values()) - before, requeue)

@@ -7,3 +7,9 @@ from typing import Literal
 
 Role = Literal["controller", "rollout", "train", "reward", "history"]
 ROLES: tuple[Role, ...] = ("controller", "rollout", "train", "reward", "history")
+
+REJOIN_EXIT_CODE = 75
+"""A pod of a job that exits with this (EX_TEMPFAIL) asks to be restarted to join the job's next Ray
+head: its restart is not a crash. So is a restart after exit 0 (a controller that stopped on
+SIGTERM after checkpointing its step). Member pods normally rejoin without exiting at all."""
+CLEAN_EXIT_CODES = frozenset({0, REJOIN_EXIT_CODE})

@@ -519,8 +519,15 @@ class Progress(BaseModel):
     policyVersion: NonNegInt = 0
     rewardMean: float | None = None
     acceptanceRate: float | None = Field(None, description="accepted / drafted speculative tokens")
-    bubbleRatio: float | None = Field(None, description="idle rollout replica-time / (replicas x makespan)")
+    bubbleRatio: float | None = Field(None, description="idle rollout worker-time / (workers x makespan)")
     lastStepSeconds: float | None = None
+    rolloutWorkers: NonNegInt | None = Field(None, description="rollout workers in the fleet after the last step")
+    rolloutWorkersWanted: NonNegInt | None = Field(None, description="rollout workers the job wanted then "
+                                                   "(spec.rollout.replicas)")
+    recommendedRolloutWorkers: NonNegInt | None = Field(
+        None, description="the fleet size the controller recommends for the next step, within min_replicas and "
+        "max_replicas: from the predicted remaining work and the measured throughput per worker")
+    message: str | None = Field(None, max_length=500, description="what the controller is doing or waiting for")
     updatedAt: str | None = Field(None, description="RFC 3339 time of the report")
     finished: bool = Field(False, description="true once the last step is done: the job is Complete")
 
@@ -539,6 +546,8 @@ class Failures(BaseModel):
                                "spec.failure_policy.backoff_limit")
     preemptions: NonNegInt = Field(0, description="pods lost to spot preemption, eviction or node loss; never "
                                    "counted as crashes")
+    restarts: NonNegInt = Field(0, description="container restarts that are not crashes (exit 0, or a pod asking "
+                                "to rejoin its job's Ray head); never counted as crashes")
     lastFailure: str = ""
     counted: list[CountedPod] = Field(default_factory=list)
 

@@ -1,10 +1,11 @@
 """The local backend: run an RLJob on this machine, in-process, with progress and a run folder.
 
-The same step loop runs in the controller pod on a cluster; here the rollout engine, the reward
-verifier and the trainer share one process and one copy of the weights, which keeps a laptop run
-fast and its results bit-reproducible for a given seed and torch build. `rollout.replicas` > 1
-runs that many engine replicas in this process, stepped in turn and placed by the scheduling
-policy, so the scheduler's decisions can be exercised and measured on one machine.
+The same step loop runs in the controller pod on a cluster; here every role worker runs in this
+process (workers/controller/transport.py LocalTransport), which keeps a laptop run fast and its
+results bit-reproducible for a given seed and torch build. `rollout.replicas` > 1 runs that many
+rollout workers in this process, stepped in turn and placed by the scheduling policy, so the
+scheduler's decisions can be exercised and measured on one machine; `rhymerl scale` changes how
+many while the run goes on.
 
 With `backend: ray` the same job runs as on a cluster: every role a Ray worker on a private Ray
 instance on this machine (workers/runtime/), rollout pipelined with training when
@@ -24,16 +25,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rhymerl.api import RLJob
 from rhymerl.api.load import SpecError, SpecProblem
 from rhymerl.errors import UserError
-from rhymerl.workers.controller.loop import run_steps
-from rhymerl.workers.controller.plots import plot_metrics
+from rhymerl.workers.controller.loop import local_backend, run_steps
 from rhymerl.workers.controller.preflight import check_memory, preflight
-from rhymerl.workers.controller.prompts import load_prompts
-from rhymerl.workers.controller.run_dir import RunDir
-from rhymerl.workers.controller.step_metrics import StepMetrics
 from rhymerl.workers.controller.stopping import RunStopped
 from rhymerl.workers.reward.verifiers import load_user_function
 from rhymerl.workers.rollout.verify_cost import cache_dir
 from rhymerl.workers.rollout.vllm_engine import vllm_installed
+from rhymerl.workers.run_folder.plots import plot_metrics
+from rhymerl.workers.run_folder.run_dir import RunDir
+from rhymerl.workers.run_folder.step_metrics import StepMetrics
+from rhymerl.workers.task.prompts import load_prompts
 
 
 def default_out(job: RLJob) -> Path:
@@ -45,9 +46,9 @@ def step_line(m: StepMetrics) -> str:
         return "-" if value is None else format(value, fmt)
 
     replicas = ""
-    if m.rollout_replicas is not None:
-        replicas = (f" | {m.rollout_replicas} replicas makespan {show(m.rollout_makespan_s, '.1f')}s "
-                    f"bubble {show(m.rollout_bubble, '.0%')} migrated {m.rollout_migrated}")
+    if m.rollout_workers is not None and (m.rollout_workers > 1 or (m.rollout_workers_wanted or 1) > 1):
+        replicas = (f" | {m.rollout_workers} workers makespan {show(m.rollout_makespan_s, '.1f')}s "
+                    f"bubble {show(m.rollout_bubble, '.0%')} moved {(m.rollout_migrated or 0) + (m.rollout_stolen or 0)}")
     return (f"step {m.step:>3} ep {m.epoch} | reward {m.reward_mean:.3f} "
             f"zero-std {m.zero_std_frac:.2f} | len {m.response_length_mean:.0f}/"
             f"{m.response_length_max} | rollout {m.time_rollout_s:.1f}s "
@@ -149,11 +150,14 @@ def profile_reporter(progress: Progress, console: Console) -> Callable[[int, int
     one line saying what was measured; or one line saying the cached profile was used."""
     task: list[TaskID] = []
     began = [0.0]
+    said_cached: list[bool] = []
 
     def report(done: int, total: int) -> None:
         if total == 0:
-            console.print(f"verify cost: using this machine's cached profile ({cache_dir()})", markup=False,
-                          highlight=False, soft_wrap=True)
+            if not said_cached:  # once, whatever number of rollout workers read it
+                console.print(f"verify cost: using this machine's cached profile ({cache_dir()})", markup=False,
+                              highlight=False, soft_wrap=True)
+                said_cached.append(True)
             return
         if done == 0:
             began[0] = time.perf_counter()
@@ -177,11 +181,13 @@ def _drive(job: RLJob, run: RunDir, resume: bool, console: Console) -> dict[int,
     with progress:
         task = progress.add_task("rollout+train", total=total, unit="prompts")
         if job.spec.backend == "ray":
-            from rhymerl.workers.runtime.ray_loop import run_steps_local_ray  # Ray loads only when asked for
+            from rhymerl.workers.runtime.ray_transport import (
+                run_steps_local_ray,  # Ray loads only when asked for
+            )
 
             steps = run_steps_local_ray(job, run, resume)
         else:
-            steps = run_steps(job, run, resume, profile_reporter(progress, console))
+            steps = run_steps(job, run, resume, local_backend(job, run, profile_reporter(progress, console)))
         for row in steps:
             progress.update(task, completed=min(total, sum(m.prompts for m in run.step_metrics())))
             console.print(step_line(row), highlight=False, soft_wrap=True)

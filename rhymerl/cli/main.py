@@ -123,6 +123,22 @@ def run(
         raise typer.Exit(TERMINATED) from None
 
 
+@app.command(epilog="The running step loop follows the request as its rounds go on: new workers take over started "
+             "samples at once, leaving ones hand theirs back with their tokens. Works with backend local and ray. In "
+             "a cluster scale the RLJob instead (kubectl scale rljob/NAME --replicas=N).")
+def scale(
+    run_dir: Annotated[Path, typer.Argument(help="the run folder of a running (or stopped) run")],
+    rollout: Annotated[int, typer.Option("--rollout", help="rollout workers wanted, within the spec's "
+                                         "rollout.min_replicas and max_replicas")],
+) -> None:
+    """Set how many rollout workers a run on this machine uses."""
+    from rhymerl.workers.controller.scale import request_scale
+    from rhymerl.workers.run_folder.run_dir import RunDir
+
+    request_scale(run_dir, RunDir(run_dir).load_job(), rollout)
+    typer.echo(f"{run_dir}: {rollout} rollout workers wanted")
+
+
 @app.command(epilog="Environment (set by the operator's pod template): RHYMERL_CONTROLLER (the Ray head, "
              "host:port), RHYMERL_DATA_DIR (the controller's run folder lives in DATA_DIR/run), RHYMERL_HTTP_PORT "
              "(/healthz, /readyz, /metrics), RHYMERL_POD_IP, RHYMERL_NAMESPACE; HOME is scratch space.")

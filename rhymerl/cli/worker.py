@@ -1,22 +1,29 @@
 """`rhymerl worker --role ROLE --spec FILE`: what one pod runs (the operator's pod templates name
 this command, with the environment of rhymerl.operator.manifests.roles).
 
-The controller pod starts the Ray head, waits for every role's pods to join, then runs the job's
-steps on their workers (workers/runtime/), resuming from its run folder when one is there (a
-restarted controller pod). It reports each step to its RLJob's status.progress when it runs in a
-cluster. Every other pod joins the head with its role and serves until the head goes away, then
-exits non-zero so that the kubelet restarts it and it joins the next head. Every pod serves
-/healthz, /readyz and /metrics on RHYMERL_HTTP_PORT.
+The controller pod starts the Ray head, waits for the pods the run needs (however long that takes,
+saying what it waits for in its RLJob's status.progress.message: a Pending job, never a Failed one),
+then runs the job's steps on their workers (workers/runtime/), resuming from its run folder when one
+is there (a restarted controller pod). Its rollout fleet follows the RLJob's spec.rollout.replicas
+while it runs (in a cluster; elsewhere `rhymerl scale`). It reports each step to status.progress.
+
+Every other pod joins the head with its role and stays up: when the head goes away (the controller
+pod restarted) its Ray node ends and it joins the next head when that answers, so a controller
+restart restarts no other container. On SIGTERM (a scale-down, a spot notice, a drain) a rollout
+pod forwards the notice to its rollout workers, which hand their samples back with their tokens
+(workers/roles/rollout_worker.py), waits for them to be gone, and exits 0 within its grace period.
+Every pod serves /healthz, /readyz and /metrics on RHYMERL_HTTP_PORT.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -25,13 +32,18 @@ from prometheus_client import CollectorRegistry
 
 from rhymerl.api import RLJob
 from rhymerl.api.load import load_job
-from rhymerl.api.roles import ROLES, Role
+from rhymerl.api.roles import REJOIN_EXIT_CODE, ROLES, Role
 from rhymerl.errors import UserError
+from rhymerl.workers.roles.rollout_worker import NODE_DIR_ENV, PID_SUFFIX
+from rhymerl.workers.roles.worker_metrics import METRICS_DIR_ENV, ControllerMetrics
 from rhymerl.workers.runtime import node
 from rhymerl.workers.runtime.endpoints import Endpoints
-from rhymerl.workers.runtime.worker_metrics import METRICS_DIR_ENV, ControllerMetrics
 
-JOIN_TIMEOUT_S = 900.0  # pods of a job start in any order; a GPU pod may take minutes to pull its image
+JOIN_TIMEOUT_S = 900.0  # the controller's own head must answer its own driver within this
+SAY_EVERY_S = 60.0  # how often a pod that waits says so again
+SPEC_EVERY_S = 10.0  # how often the controller reads its RLJob's spec.rollout.replicas
+GRACE_MARGIN_S = 5.0  # of a pod's grace period, kept for stopping its Ray node after its workers left
+JOIN_TRIES = 5
 
 
 def _env(name: str, default: str | None = None) -> str:
@@ -58,38 +70,101 @@ def serve(role_name: str, spec_path: Path) -> int:
     metrics_dir = scratch / "metrics"
     metrics_dir.mkdir(parents=True, exist_ok=True)
     os.environ[METRICS_DIR_ENV] = str(metrics_dir)  # inherited by the Ray node, so by this pod's workers
+    os.environ[NODE_DIR_ENV] = str(scratch / "node")  # where this pod's rollout workers leave their pid files
     registry = CollectorRegistry()
     endpoints = Endpoints(int(_env("RHYMERL_HTTP_PORT", "9090")), registry, metrics_dir)
-    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         if role == "controller":
-            return _controller(job, registry, endpoints, scratch)
+            signal.signal(signal.SIGTERM, _on_sigterm)
+            try:
+                return _controller(job, registry, endpoints, scratch)
+            except _Stop:
+                return 0
         return _member(job, role, endpoints, scratch)
-    except _Stop:
-        return 0
     finally:
         endpoints.close()
 
 
 def _member(job: RLJob, role: Role, endpoints: Endpoints, scratch: Path) -> int:
+    """Join the head, and the next one whenever it goes away, until SIGTERM."""
     address = _env("RHYMERL_CONTROLLER")
-    node.wait_reachable(address, JOIN_TIMEOUT_S)
-    ray_node = node.join(address, role, scratch / "ray-node.log", _object_store_bytes())
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
+    log = scratch / "ray-node.log"
+    said = -SAY_EVERY_S
+    failed = 0  # joins in a row whose node never started
+    while not stopping.is_set():
+        if failed >= JOIN_TRIES:  # something in this container is stale: a fresh one joins (not a crash)
+            print(f"{role}: could not join the Ray head at {address} {failed} times in a row (see {log}); exiting "
+                  f"{REJOIN_EXIT_CODE} for a fresh container", file=sys.stderr, flush=True)
+            return REJOIN_EXIT_CODE
+        if not node.reachable(address):
+            if time.monotonic() - said >= SAY_EVERY_S:
+                print(f"{role}: waiting for the Ray head at {address}", flush=True)
+                said = time.monotonic()
+            stopping.wait(1.0)
+            continue
+        ray_node = node.join(address, role, log, _object_store_bytes())
+        try:
+            if _started(ray_node, log, stopping):
+                failed = 0
+                endpoints.ready.set()
+                print(f"{role}: joined the Ray head at {address}", flush=True)
+            else:
+                failed += 1
+            while ray_node.poll() is None and not stopping.is_set():
+                stopping.wait(0.5)
+            endpoints.ready.clear()
+            if stopping.is_set():
+                if role == "rollout":
+                    _hand_back(scratch / "node", _grace_s())
+                return 0
+            print(f"{role}: the Ray node exited ({ray_node.returncode}): the head went away; joining the next one",
+                  flush=True)
+        finally:
+            node.stop(ray_node)
+        said = time.monotonic()
+    return 0
+
+
+def _hand_back(node_dir: Path, grace_s: float) -> None:
+    """SIGTERM to this pod's rollout workers (each hands its samples back, and the step loop stops it
+    once they are safe); wait for them to be gone, at most until the grace period runs short."""
+    pids = []
+    for pid_file in node_dir.glob(f"*{PID_SUFFIX}"):
+        with contextlib.suppress(ValueError, OSError):
+            pid = int(pid_file.read_text())
+            os.kill(pid, signal.SIGTERM)
+            pids.append(pid)
+    deadline = time.monotonic() + max(1.0, grace_s - GRACE_MARGIN_S)
+    while pids and time.monotonic() < deadline:
+        pids = [p for p in pids if _alive(p)]
+        time.sleep(0.2)
+    print(f"rollout: handed back; {len(pids)} worker(s) still up at the end of the grace period" if pids else
+          "rollout: handed back; every rollout worker of this pod is gone", flush=True)
+
+
+def _alive(pid: int) -> bool:
     try:
-        if _started(ray_node, scratch / "ray-node.log"):
-            endpoints.ready.set()
-            print(f"{role}: joined the Ray head at {address}", flush=True)
-        code = ray_node.wait()
-        print(f"{role}: the Ray node exited ({code}): the head went away; exiting so that the pod restarts and "
-              "joins the next head", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        node.stop(ray_node)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):  # a zombie is gone for our purpose
+        if Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z"):
+            return False
+    return True
 
 
-def _started(ray_node: Any, log: Path, timeout_s: float = 120.0) -> bool:
+def _grace_s() -> float:
+    """The pod's grace period (its template's, which the operator passes in its environment)."""
+    return float(os.environ.get("RHYMERL_GRACE_S", "30"))
+
+
+def _started(ray_node: Any, log: Path, stopping: threading.Event, timeout_s: float = 120.0) -> bool:
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and ray_node.poll() is None:
+    while time.monotonic() < deadline and ray_node.poll() is None and not stopping.is_set():
         if log.is_file() and "Ray runtime started" in log.read_text(errors="replace"):
             return True
         time.sleep(0.5)
@@ -104,10 +179,10 @@ def _object_store_bytes() -> int | None:
 def _controller(job: RLJob, registry: CollectorRegistry, endpoints: Endpoints, scratch: Path) -> int:
     import torch
 
-    from rhymerl.workers.controller.run_dir import RunDir
+    from rhymerl.workers.controller.scale import ScaleFile
     from rhymerl.workers.controller.stopping import RunStopped
-    from rhymerl.workers.runtime.actors import pod_run_dir
-    from rhymerl.workers.runtime.ray_loop import run_steps_ray
+    from rhymerl.workers.run_folder.run_dir import RunDir, pod_run_dir
+    from rhymerl.workers.runtime.ray_transport import run_steps_ray
 
     address = _env("RHYMERL_CONTROLLER")
     port = int(address.rpartition(":")[2])
@@ -116,7 +191,8 @@ def _controller(job: RLJob, registry: CollectorRegistry, endpoints: Endpoints, s
     try:
         node.connect(f"{os.environ.get('RHYMERL_POD_IP') or '127.0.0.1'}:{port}", JOIN_TIMEOUT_S, head, head_log)
         signal.signal(signal.SIGTERM, _on_sigterm)  # ray.init installed its own (which aborts)
-        node.wait_for_roles(job, JOIN_TIMEOUT_S, say=lambda msg: print(f"controller: {msg}", flush=True))
+        reporter = _StatusReporter(job)
+        node.wait_for_roles(job, lambda msg: reporter.say(msg), SAY_EVERY_S)
         run = RunDir(pod_run_dir())
         resume = (run.path / "spec.yaml").is_file()
         if resume:
@@ -127,17 +203,17 @@ def _controller(job: RLJob, registry: CollectorRegistry, endpoints: Endpoints, s
         else:
             run.create(job)
         metrics = ControllerMetrics(registry)
-        progress = _progress_reporter(job)
         endpoints.ready.set()
-        print(f"controller: {'resuming' if resume else 'running'} {job.metadata.name} in {run.path}", flush=True)
+        reporter.say(f"{'resuming' if resume else 'running'} {job.metadata.name} in {run.path}")
+        wanted = reporter.wanted() or ScaleFile(run.path, job)
         last: Mapping[str, Any] | None = None
         try:
-            for row in run_steps_ray(job, run, resume, torch.get_num_threads()):
+            for row in run_steps_ray(job, run, resume, torch.get_num_threads(), None, wanted, reporter.say):
                 metrics.update(row, 0)
                 last = row.row()
                 print(f"controller: step {row.step} epoch {row.epoch} reward {row.reward_mean:.4f} "
-                      f"time {row.time_step_s}s lag {row.policy_lag_max}", flush=True)
-                progress(last, False)
+                      f"time {row.time_step_s}s lag {row.policy_lag_max} workers {row.rollout_workers}", flush=True)
+                reporter.progress(last, False)
         except RunStopped as stopped:  # evicted or preempted: the step ran to its end and was checkpointed
             print(f"controller: {stopped}; the restarted pod resumes from it", flush=True)
             return 0
@@ -145,7 +221,7 @@ def _controller(job: RLJob, registry: CollectorRegistry, endpoints: Endpoints, s
             run.close()
         rows = run.metrics()
         if rows:
-            progress(rows[-1], True)
+            reporter.progress(rows[-1], True)
         print(f"controller: {job.metadata.name} finished ({len(rows)} steps); idle until stopped", flush=True)
         threading.Event().wait()
         return 0
@@ -157,23 +233,66 @@ def _controller(job: RLJob, registry: CollectorRegistry, endpoints: Endpoints, s
         node.stop(head)
 
 
-def _progress_reporter(job: RLJob) -> Any:
-    """status.progress of the job's RLJob, in a cluster; nothing elsewhere (pods as processes)."""
-    if not os.environ.get("KUBERNETES_SERVICE_HOST"):
-        return lambda row, finished: None
-    from kubernetes import client, config
+class _StatusReporter:
+    """The controller pod's channel to its RLJob: status.progress (each step, and what it waits for),
+    and the spec's rollout.replicas; in a cluster only (pods as processes print what they would say)."""
 
-    from rhymerl.operator.progress import report
+    def __init__(self, job: RLJob) -> None:
+        self.job = job
+        self.api: Any = None
+        self.namespace = os.environ.get("RHYMERL_NAMESPACE") or job.metadata.namespace or "default"
+        self._replicas = job.spec.rollout.replicas
+        self._read_at = -SPEC_EVERY_S
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            from kubernetes import client, config
 
-    config.load_incluster_config()
-    api = client.ApiClient()
-    namespace = os.environ.get("RHYMERL_NAMESPACE") or job.metadata.namespace or "default"
+            config.load_incluster_config()
+            self.api = client.ApiClient()
 
-    def send(row: Mapping[str, Any], finished: bool) -> None:
+    def say(self, message: str) -> None:
+        print(f"controller: {message}", flush=True)
+        if self.api is not None:
+            from rhymerl.operator.progress import report_message
+
+            self._send(lambda: report_message(self.api, self.namespace, self.job.metadata.name, message))
+
+    def progress(self, row: Mapping[str, Any], finished: bool) -> None:
+        if self.api is not None:
+            from rhymerl.operator.progress import report
+
+            self._send(lambda: report(self.api, self.namespace, self.job.metadata.name, row, finished))
+
+    def wanted(self) -> Callable[[], int] | None:
+        """The RLJob's spec.rollout.replicas, read again every SPEC_EVERY_S (None outside a cluster)."""
+        if self.api is None:
+            return None
+        return self._spec_replicas
+
+    def _spec_replicas(self) -> int:
+        now = time.monotonic()
+        if now - self._read_at >= SPEC_EVERY_S:
+            self._read_at = now
+            from kubernetes.client import CustomObjectsApi
+
+            from rhymerl.api.crd import PLURAL
+            from rhymerl.api.spec import GROUP, VERSION
+
+            try:
+                body: Any = CustomObjectsApi(self.api).get_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, PLURAL, self.job.metadata.name)
+                rollout = (body.get("spec") or {}).get("rollout") or {}
+                bounds = self.job.spec.rollout  # as the operator clamps the StatefulSet's replicas
+                self._replicas = min(max(int(rollout.get("replicas", self._replicas)), bounds.min_replicas),
+                                     bounds.max_replicas)
+            except Exception as exc:  # the last value holds: a read that fails never stops the run
+                print(f"controller: could not read spec.rollout.replicas ({type(exc).__name__}: {exc})",
+                      file=sys.stderr, flush=True)
+        return self._replicas
+
+    @staticmethod
+    def _send(write: Callable[[], object]) -> None:
         try:
-            report(api, namespace, job.metadata.name, row, finished)
+            write()
         except Exception as exc:  # progress is informative: a failed patch never stops the run
             print(f"controller: could not report progress ({type(exc).__name__}: {exc})", file=sys.stderr,
                   flush=True)
-
-    return send

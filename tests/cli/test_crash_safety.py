@@ -16,13 +16,13 @@ from cli_runner import SCRIPT, rhymerl
 from safetensors.torch import load_file
 
 from rhymerl.workers import dumps
-from rhymerl.workers.controller.run_dir import RunDir
+from rhymerl.workers.run_folder.run_dir import RunDir
+from rhymerl.workers.run_folder.step_metrics import deterministic
 
 REPO = Path(__file__).resolve().parents[2]
 # 2 prompts per step, 4 prompts, 2 epochs: steps 1-4, a checkpoint after each
 TINY = ["--set", "data.num_prompts=4", "--set", "algorithm.prompts_per_step=2", "--set", "algorithm.group_size=4",
         "--set", "algorithm.epochs=2", "--set", "algorithm.max_response_length=64"]
-TIMED = {"spec_rate", "spec_acceptance", "tokens_per_pass"}
 
 
 def _start(out: Path, crash_at: str | None = None, signal_name: str = "SIGKILL",
@@ -43,8 +43,7 @@ def _resume(out: Path) -> subprocess.CompletedProcess[str]:
 def _outcome(run: Path) -> tuple[list[object], list[dict[str, object]], dict[str, torch.Tensor]]:
     records = [(r.step, r.prompt_id, r.sample_index, r.response_ids, r.reward, r.policy_version)
                for r in dumps.read_run(run)]
-    rows = [{k: v for k, v in m.items() if not k.startswith("time_") and not k.endswith("per_s") and k not in TIMED}
-            for m in RunDir(run).metrics()]
+    rows = [deterministic(m) for m in RunDir(run).metrics()]
     weights = load_file(str(RunDir(run).checkpoint_dirs()[-1] / "model.safetensors"))
     return records, rows, weights
 

@@ -12,10 +12,11 @@ import torch
 from rhymerl.api import RLJob, parse_job
 from rhymerl.workers import dumps
 from rhymerl.workers.controller.loop import run_steps
-from rhymerl.workers.controller.run_dir import RunDir, RunDirError
 from rhymerl.workers.model.policy import save_model
 from rhymerl.workers.model.tokenizer import CharTokenizer
 from rhymerl.workers.model.transformer import ModelConfig, TinyLlama, load_model
+from rhymerl.workers.run_folder.run_dir import RunDir, RunDirError
+from rhymerl.workers.run_folder.step_metrics import deterministic
 
 
 @pytest.fixture
@@ -51,16 +52,9 @@ def _run(job: RLJob, path: Path, steps: int | None = None, resume: bool = False)
     return [m.row() for m in itertools.islice(run_steps(job, run, resume), steps)]  # as metrics.jsonl has them
 
 
-# Wall-clock metrics, and the speculation counters that follow from caps chosen by measured cost,
-# legitimately differ between two runs; tokens, rewards and training statistics must not.
-# The replicas' busy times, makespan and bubble ratio are measured with a clock too.
-TIMING_DEPENDENT = {"spec_rate", "spec_acceptance", "tokens_per_pass", "rollout_busy_s", "rollout_makespan_s",
-                    "rollout_bubble"}
-
-
 def strip_timing(rows: list[dict[str, object]]) -> list[dict[str, object]]:
-    return [{k: v for k, v in r.items()
-             if not k.startswith("time_") and not k.endswith("per_s") and k not in TIMING_DEPENDENT} for r in rows]
+    """What two runs of one job must agree on (not what is measured with a clock)."""
+    return [deterministic(r) for r in rows]
 
 
 def test_a_run_writes_one_dump_per_step_with_every_prompt_each_epoch(model_dir: Path, tmp_path: Path) -> None:
@@ -110,20 +104,23 @@ def test_a_non_empty_run_folder_is_not_overwritten(model_dir: Path, tmp_path: Pa
         RunDir(tmp_path / "run").create(_job(model_dir))
 
 
-POOL_KEYS = {"rollout_replicas", "rollout_busy_s", "rollout_makespan_s", "rollout_bubble", "rollout_migrated",
-             "rollout_stolen", "schedule_ranking"}
+FLEET_KEYS = {"rollout_workers", "rollout_workers_live", "rollout_workers_wanted", "rollout_busy_s",
+              "rollout_makespan_s", "rollout_bubble", "rollout_migrated", "rollout_stolen", "rollout_deferred",
+              "rollout_handed_back", "rollout_resumed_tokens", "schedule_ranking"}
 
 
-def test_replicas_run_the_scheduler_and_change_no_token_reward_or_weight(model_dir: Path, tmp_path: Path) -> None:
+def test_more_rollout_workers_run_the_scheduler_and_change_no_token_reward_or_weight(
+        model_dir: Path, tmp_path: Path) -> None:
     one = _job(model_dir)
     two = _job(model_dir)
     two.spec.rollout.replicas = two.spec.rollout.max_replicas = 2
     rows_one, rows_two = _run(one, tmp_path / "one"), _run(two, tmp_path / "two")
     assert [r.response_ids for r in dumps.read_run(tmp_path / "two")] == [
         r.response_ids for r in dumps.read_run(tmp_path / "one")]
-    without_pool = [{k: v for k, v in r.items() if k not in POOL_KEYS} for r in strip_timing(rows_two)]
-    assert without_pool == strip_timing(rows_one)
-    assert all(r.keys() >= POOL_KEYS for r in rows_two) and not any(POOL_KEYS & r.keys() for r in rows_one)
+    without_fleet = [{k: v for k, v in r.items() if k not in FLEET_KEYS} for r in strip_timing(rows_two)]
+    assert without_fleet == [{k: v for k, v in r.items() if k not in FLEET_KEYS} for r in strip_timing(rows_one)]
+    assert all(r.keys() >= FLEET_KEYS for r in rows_one + rows_two)  # one fleet, whatever its size
+    assert [r["rollout_workers"] for r in rows_one] == [1] * 4 and [r["rollout_workers"] for r in rows_two] == [2] * 4
     assert [r["schedule_ranking"] for r in rows_two] == ["prompt-length", "prompt-length", "history", "history"]
     for r in rows_two:
         busy, makespan = r["rollout_busy_s"], r["rollout_makespan_s"]

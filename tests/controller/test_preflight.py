@@ -9,9 +9,9 @@ import pytest
 
 from rhymerl.api import RLJob, SpecError, parse_job
 from rhymerl.workers.controller.preflight import check_memory, kv_cache_bytes, preflight
-from rhymerl.workers.controller.prompts import DataError
 from rhymerl.workers.model.folder import ModelError, model_dir
 from rhymerl.workers.model.transformer import load_model
+from rhymerl.workers.task.prompts import DataError
 
 
 def job_for(data: Path | str, *, response: int = 64, model: str = "builtin:tiny-arith", extra: str = "") -> RLJob:

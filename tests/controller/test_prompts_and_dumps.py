@@ -7,9 +7,9 @@ import pytest
 
 from rhymerl.api.spec import DataSpec
 from rhymerl.workers import dumps
-from rhymerl.workers.controller.prompts import DataError, epoch_order, load_prompts, read_jsonl
 from rhymerl.workers.reward.verifiers import RewardError, final_answer, load_user_function
 from rhymerl.workers.task import arith_chain
+from rhymerl.workers.task.prompts import DataError, epoch_order, load_prompts, read_jsonl
 
 
 def test_builtin_prompts_are_stable_and_solvable() -> None:

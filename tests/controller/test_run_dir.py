@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from rhymerl.api import RLJob
-from rhymerl.workers.controller import checkpoints
-from rhymerl.workers.controller.run_dir import EVENTS, LoopState, RunDir, finite_json
-from rhymerl.workers.controller.run_lock import RunLocked
 from rhymerl.workers.model.transformer import TinyLlama
+from rhymerl.workers.run_folder import checkpoints
+from rhymerl.workers.run_folder.run_dir import EVENTS, LoopState, RunDir, finite_json
+from rhymerl.workers.run_folder.run_lock import RunLocked
 
 
 def _run(tmp_path: Path) -> RunDir:
@@ -117,7 +117,7 @@ def test_metrics_lines_are_valid_json_even_when_a_value_is_not_finite() -> None:
 
 def test_a_second_process_cannot_take_a_locked_run_folder_and_is_told_who_holds_it(tmp_path: Path) -> None:
     run = _run(tmp_path)
-    probe = ("import sys; from pathlib import Path; from rhymerl.workers.controller.run_dir import RunDir\n"
+    probe = ("import sys; from pathlib import Path; from rhymerl.workers.run_folder.run_dir import RunDir\n"
              "try:\n    RunDir(Path(sys.argv[1])).open()\nexcept Exception as e:\n    print(type(e).__name__, e)")
     out = subprocess.run([sys.executable, "-P", "-c", probe, str(run.path)], capture_output=True, text=True,
                          check=True).stdout
@@ -133,7 +133,7 @@ def test_the_lock_is_released_when_its_holder_is_killed(tmp_path: Path) -> None:
     run.close()
     holder = subprocess.Popen([sys.executable, "-P", "-c",
                                "import sys, time; from pathlib import Path\n"
-                               "from rhymerl.workers.controller.run_dir import RunDir\n"
+                               "from rhymerl.workers.run_folder.run_dir import RunDir\n"
                                "r = RunDir(Path(sys.argv[1])); r.open(); print('locked', flush=True); time.sleep(60)",
                                str(run.path)], stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"

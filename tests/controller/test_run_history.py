@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rhymerl.workers.controller.history import RunHistory
 from rhymerl.workers.dumps import RolloutRecord
+from rhymerl.workers.history.run_history import RunHistory
 from rhymerl.workers.history.store import MemoryHistoryStore
 
 

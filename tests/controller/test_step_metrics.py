@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from rhymerl.workers.controller.run_dir import RunDir
-from rhymerl.workers.controller.step_metrics import StepMetrics
+from rhymerl.workers.run_folder.run_dir import RunDir
+from rhymerl.workers.run_folder.step_metrics import StepMetrics
 
 BASE = dict(step=1, epoch=1, policy_version=1, prompts=4, samples=64, gen_rounds=1, time_rollout_s=2.0,
             time_reward_s=0.001, time_train_s=1.5, rollout_tokens=10656, rollout_tokens_per_s=5318.5,

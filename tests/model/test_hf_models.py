@@ -17,14 +17,14 @@ from hf_models import write_model, write_tokenizer
 from rhymerl.api import SpecError, parse_job
 from rhymerl.api.spec import AlgorithmSpec, ModelSpec
 from rhymerl.workers.controller.preflight import preflight
-from rhymerl.workers.controller.prompts import DataError
-from rhymerl.workers.controller.run_dir import LoopState, RunDir
 from rhymerl.workers.model.folder import ModelError, check_native, model_dir
 from rhymerl.workers.model.hf_policy import HfPolicy, load_hf_policy
 from rhymerl.workers.model.hf_tokenizer import HfTokenizer
 from rhymerl.workers.model.registry import load_policy
 from rhymerl.workers.model.tokenizer import CharTokenizer, load_tokenizer
 from rhymerl.workers.model.transformer import load_model
+from rhymerl.workers.run_folder.run_dir import LoopState, RunDir
+from rhymerl.workers.task.prompts import DataError
 from rhymerl.workers.train.trainer import Trainer, TrainSample
 
 HEADER = "apiVersion: rhymerl.io/v1alpha1\nkind: RLJob\n"

@@ -253,11 +253,14 @@ def test_checkpoints_live_on_volume_claims_of_the_controller_and_train_pods_only
         assert "volumeClaimTemplates" not in sets[f"math-grpo-{role}"]["spec"]
 
 
-def test_an_evicted_controller_has_time_to_finish_its_step_and_checkpoint_and_other_pods_the_default() -> None:
+def test_an_evicted_controller_has_time_to_finish_its_step_and_a_rollout_pod_to_hand_its_samples_back() -> None:
     objects = desired(_cluster(), OWNER)
-    assert _pod(objects, "controller")["terminationGracePeriodSeconds"] == 900
-    for role in ("rollout", "train", "reward", "history"):
-        assert _pod(objects, role)["terminationGracePeriodSeconds"] == 30
+    grace = {role: _pod(objects, role)["terminationGracePeriodSeconds"]
+             for role in ("controller", "rollout", "train", "reward", "history")}
+    assert grace == {"controller": 900, "rollout": 60, "train": 30, "reward": 30, "history": 30}
+    for role, seconds in grace.items():  # each pod knows its own grace period
+        env = {e["name"]: e.get("value") for e in _pod(objects, role)["containers"][0]["env"]}
+        assert env["RHYMERL_GRACE_S"] == str(seconds)
 
 
 def test_disruption_budgets_cover_the_roles_that_can_have_two_pods() -> None:

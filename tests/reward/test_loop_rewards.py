@@ -13,11 +13,11 @@ import torch
 from rhymerl.api import RLJob, parse_job
 from rhymerl.workers import dumps
 from rhymerl.workers.controller.loop import run_steps
-from rhymerl.workers.controller.run_dir import RunDir
 from rhymerl.workers.model.policy import save_model
 from rhymerl.workers.model.tokenizer import CharTokenizer
 from rhymerl.workers.model.transformer import ModelConfig, TinyLlama
 from rhymerl.workers.reward.verifiers import RewardError
+from rhymerl.workers.run_folder.run_dir import RunDir
 
 WriteModule = Callable[[str], str]  # the reward_module fixture (conftest.py)
 

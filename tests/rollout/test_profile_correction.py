@@ -23,9 +23,9 @@ from rhymerl.algorithms.drafting.adaptive_cap import (
 from rhymerl.api import parse_job
 from rhymerl.api.spec import SpeculationSpec
 from rhymerl.cli.local_run import profile_reporter
-from rhymerl.workers.controller.speculation import RolloutSpeculation
 from rhymerl.workers.history.store import MemoryHistoryStore
 from rhymerl.workers.model.transformer import ModelConfig, TinyLlama
+from rhymerl.workers.rollout.speculation import RolloutSpeculation
 from rhymerl.workers.rollout.speculators import DraftCapController
 from rhymerl.workers.rollout.verify_cost import MAX_AGE_S, CacheEntry, ProfileStore
 

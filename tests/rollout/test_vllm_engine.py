@@ -19,7 +19,6 @@ from scipy.stats import chisquare
 
 from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api.spec import ModelSpec, SpeculationSpec
-from rhymerl.workers.controller.vllm_rollout import logprob_gap
 from rhymerl.workers.model.folder import ModelConfig, model_dir
 from rhymerl.workers.model.policy import save_model
 from rhymerl.workers.model.registry import load_policy
@@ -28,6 +27,7 @@ from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.rollout.vllm_engine import VllmEngine, VllmSettings
+from rhymerl.workers.train.logprob_gap import logprob_gap
 
 pytestmark = pytest.mark.slow
 TINY = model_dir("builtin:tiny-arith")
@@ -40,7 +40,7 @@ def tok() -> CharTokenizer:
 
 def _prompts(tok: CharTokenizer, n: int = 24) -> list[list[int]]:
     from rhymerl.api.spec import DataSpec
-    from rhymerl.workers.controller.prompts import load_prompts
+    from rhymerl.workers.task.prompts import load_prompts
 
     prompts = load_prompts(DataSpec.model_validate({"source": "builtin:arith-chain", "num_prompts": n, "seed": 0}))
     return [[tok.bos_id, *tok.encode(p.text)] for p in prompts]

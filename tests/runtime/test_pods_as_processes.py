@@ -92,7 +92,7 @@ def test_a_two_step_job_runs_across_the_rendered_pods_and_survives_the_loss_of_t
     assert [r["step"] for r in rows] == [1, 2]
     # step 2 ran again after the restart, from the step-1 checkpoint's weights (version 1)
     assert rows[1]["policy_lag_max"] == 0 and rows[1]["policy_version"] == 2
-    assert rows[0]["rollout_replicas"] == 2
+    assert rows[0]["rollout_workers"] == 2
     # the train pod keeps the dumps (its own data volume): every response of the job exactly once
     records = dumps.read_run(train.root / "volumes" / "data" / "run")
     keys = [(r.prompt_id, r.sample_index) for r in records]

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
 from rhymerl.workers import dumps
+from rhymerl.workers.run_folder.step_metrics import deterministic
 
 pytestmark = pytest.mark.slow
 
@@ -23,6 +26,18 @@ QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml
 TINY = ["data.num_prompts=4", "algorithm.prompts_per_step=2", "algorithm.group_size=4", "algorithm.epochs=2",
         "algorithm.max_response_length=200", "algorithm.max_off_policy_steps=0"]
 RAY = ["backend=ray"]
+
+
+def start(out: Path, sets: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RHYMERL_CRASH")}
+    return subprocess.Popen([str(SCRIPT), "run", str(QUICKSTART), "--out", str(out),
+                             *(a for s in sets for a in ("--set", s))], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=clean | (env or {}), cwd=tempfile.gettempdir())
+
+
+def rhymerl_scale(out: Path, rollout: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(SCRIPT), "scale", str(out), "--rollout", str(rollout)], capture_output=True, text=True,
+                          timeout=60)
 
 
 def run(out: Path, sets: list[str], env: dict[str, str] | None = None,
@@ -53,7 +68,7 @@ def in_process(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_the_ray_backend_produces_the_in_process_tokens_and_losses_at_off_policy_0(
+def test_the_ray_backend_produces_the_in_process_tokens_losses_and_metrics_rows_at_off_policy_0(
         in_process: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     res = run(out, [*TINY, *RAY])
@@ -61,7 +76,17 @@ def test_the_ray_backend_produces_the_in_process_tokens_and_losses_at_off_policy
     assert samples(out) == samples(in_process)
     assert len(samples(out)) == 4 * 4 * 2
     ours, theirs = metrics(out), metrics(in_process)
-    assert [m["loss"] for m in ours] == [m["loss"] for m in theirs]
+    # one step loop, one fleet: the same keys, and where nothing is measured with a clock the same values
+    # (tokens, rewards, losses, the ranking, the counts of the fleet)
+    assert [m.keys() for m in ours] == [m.keys() for m in theirs]
+    for a, b in zip(ours, theirs, strict=True):  # training statistics to float rounding (reduction order)
+        a, b = deterministic(a), deterministic(b)
+        assert {k: v for k, v in a.items() if not isinstance(v, float)} == \
+            {k: v for k, v in b.items() if not isinstance(v, float)}
+        assert {k: v for k, v in a.items() if isinstance(v, float)} == pytest.approx(
+            {k: v for k, v in b.items() if isinstance(v, float)}, rel=1e-4, abs=1e-5)
+    # the makespan means one thing on both: from a round's start until its last worker finished its share
+    assert all(m["rollout_makespan_s"] >= max(m["rollout_busy_s"]) * 0.9 for m in ours + theirs)
     assert [m["policy_lag_max"] for m in ours] == [0, 0, 0, 0]
     # history drafts in epoch 2 (how many a pass may verify depends on measured times: not compared)
     assert all(m["spec_rate"] > 0 for m in ours[2:]) and all(m["spec_rate"] == 0 for m in ours[:2])
@@ -96,7 +121,7 @@ def test_a_worker_that_dies_mid_step_is_restarted_and_its_samples_are_not_lost_o
     if crash_at.startswith("rollout"):
         # the re-run went on from the tokens the lost call had reported
         assert rows[step - 1]["rollout_resumed_tokens"] > 0
-        assert "go on from the tokens they had" in events
+        assert "go on elsewhere from the tokens they had" in events
     else:
         assert "scoring rollout worker 0's 8 samples again" in events
 
@@ -104,16 +129,56 @@ def test_a_worker_that_dies_mid_step_is_restarted_and_its_samples_are_not_lost_o
 TWO_WORKERS = ["rollout.replicas=2", "rollout.max_replicas=2"]
 
 
-def test_idle_rollout_workers_take_over_unfinished_samples_with_their_tokens_and_change_none(
-        in_process: Path, tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    res = run(out, [*TINY, *RAY, *TWO_WORKERS])
-    assert res.returncode == 0, res.stderr
-    assert samples(out) == samples(in_process)  # position-keyed sampling: a moved sample goes on as it would have
+def _reached(holds: Path, point: str, proc: subprocess.Popen[str], timeout_s: float = 600) -> str:
+    """Wait for a run to hold at `point` (RHYMERL_HOLD_AT); the pid and pod of the process holding."""
+    deadline = time.monotonic() + timeout_s
+    marker = holds / f"{point.replace(':', '-')}.reached"
+    while not marker.exists():
+        assert proc.poll() is None, f"the run ended ({proc.returncode}) before {point}: {proc.communicate()[1][-3000:]}"
+        assert time.monotonic() < deadline, f"{point}: not reached"
+        time.sleep(0.1)
+    return marker.read_text()
+
+
+def _go(holds: Path, point: str) -> None:
+    (holds / f"{point.replace(':', '-')}.go").touch()
+
+
+def test_a_ray_run_whose_fleet_grows_shrinks_and_loses_workers_and_its_controller_trains_what_a_fixed_fleet_does(
+        tmp_path: Path) -> None:
+    """2 rollout workers, 4 after step 1, 2 after step 3; one killed (SIGKILL) in step 1, one sent
+    SIGTERM (a spot notice) in step 2; the controller killed in step 5 and resumed."""
+    reference = tmp_path / "fixed"
+    job = [*TINY, "algorithm.epochs=3", "checkpoint.every_steps=1", "rollout.replicas=2", "rollout.max_replicas=4"]
+    assert run(reference, job).returncode == 0
+    holds, once, out = tmp_path / "holds", tmp_path / "once", tmp_path / "run"
+    holds.mkdir()
+    once.mkdir()
+    env = {"RHYMERL_HOLD_AT": "metrics:1,rollout-worker:2,metrics:3", "RHYMERL_HOLD_DIR": str(holds),
+           "RHYMERL_CRASH_AT": "rollout-worker:1,train:5", "RHYMERL_CRASH_ONCE_DIR": str(once)}
+    proc = start(out, [*job, *RAY], env)
+    _reached(holds, "metrics:1", proc)
+    assert rhymerl_scale(out, 4).returncode == 0
+    _go(holds, "metrics:1")
+    pid = int(_reached(holds, "rollout-worker:2", proc).split()[0])  # a rollout worker in the middle of step 2
+    os.kill(pid, signal.SIGTERM)  # the notice: it hands its samples back once it goes on
+    time.sleep(1.0)
+    _go(holds, "rollout-worker:2")
+    _reached(holds, "metrics:3", proc)
+    assert rhymerl_scale(out, 2).returncode == 0
+    _go(holds, "metrics:3")
+    assert proc.wait(timeout=900) != 0  # the controller died at step 5
+    assert (once / "rollout-worker-1").exists() and (once / "train-5").exists()
+    assert run(out, [], resume=True).returncode == 0
+    assert samples(out) == samples(reference)  # every sample once, with the fixed fleet's tokens
     rows = metrics(out)
-    assert sum(int(str(m["rollout_stolen"])) for m in rows) > 0
-    # what moved went on from its tokens (an idle worker took over samples already started)
-    assert sum(int(str(m["rollout_resumed_tokens"])) for m in rows) > 0
+    assert [m["step"] for m in rows] == [1, 2, 3, 4, 5, 6]
+    assert rows[0]["worker_reruns"] == 1 and int(str(rows[0]["rollout_handed_back"])) > 0  # the SIGKILL
+    assert int(str(rows[1]["rollout_handed_back"])) > 0  # the SIGTERM: its samples went on elsewhere
+    assert [m["rollout_workers_wanted"] for m in rows] == [2, 4, 4, 2, 2, 2]
+    assert rows[2]["rollout_workers"] == 4 and all(m["rollout_workers"] == 2 for m in rows[3:])
+    events = (out / "events.log").read_text()
+    assert "rollout workers: 4 of 4 wanted" in events and "rollout workers: 2 of 2 wanted" in events
 
 
 def test_a_rollout_worker_that_dies_while_others_take_over_its_samples_loses_none(
@@ -154,36 +219,20 @@ def groups_once(out: Path, epochs: int, prompts: int, group_size: int) -> dict[t
     return steps
 
 
-def test_outliers_move_to_another_ray_workers_running_call_with_their_tokens_and_change_none(tmp_path: Path) -> None:
-    job = ["data.num_prompts=8", "algorithm.prompts_per_step=4", "algorithm.epochs=2",
-           "algorithm.max_off_policy_steps=0", *OUTLIERS]
-    res = run(tmp_path / "local", job)
-    assert res.returncode == 0, res.stderr
-    out = tmp_path / "run"
-    res = run(out, [*job, *RAY])
-    assert res.returncode == 0, res.stderr
-    # position-keyed sampling: a moved sample goes on as it would have
-    assert samples(out) == samples(tmp_path / "local")
-    rows = metrics(out)
-    assert sum(int(str(m["rollout_migrated"])) for m in rows) > 0
-    assert all(m["rollout_deferred"] == 0 for m in rows)  # off-policy 0: no later round to defer to
-    assert sum(int(str(m["rollout_resumed_tokens"])) for m in rows) > 0
-
-
-def test_at_off_policy_1_outliers_deferred_to_the_next_round_train_there_once_with_the_weights_they_began_with(
+def test_at_off_policy_1_with_outliers_moved_within_and_across_rounds_every_group_trains_once_from_one_version(
         tmp_path: Path) -> None:
+    # whether an outlier moves, and where, depends on when its worker's reports arrive: this checks
+    # what must hold whatever moved (the moves themselves are forced in tests/controller/test_fleet.py)
     out = tmp_path / "run"
     res = run(out, ["data.num_prompts=4", "algorithm.prompts_per_step=2", "algorithm.epochs=3",
                     "algorithm.max_off_policy_steps=1", *OUTLIERS, *RAY])
     assert res.returncode == 0, res.stderr
     steps = groups_once(out, epochs=3, prompts=4, group_size=4)
     rows = metrics(out)
-    deferred = sum(int(str(m["rollout_deferred"])) for m in rows)
-    assert deferred > 0
-    # a deferred outlier's group trains in the step after its own: some step trains more than its 2 prompts
-    assert any(int(str(m["prompts"])) > 2 for m in rows)
     assert sum(int(str(m["prompts"])) for m in rows) == 3 * 4 == len(steps)
-    assert max(int(str(m["policy_lag_max"])) for m in rows) == 2  # one version more than the pipeline's own lag
+    # a group deferred past its step trains one step later: one version more than the pipeline's own lag
+    assert max(int(str(m["policy_lag_max"])) for m in rows) <= 2
+    assert all(int(str(m["rollout_deferred"])) == 0 for m in rows[-1:])  # nothing is deferred past the last step
 
 
 def test_without_its_history_worker_rollout_goes_on_without_drafts_and_says_so(

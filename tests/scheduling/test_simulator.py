@@ -88,9 +88,11 @@ def test_an_outlier_migrates_off_a_short_groups_worker_with_its_tokens() -> None
     tr = Trace.from_steps([warm, step, [("s", 10)] * 4 + [("l", 100)] * 4])
     mig = MigrationSpec(tail_fraction=0.25, min_lambda=1.1)
     cfg = SimConfig(workers=2, profile=TableProfile.constant(1.0, prefill_seconds_per_token=0.01))
-    moved = simulate(tr, HistoPipe(2, groups=2, two_tier=False, migration=mig), cfg, warmup_steps=1)
-    kept = simulate(tr, HistoPipe(2, groups=2, two_tier=False, migration=MigrationSpec(enabled=False)), cfg,
-                    warmup_steps=1)
+    # no work stealing: an idle worker would take started samples too (recomputing them), not the subject here
+    moved = simulate(tr, HistoPipe(2, groups=2, two_tier=False, migration=mig, work_stealing=False), cfg,
+                     warmup_steps=1)
+    kept = simulate(tr, HistoPipe(2, groups=2, two_tier=False, migration=MigrationSpec(enabled=False),
+                                  work_stealing=False), cfg, warmup_steps=1)
     assert moved.intra_step == 1 and moved.migrated_samples == 1
     [(t, _, src, dst)] = moved.migrations
     assert t == pytest.approx(0.4 + 12) and src != dst  # after a 0.4 s prefill, at 12 tokens (> 1.1 x 10)

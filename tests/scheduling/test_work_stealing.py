@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from rhymerl.algorithms.scheduling import HistoPipe, Sample, SchedulingError, TableProfile
+from rhymerl.algorithms.scheduling import HistoPipe, Move, Sample, SchedulingError, TableProfile
 from rhymerl.algorithms.scheduling.factory import make_scheduler
 from rhymerl.api.spec import MigrationSpec, SchedulingSpec
 from rhymerl.tools.sim import SimConfig, simulate
@@ -42,7 +42,7 @@ def test_an_idle_worker_takes_waiting_samples_of_its_step_from_a_busy_worker() -
     assert steal.stolen == 2
     assert [(s.step, s.start, s.end) for s in steal.steps] == [(2, 0.0, 10.0), (3, 1.0, 5.0), (4, 10.0, 13.0)]
     assert {sid: w for sid, (_, w, _) in steal.finished.items() if steal.finished[sid][2] == 3} == {9: 1, 10: 1, 11: 1}  # ids are trace rows
-    assert steal.migrated_samples == 0  # stealing unstarted samples is not a migration
+    assert steal.migrated_samples == 0  # stealing is not a migration
 
 
 def test_steady_state_and_per_step_bounds_are_reported() -> None:
@@ -58,21 +58,42 @@ def test_steady_state_and_per_step_bounds_are_reported() -> None:
     assert r.steady_gap == pytest.approx(4.0 / 1.875 - 1.0)
 
 
-def test_the_scheduler_refuses_to_steal_a_sample_that_is_not_waiting() -> None:
+def test_a_joining_worker_takes_half_of_the_busiest_workers_unfinished_samples_the_cheapest_first() -> None:
+    sched = HistoPipe(1, groups=1, two_tier=False, migration=NO_MIGRATION)
+    plan = sched.plan_step(1, [Sample(i, "p", 10) for i in range(4)])
+    assert plan.queues == [[0, 1, 2, 3]]
+    joined = sched.add_worker()
+    # worker 0: two unstarted samples and two started ones (3 and 9 tokens)
+    offered = {0: [(0, 0), (1, 0), (2, 3), (3, 9)]}
+    moves = sched.on_idle(joined, 1, offered)
+    # half of 4, rounded up: the unstarted ones (the later queued first), nothing with tokens
+    assert [(m.sid, m.src, m.dst, m.generated) for m in moves] == [(1, 0, 1, 0), (0, 0, 1, 0)]
+    assert sched.stats.stolen == 0 and sched.outstanding(joined, 1) == 0  # requests: booked once confirmed
+    sched.on_moved(moves, "steal")
+    assert sched.stats.stolen == 2 and sched.outstanding(joined, 1) == 2 and sched.outstanding(0, 1) == 2
+    assert not sched.stats.migrated_samples  # stealing is not a migration
+    # with two started samples left, the one with fewer tokens moves, with its tokens
+    assert [(m.sid, m.generated) for m in sched.on_idle(joined, 1, {0: [(2, 3), (3, 9)]})] == [(2, 3)]
+    # a worker running its last started sample keeps it
+    assert sched.on_idle(joined, 1, {0: [(3, 9)]}) == []
+
+
+def test_the_scheduler_refuses_to_steal_a_sample_it_was_not_offered() -> None:
     sched = HistoPipe(2, groups=2, two_tier=False, migration=NO_MIGRATION)
     plan = sched.plan_step(1, [Sample(0, "p", 10), Sample(1, "q", 10), Sample(2, "q", 10)])
     busy = next(w for w in range(2) if len(plan.queues[w]) == 2)
     idle = 1 - busy
-    # the executor reports only one of the two as waiting: only that one may move
-    moves = sched.on_idle(idle, 1, {busy: [plan.queues[busy][1]]})
-    assert [(m.sid, m.src, m.dst, m.generated) for m in moves] == [(plan.queues[busy][1], busy, idle, 0)]
-    assert sched.outstanding(idle, 1) == 2 and sched.outstanding(busy, 1) == 1
-    assert sched.stats.stolen == 1
-    sched.on_sample_finished(plan.queues[busy][1], idle, 10, 1.0)  # it now finishes on the thief
-    with pytest.raises(SchedulingError):
-        sched.on_sample_finished(plan.queues[busy][0], idle, 10, 1.0)  # not stolen: still the busy worker's
+
+    class Greedy(HistoPipe):
+        def _steal(self, worker, step, unfinished):  # type: ignore[no-untyped-def]
+            return [Move(sid=sid, src=busy, dst=worker, generated=0) for sid in plan.queues[busy]]
+
+    greedy = Greedy(2, groups=2, two_tier=False, migration=NO_MIGRATION)
+    greedy.plan_step(1, [Sample(0, "p", 10), Sample(1, "q", 10), Sample(2, "q", 10)])
+    with pytest.raises(SchedulingError):  # only one of the two was offered
+        greedy.on_idle(idle, 1, {busy: [(plan.queues[busy][1], 0)]})
     assert sched.on_idle(idle, 1, {}) == []
-    assert HistoPipe(2, work_stealing=False).on_idle(0, 1, {1: [5]}) == []
+    assert HistoPipe(2, work_stealing=False).on_idle(0, 1, {1: [(5, 0), (6, 0)]}) == []
 
 
 def test_the_jobs_work_stealing_switch_reaches_the_scheduler() -> None:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from rhymerl.api import RLJob, SpecError
 from rhymerl.api.load import SpecProblem
-from rhymerl.workers.controller.prompts import BUILTIN_PREFIX, DataError, Prompt, located_prompts
 from rhymerl.workers.model.folder import ModelConfig, check_native, model_dir, read_config
 from rhymerl.workers.model.tokenizer import Tokenizer, load_tokenizer
+from rhymerl.workers.task.prompts import BUILTIN_PREFIX, DataError, Prompt, located_prompts
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 KV_LANES = 16  # the native attention kernel rounds cache rows up to this many positions

@@ -37,13 +37,15 @@ import torch
 
 from rhymerl.algorithms.drafting.adaptive_cap import CAPS, CostProfile
 from rhymerl.algorithms.drafting.index import HistoryIndex
+from rhymerl.api import RLJob
 from rhymerl.api.spec import SpeculationSpec
 from rhymerl.errors import UserError
 from rhymerl.workers import atomic
-from rhymerl.workers.model.folder import read_config
+from rhymerl.workers.model.folder import model_dir, read_config
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams
+from rhymerl.workers.rollout.speculation import reachable_batches
 from rhymerl.workers.rollout.speculators import NGRAM_MATCH
-from rhymerl.workers.rollout.verify_cost import cache_dir
+from rhymerl.workers.rollout.verify_cost import Progress, cache_dir
 
 PROPOSER = "rhymerl.workers.rollout.vllm_proposer.HistoryProposer"
 EXTENSION = "rhymerl.workers.rollout.vllm_worker.RhymerlWorkerExtension"
@@ -152,6 +154,22 @@ class VllmEngine:
         self._configured = False
 
     # --- history -------------------------------------------------------------------------------------
+
+    @classmethod
+    def for_job(cls, job: RLJob, vocab_size: int, longest_prompt: int, progress: Progress | None = None) -> VllmEngine:
+        """The job's vLLM engine over its model folder (what a rollout worker of a vLLM job runs), its
+        pass costs measured, or taken from this machine's cache, when history speculation prices its
+        draft cap from vLLM's own pass times (`progress(done, total)` follows the measurement)."""
+        spec = job.spec
+        settings = VllmSettings(model=model_dir(spec.model.path), method=spec.rollout.speculation.method,
+                                speculation=spec.rollout.speculation, max_batch_size=spec.rollout.max_batch_size,
+                                max_model_len=longest_prompt + spec.algorithm.max_response_length,
+                                dtype=spec.model.dtype, seed=spec.rollout.seed)
+        engine = cls(settings)
+        drafting = spec.rollout.speculation
+        if drafting.method == "history" and drafting.disable_above_batch is None:
+            engine.cost_profile(reachable_batches(job), vocab_size, progress=progress)
+        return engine
 
     def set_history(self, prompts: Sequence[Sequence[int]], indexes: Sequence[HistoryIndex | None]) -> None:
         """The next requests' prompts and their history indexes (HistoSpec); a no-op for other methods."""

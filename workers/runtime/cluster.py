@@ -6,9 +6,12 @@ the pod's CPU limit is what bounds it), so the worker of a rollout pod lands on 
 nowhere else. A local run starts a private Ray instance on this machine that advertises every
 role, so the same placement code runs unchanged.
 
-Role workers are restarted by Ray when their process dies (`max_restarts`), without retrying the
-call that was running: the controller re-runs it (runtime/ray_loop.py) once it has loaded the
-weights that call needs.
+Reward and history workers are restarted by Ray when their process dies, as often as it takes,
+without retrying the call that was running: the step loop runs it again (the fleet bounds how often
+one call may lose its worker). Rollout workers are not restarted in place: the rollout fleet
+replaces a lost one where there is room and resumes its samples elsewhere
+(workers/controller/fleet.py). The train worker is not restarted: its weights and optimiser die
+with it, and the run resumes from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import ray
 from rhymerl.api.roles import ROLES, Role
 
 NAMESPACE = "rhymerl"
-RESTARTS = 8  # per worker, over the whole run: a worker that keeps dying fails the run
+RESTARTS: dict[Role, int] = {"rollout": 0, "train": 0, "reward": -1, "history": -1, "controller": -1}  # -1: always
 LOCAL_ROLE_UNITS = 1024  # a local instance hosts any number of each role's workers
 
 
@@ -56,7 +59,7 @@ def spawn(cls: type, role: Role, *args: Any) -> Any:
     """Start one worker of `role` (a `cls` actor) where that role's resource is."""
     groups = getattr(cls, "CONCURRENCY_GROUPS", None)  # methods that run beside the ordered ones
     remote: Any = ray.remote(concurrency_groups=groups)(cls) if groups else ray.remote(cls)  # type: ignore[call-overload]
-    actor: Any = remote.options(num_cpus=0, resources={role_resource(role): 1}, max_restarts=RESTARTS,
+    actor: Any = remote.options(num_cpus=0, resources={role_resource(role): 1}, max_restarts=RESTARTS[role],
                                     max_task_retries=0, max_concurrency=1)
     return actor.remote(*args)
 

@@ -2,7 +2,9 @@
 
 Each is `ray start --block` run as a child process: the node lives exactly as long as that child.
 When the head goes away (the controller pod restarted), a joined node's `ray start` exits; the
-pod's process then exits non-zero and the kubelet restarts it, so it joins the new head.
+pod's process stays up and joins the next head when it answers (rhymerl/cli/worker.py), so a
+controller restart restarts no other container: no restart counted, no image pulled again, no
+CrashLoopBackOff delay.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import ray
@@ -89,23 +92,29 @@ def stop(node: subprocess.Popen[bytes], timeout_s: float = 40.0) -> None:
             node.wait()
 
 
+def reachable(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
 def wait_reachable(address: str, timeout_s: float, head: subprocess.Popen[bytes] | None = None,
                    head_log: Path | None = None) -> None:
     """Until the head's port accepts connections (the controller pod may start after this one);
     `head`: our own head process, whose exit ends the wait with its log's last lines."""
-    host, _, port = address.rpartition(":")
     deadline = time.monotonic() + timeout_s
     while True:
         if head is not None and head.poll() is not None:
             tail = head_log.read_text(errors="replace").strip().splitlines()[-3:] if head_log else []
             raise NodeError(f"the Ray head exited ({head.returncode}): {' / '.join(tail)}")
-        try:
-            with socket.create_connection((host, int(port)), timeout=2):
-                return
-        except OSError as exc:
-            if time.monotonic() > deadline:
-                raise NodeError(f"the Ray head at {address} is not reachable after {timeout_s:.0f}s ({exc})") from None
-            time.sleep(1.0)
+        if reachable(address):
+            return
+        if time.monotonic() > deadline:
+            raise NodeError(f"the Ray head at {address} is not reachable after {timeout_s:.0f}s")
+        time.sleep(1.0)
 
 
 def connect(address: str, timeout_s: float, head: subprocess.Popen[bytes] | None = None,
@@ -116,25 +125,29 @@ def connect(address: str, timeout_s: float, head: subprocess.Popen[bytes] | None
 
 
 def wanted_roles(job: RLJob) -> dict[Role, int]:
-    """Pods of each role the run needs before it starts: as many as the operator creates."""
+    """Pods of each role the run needs before it starts: every fixed-size role's, and one rollout pod
+    (the rollout fleet grows as more join)."""
     spec = job.spec
-    return {"controller": 1, "rollout": spec.rollout.replicas, "train": 1,
+    return {"controller": 1, "rollout": 1, "train": 1,
             "reward": spec.reward.replicas if spec.reward.function is not None else 0,
             "history": 1}
 
 
-def wait_for_roles(job: RLJob, timeout_s: float, say: object = print) -> None:
+def wait_for_roles(job: RLJob, say: Callable[[str], None], every_s: float = 60.0,
+                   stop: Callable[[], bool] = lambda: False) -> bool:
+    """Until the pods the run needs have joined, however long that takes (a pod may wait for a node,
+    an image, a quota): what is missing is said when it changes and every `every_s`. False if
+    `stop()` ended the wait first."""
     want = wanted_roles(job)
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while True:
+    said: tuple[dict[Role, int], float] | None = None
+    while not stop():
         have = role_capacity()
         missing = {r: want[r] - have[r] for r in ROLES if have[r] < want[r]}
         if not missing:
-            return
-        if missing != last and callable(say):
+            return True
+        now = time.monotonic()
+        if said is None or missing != said[0] or now - said[1] >= every_s:
             say(f"waiting for pods to join: {', '.join(f'{n} {r}' for r, n in missing.items())}")
-            last = missing
-        if time.monotonic() > deadline:
-            raise NodeError(f"pods missing after {timeout_s:.0f}s: {missing}")
+            said = (missing, now)
         time.sleep(1.0)
+    return False

@@ -1,11 +1,16 @@
 """The scheduler state machine shared by every policy.
 
-A scheduler is driven by events from an executor (the simulator, or the real controller):
-`plan_step` when a step's samples are known, `on_sample_finished` when a response completes,
-`on_progress` when a sample reaches a token count the scheduler asked to watch, and `on_moved`
-when the executor carried out a `Rebalance`. Each returns plain actions (`Watch`, `Move`,
-`Rebalance`) and never does I/O or reads a clock, so the same object runs in the simulator and
-in production.
+A scheduler is driven by events from the one executor (executor.py) over a fleet of rollout
+workers (the simulator's, in-process ones, Ray's): `plan_step` when a step's samples are known,
+`on_sample_finished` when a response completes, `on_progress` when a sample reaches a token count
+the scheduler asked to watch, `on_idle` when a worker has nothing left to do, `on_leave` when a
+worker leaves the fleet with samples, and `on_moved` / `on_move_failed` when a move is confirmed or
+refused. Each returns plain actions (`Watch`, `Move`, `Rebalance`) and never does I/O or reads a
+clock, so the same object runs in the simulator and in production.
+
+The fleet may grow while a step runs (`add_worker`: a joining worker takes work by stealing) and is
+re-sized between plans (`set_workers`): a worker that leaves mid-step keeps its index, with nothing
+outstanding, until the next plan.
 
 The base class keeps the books every policy needs and checks them: each sample is planned,
 moved and finished at most once per step, inter-step migrations keep their generated tokens
@@ -22,7 +27,7 @@ from typing import TypedDict
 
 from .costmodel import NO_SPECULATION, IterationProfile, RooflineProfile, SpeculationSpeedup
 from .history import LengthHistory
-from .types import Action, Move, Pipeline, Sample, SampleId, StepPlan
+from .types import Action, Move, MoveReason, Pipeline, Sample, SampleId, StepPlan
 
 
 class SchedulerOptions(TypedDict, total=False):
@@ -60,7 +65,10 @@ class SchedulerStats:
     inter_step: int = 0
     rebalanced: int = 0
     stolen: int = 0
-    """Waiting (not started) samples handed to an idle worker of the same step (no KV to move)."""
+    """Unfinished samples an idle worker of the same step took over, with their tokens (none for
+    samples not started yet)."""
+    evacuated: int = 0
+    """Samples of a worker that left the fleet (or died), moved to the others with their tokens."""
     migrated_samples: set[SampleId] = field(default_factory=set)
     rankings: dict[int, str] = field(default_factory=dict)
 
@@ -181,32 +189,66 @@ class Scheduler:
         """Shared pipeline: the executor tells which worker pulled a sample."""
         self._state(sid).worker = worker
 
-    def on_idle(self, worker: int, step: int, waiting: Mapping[int, Sequence[SampleId]]) -> list[Move]:
-        """Work stealing: `worker` has finished its own samples of `step` and cannot start the next
-        step yet (off-policy gate) or has nothing there. `waiting` lists, per other worker, the samples
-        of `step` that are planned there but not started. The returned moves (generated 0) hand some
-        of them to `worker`, which runs the same weights; the executor carries them out and the
-        books already reflect them. Default: no stealing."""
-        if not waiting:
+    def on_idle(self, worker: int, step: int, unfinished: Mapping[int, Sequence[tuple[SampleId, int]]]) -> list[Move]:
+        """Work stealing: `worker` has finished its own samples of `step` (or just joined the fleet)
+        and cannot start the next step yet. `unfinished` lists, per other worker, its samples of
+        `step` that have not finished, as (sample, tokens generated so far): waiting ones in queue
+        order, then running ones. The returned moves hand some of them to `worker`, with their tokens
+        (taking an unstarted sample is the trivial case: nothing to recompute). They are requests:
+        the books change when the executor confirms them (`on_moved(..., "steal")`). Default: no
+        stealing."""
+        if not unfinished:
             return []
-        moves = self._steal(worker, step, waiting)
+        moves = self._steal(worker, step, unfinished)
         for m in moves:
             st = self._state(m.sid)
-            if st.done or st.step != step or st.worker != m.src or m.dst != worker or m.generated != 0:
+            offered = dict(unfinished.get(m.src, ()))
+            if st.done or st.step != step or st.worker != m.src or m.dst != worker or m.sid not in offered:
                 raise SchedulingError(f"sample {m.sid}: cannot be stolen by worker {worker} for step {step}")
-            if m.sid not in waiting.get(m.src, ()):
-                raise SchedulingError(f"sample {m.sid}: not waiting on worker {m.src}")
-            st.worker = worker
-            self._outstanding[(m.src, step)] -= 1
-            self._outstanding[(worker, step)] += 1
-            self.stats.stolen += 1
         return moves
 
-    def on_moved(self, moves: Sequence[Move]) -> None:
-        """The executor carried out a `Rebalance` by moving these samples."""
+    def on_leave(self, worker: int, step: int, samples: Sequence[tuple[SampleId, int]],
+                 live: Sequence[int]) -> list[Move]:
+        """`worker` left the fleet (asked to, sent SIGTERM, or died) holding these unfinished samples of
+        `step` (with the tokens they keep); `live` are the workers that can take them. Each goes,
+        the longest first, to the live worker with the least outstanding work of the step (counting
+        what this decision already gave it). Requests, booked on confirmation (`on_moved(..., "leave")`);
+        none when no worker is live (the fleet holds them until one joins)."""
+        if not live:
+            return []
+        load = {w: self.outstanding(w, step) for w in live}
+        moves = []
+        for sid, generated in sorted(samples, key=lambda s: (-s[1], s[0])):
+            dst = min(live, key=lambda w: (load[w], w))
+            load[dst] += 1
+            moves.append(Move(sid=sid, src=worker, dst=dst, generated=generated, recompute=True))
+        return moves
+
+    def on_moved(self, moves: Sequence[Move], reason: MoveReason = "rebalance") -> None:
+        """The executor carried out these moves it chose or was asked for (a `Rebalance`, a steal, a
+        worker leaving): the books follow them."""
         for m in moves:
-            self._book_move(m)
-            self.stats.rebalanced += 1
+            self._book_move(m, migrated=reason == "rebalance")
+            if reason == "steal":
+                self.stats.stolen += 1
+            elif reason == "leave":
+                self.stats.evacuated += 1
+            else:
+                self.stats.rebalanced += 1
+
+    def add_worker(self) -> int:
+        """A worker joined the fleet while a step runs: its index (it has nothing outstanding)."""
+        self.workers += 1
+        return self.workers - 1
+
+    def set_workers(self, workers: int) -> None:
+        """The fleet's size for the next plan; a worker index dropped must hold nothing unfinished."""
+        if workers < 1:
+            raise ValueError("workers: at least 1")
+        busy = sorted({w for (w, _), n in self._outstanding.items() if n > 0 and w >= workers})
+        if busy:
+            raise SchedulingError(f"workers {busy} still hold unfinished samples: cannot shrink the fleet to {workers}")
+        self.workers = workers
 
     def on_move_failed(self, m: Move) -> None:
         """The executor could not carry out move `m` this scheduler decided: the sample finished where
@@ -271,7 +313,7 @@ class Scheduler:
     def _progress(self, st: SampleState, worker: int, generated: int, now: float) -> list[Action]:
         return []
 
-    def _steal(self, worker: int, step: int, waiting: Mapping[int, Sequence[SampleId]]) -> list[Move]:
+    def _steal(self, worker: int, step: int, unfinished: Mapping[int, Sequence[tuple[SampleId, int]]]) -> list[Move]:
         return []
 
     def _move_failed(self, st: SampleState, m: Move) -> None:
@@ -291,16 +333,19 @@ class Scheduler:
         except KeyError:
             raise SchedulingError(f"sample {sid}: never planned") from None
 
-    def _book_move(self, m: Move) -> None:
-        """Update the books for a move the executor performs."""
+    def _book_move(self, m: Move, migrated: bool = True) -> None:
+        """Update the books for a move the executor performs; `migrated`: it counts as a migration
+        (an outlier's or a rebalance, not a steal or a leaving worker's samples) and the sample is not
+        chosen for one again."""
         st = self._state(m.sid)
         if st.done or st.step is None:
             raise SchedulingError(f"sample {m.sid}: cannot move a finished or deferred sample")
         if st.worker is not None and st.worker != m.src:
             raise SchedulingError(f"sample {m.sid}: moved from worker {m.src}, scheduled on {st.worker}")
         st.sample.generated = m.generated
-        st.migrated = True
-        self.stats.migrated_samples.add(m.sid)
+        if migrated:
+            st.migrated = True
+            self.stats.migrated_samples.add(m.sid)
         if self.pipeline != "shared":
             self._outstanding[(m.src, st.step)] -= 1
         if m.dst is None:

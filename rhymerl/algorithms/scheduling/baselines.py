@@ -160,7 +160,7 @@ class Reallocate(Scheduler):
         for src, dst in zip(sources, dests, strict=False):
             n = min(counts[src] - thr, thr - counts[dst])
             if n > 0:
-                actions.append(Rebalance(src=src, dst=dst, count=n))
+                actions.append(Rebalance(src=src, dst=dst, count=n, step=step))
         if actions:
             self._last_decision = now
         return actions

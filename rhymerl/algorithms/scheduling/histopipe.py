@@ -250,23 +250,31 @@ class HistoPipe(Scheduler):
         if m.dst is None and grp is not None:
             grp.remaining += 1  # it finishes here after all
 
-    def _steal(self, worker: int, step: int, waiting: Mapping[int, Sequence[SampleId]]) -> list[Move]:
-        """An idle worker takes half of the waiting samples of the worker with the most predicted
-        waiting work in the same step (the shorter half: queues are longest-first), so a worker
-        still busy with an earlier step does not hold this step's work back. Unstarted samples
-        have no KV cache: nothing to move or recompute beyond the prompt's prefill."""
+    def _steal(self, worker: int, step: int, unfinished: Mapping[int, Sequence[tuple[SampleId, int]]]) -> list[Move]:
+        """An idle worker takes over half (rounded up) of the unfinished samples of the worker with
+        the most predicted work left in the same step (each sample's predicted length less its
+        tokens, at least 1; without history every sample counts 1), the cheapest to move first:
+        unstarted ones (the shorter end of a longest-first queue first), then those with the fewest
+        tokens, which go on from their tokens. The victim keeps its last started sample (moving its
+        only work would just idle it), so a worker still busy with an earlier step gives all of
+        this step's unstarted samples away, one running alone none. Stolen samples run with the
+        weights they were placed with, on a worker that has them."""
         if not self.work_stealing:
             return []
         best: tuple[float, int] | None = None
-        for v, sids in waiting.items():
-            if v == worker or not sids:
+        for v, samples in unfinished.items():
+            if v == worker or not samples:
                 continue
-            load = sum(self._weight.get(sid, 1.0) for sid in sids)
+            load = sum(max(self._weight.get(sid, 1.0) - generated, 1.0) for sid, generated in samples)
             if best is None or (load, -v) > (best[0], -best[1]):
                 best = (load, v)
         if best is None:
             return []
         victim = best[1]
-        queue = list(waiting[victim])
-        take = queue[len(queue) - math.ceil(len(queue) / 2):]
-        return [Move(sid=sid, src=victim, dst=worker, generated=0, recompute=True) for sid in take]
+        samples = list(unfinished[victim])
+        order = [s for s in samples if s[1] == 0][::-1] + sorted((s for s in samples if s[1] > 0),
+                                                                 key=lambda s: (s[1], s[0]))
+        take = order[: math.ceil(len(order) / 2)]
+        if len(take) == len(order) and any(g > 0 for _, g in order):
+            take = [s for s in take if s != max(order, key=lambda s: (s[1], -s[0]))]
+        return [Move(sid=sid, src=victim, dst=worker, generated=generated, recompute=True) for sid, generated in take]

@@ -88,12 +88,17 @@ class Move:
 
 @dataclass(frozen=True, slots=True)
 class Rebalance:
-    """Move `count` samples from worker src to dst; the executor picks the ones with the fewest
-    generated tokens (waiting ones first, RLHFSpec §6.1) and reports them back with `on_moved`."""
+    """Move `count` samples of `step` from worker src to dst; the executor picks the ones with the
+    fewest generated tokens (waiting ones first, RLHFSpec §6.1) and reports them back with `on_moved`."""
 
     src: int
     dst: int
     count: int
+    step: int
 
 
 Action = Watch | Move | Rebalance
+
+MoveReason = Literal["migrate", "rebalance", "steal", "leave"]
+"""Why a sample moves: a scheduler's outlier migration (`Move`, booked when decided), a `Rebalance`,
+an idle worker's steal, or its worker leaving the fleet (booked when the executor confirms them)."""

@@ -1,45 +1,47 @@
-"""`rhymerl bench replicas`: scheduling policies placing a real rollout on N engine replicas.
+"""`rhymerl bench replicas`: scheduling policies placing a real rollout on N rollout workers.
 
-The simulator (`bench schedule`) prices decode with a cost model; this benchmark runs the same
-scheduler objects over real engines (workers/controller/rollout_pool.py, the executor `rhymerl
-run` uses with `rollout.replicas` > 1) on a finished run's next epoch, one batch per training
-step. Each policy gets a fresh scheduler primed with the run's dumps (the length history a resumed
-run would have), and every policy's tokens are checked identical to one engine's.
+The simulator (`bench schedule`) prices decode with a cost model; this benchmark runs the rollout
+fleet `rhymerl run` runs (workers/controller/fleet.py: the scheduler objects, the one executor, N
+rollout workers in this process) on a finished run's next epoch, one round per training step. Each
+policy gets a fresh fleet whose scheduler is primed with the run's dumps (the length history a
+resumed run would have), and every policy's tokens are checked identical to one engine's.
 
-What is measured: each replica's passes are timed with a real clock while it runs alone (the
-replicas share one process and are stepped in turn), a replica's timeline is its passes back to
-back, and a step's makespan is the latest timeline end: the rollout time N devices running these
-passes would see, not this machine's wall time. `lpt` is given the true lengths (the reference
-run's), as an upper reference. With repeats, the policies run interleaved (the order reversed every
-other repeat); each step's makespan and each policy's bubble ratio (idle share of replicas x
-makespan) are medians over the repeats; migrations and steals are the last repeat's (they vary only
-through `realloc`'s clock).
+What is measured: the workers share one process and are stepped in turn, each worker's passes timed
+with a real clock while it runs alone; a worker's timeline is its passes back to back, and a step's
+makespan is the latest timeline end: the rollout time N devices running these passes would see, not
+this machine's wall time. `lpt` is given the true lengths (the reference run's), as an upper
+reference. With repeats, the policies run interleaved (the order reversed every other repeat); each
+step's makespan and each policy's bubble ratio (idle share of workers x makespan) are medians over
+the repeats; moves are the last repeat's (they vary only through `realloc`'s clock).
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from functools import reduce
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
-from rhymerl.algorithms.scheduling.factory import POLICIES, make_scheduler
+from rhymerl.algorithms.scheduling.factory import POLICIES
+from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.api.spec import SchedulingSpec
 from rhymerl.errors import OptionError, user_paths
 from rhymerl.tools.bench import report
 from rhymerl.tools.bench.tables import print_table
 from rhymerl.tools.bench.workload import RunWorkload, load_run_workload
-from rhymerl.workers.controller.history import RunHistory
-from rhymerl.workers.controller.rollout_pool import PoolReport, RolloutPool, table_profile
-from rhymerl.workers.controller.speculation import reachable_batches
-from rhymerl.workers.history.store import MemoryHistoryStore
-from rhymerl.workers.rollout.engine import GenResult, TorchEngine
-from rhymerl.workers.rollout.verify_cost import measure
+from rhymerl.workers.controller.fleet import RolloutFleet, Round
+from rhymerl.workers.controller.history_client import HistoryClient
+from rhymerl.workers.controller.loop import fleet_metrics
+from rhymerl.workers.controller.transport import LocalTransport
+from rhymerl.workers.roles.history_worker import HistoryWorker
+from rhymerl.workers.roles.reward_worker import RewardWorker
+from rhymerl.workers.roles.rollout_worker import RolloutWorker, encode_prompts
+from rhymerl.workers.roles.samples import SampleRef, ScoredSample
+from rhymerl.workers.rollout.engine import TorchEngine
+from rhymerl.workers.task.prompts import load_prompts
 
 
 @dataclass
@@ -55,80 +57,105 @@ class ReplicaBenchConfig:
         if unknown:
             raise OptionError(f"--policies: unknown {unknown}; known: {', '.join(POLICIES)}")
         if self.replicas < 2:
-            raise OptionError("--replicas: at least 2 (one replica has nothing to schedule)")
+            raise OptionError("--replicas: at least 2 (one worker has nothing to schedule)")
 
 
-def _scheduler_run(w: RunWorkload, engine: TorchEngine, policy: str, cfg: ReplicaBenchConfig,
-                   profile: CostProfile, oracle: list[list[int]]) -> tuple[list[GenResult], list[PoolReport]]:
-    spec = SchedulingSpec(policy=policy, ranking_groups=cfg.groups)
-    history = RunHistory(keep_responses=False, drafting=MemoryHistoryStore())
-    history.record(w.records)  # the length history a resumed run replays
-    sched = make_scheduler(spec, cfg.replicas, seed=w.job.spec.rollout.seed, max_off_policy=0,
-                           profile=table_profile(profile, engine.max_batch_size), history=history.lengths,
-                           learns_lengths=False)
+def _fleet_run(w: RunWorkload, policy: str, cfg: ReplicaBenchConfig,
+               oracle: dict[SampleRef, int]) -> tuple[dict[SampleRef, list[int]], list[Round]]:
+    """The epoch on a fresh fleet of `cfg.replicas` workers placed by `policy`: every response's
+    tokens, and one round per training step."""
+    job = w.job.model_copy(deep=True)
+    job.spec.rollout.replicas = job.spec.rollout.max_replicas = cfg.replicas
+    job.spec.rollout.min_replicas = 1
+    job.spec.scheduling = SchedulingSpec(policy=policy, ranking_groups=cfg.groups)
+    job.spec.algorithm.max_off_policy_steps = 0
+    t = LocalTransport()
+    notes: list[str] = []
+    reward = [t.start("reward", RewardWorker, job)]
+    history = HistoryClient(t, lambda: t.start("history", HistoryWorker, job, lambda: w.records), notes.append)
+    lengths = LengthHistory()  # the length history a resumed run replays from its dumps
+    groups: dict[tuple[int, str], list[int]] = {}
+    for rec in w.records:
+        groups.setdefault((rec.step, rec.prompt_id), []).append(len(rec.response_ids))
+    for (_, pid), ls in groups.items():
+        lengths.observe(pid, ls)
+    encoded = encode_prompts(w.tokenizer, load_prompts(job.spec.data))
     done = max(rec.step for rec in w.records)
-    pool = RolloutPool(engine, sched, w.params, first_step=done + 1)
-    results: list[GenResult] = []
-    reports: list[PoolReport] = []
-    for chunk, lengths in zip(w.steps(), oracle, strict=True):
-        out, step_report = pool.run(chunk, oracle=lengths)
-        results += out
-        reports.append(step_report)
-        groups: dict[str, list[int]] = {}  # as `rhymerl run` records its history after each step
-        for req, res in zip(chunk, out, strict=True):
-            groups.setdefault(req.prompt_id, []).append(len(res.response_ids))
-        history.lengths.observe_many(groups.items())
-    return results, reports
+    fleet = RolloutFleet(job, t, history, lengths, encoded, reward, lambda: t.start("rollout", RolloutWorker, job),
+                         lambda: cfg.replicas, notes.append, notes.append, first_round=done)
+    tokens: dict[SampleRef, list[int]] = {}
+    rounds = []
+    try:
+        fleet.start(1, dict(w.model.hf_state_dict()))
+        g = job.spec.algorithm.group_size
+        for i, chunk in enumerate(w.steps()):
+            prompts = [r.prompt_id for r in chunk[::g]]
+            rnd = fleet.launch([(w.epoch, p) for p in prompts], done + i + 1, inter_step=False, oracle=oracle)
+            scored: list[ScoredSample]
+            for _, scored in fleet.collect(rnd):
+                for s in scored:
+                    tokens[s.sample] = s.result.response_ids
+            for p in prompts:  # as `rhymerl run` learns lengths when a group completes
+                lengths.observe(p, [len(tokens[SampleRef(p, k, w.epoch)]) for k in range(g)])
+            rounds.append(rnd)
+    finally:
+        fleet.close()
+        if history.handle is not None:
+            t.stop(history.handle)
+        for r in reward:
+            t.stop(r)
+    return tokens, rounds
 
 
 def run_bench(cfg: ReplicaBenchConfig, console: Console) -> dict[str, Any]:
     w = load_run_workload(cfg.run)
     engine = TorchEngine(w.native, w.tokenizer.eos_id, max_batch_size=w.job.spec.rollout.max_batch_size)
-    # the scheduler's cost model, as `rhymerl run` gives it: measured passes at the batch sizes it reaches
-    profile = measure(w.native, batches=reachable_batches(w.job))
     console.print(f"policy {w.checkpoint}, {len(w.requests)} samples in {len(w.steps())} steps of {w.per_step}, "
-                  f"{cfg.replicas} replicas, history from {len(w.records)} dumped responses", highlight=False)
-    reference = [r for chunk in w.steps() for r in engine.generate(chunk, w.params)]
-    oracle_flat = [len(r.response_ids) for r in reference]
-    oracle = [oracle_flat[i: i + w.per_step] for i in range(0, len(oracle_flat), w.per_step)]
+                  f"{cfg.replicas} workers, history from {len(w.records)} dumped responses", highlight=False)
+    g = w.job.spec.algorithm.group_size
+    reference = {SampleRef(req.prompt_id, i % g, w.epoch): res.response_ids for chunk in w.steps()
+                 for i, (req, res) in enumerate(zip(chunk, engine.generate(chunk, w.params), strict=True))}
+    oracle = {s: len(ids) for s, ids in reference.items()}
     makespans: dict[str, list[list[float]]] = {p: [] for p in cfg.policies}
     bubbles: dict[str, list[float]] = {p: [] for p in cfg.policies}
-    last: dict[str, tuple[list[GenResult], list[PoolReport]]] = {}
+    last: dict[str, tuple[dict[SampleRef, list[int]], list[Round]]] = {}
     for rep in range(cfg.repeats):
         # interleaved, the order reversed every other repeat: drift on a shared machine, and a
         # policy's position in the round, hit every policy alike
         for policy in cfg.policies if rep % 2 == 0 else cfg.policies[::-1]:
-            last[policy] = _scheduler_run(w, engine, policy, cfg, profile, oracle)
-            reports = last[policy][1]
-            makespans[policy].append([r.makespan_s for r in reports])
-            bubbles[policy].append(reduce(PoolReport.merged, reports).bubble_ratio)
+            last[policy] = _fleet_run(w, policy, cfg, oracle)
+            rounds = last[policy][1]
+            makespans[policy].append([fleet_metrics([r], cfg.replicas, cfg.replicas)["rollout_makespan_s"]
+                                      for r in rounds])
+            bubbles[policy].append(fleet_metrics(rounds, cfg.replicas, cfg.replicas)["rollout_bubble"])
             console.print(f"    [dim]run {rep + 1}/{cfg.repeats} {policy}: makespan "
                           f"{sum(makespans[policy][-1]):.2f}s, bubble {100 * bubbles[policy][-1]:.1f}%[/]",
                           highlight=False)
     rows: list[dict[str, Any]] = []
     for policy in cfg.policies:
-        results, reports = last[policy]
-        per_step = [statistics.median(run[i] for run in makespans[policy]) for i in range(len(reports))]
+        tokens, rounds = last[policy]
+        per_step = [statistics.median(run[i] for run in makespans[policy]) for i in range(len(rounds))]
+        metrics = fleet_metrics(rounds, cfg.replicas, cfg.replicas)
         rows.append({
             "policy": policy,
             "makespan_s": round(sum(per_step), 3),
             "per_step_makespan_s": [round(x, 3) for x in per_step],
             "bubble": round(statistics.median(bubbles[policy]), 4),
-            "migrated": sum(r.migrated for r in reports),
-            "stolen": sum(r.stolen for r in reports),
-            "ranking": sorted({r.ranking for r in reports}),
-            "identical": [r.response_ids for r in results] == [r.response_ids for r in reference],
+            "migrated": metrics["rollout_migrated"],
+            "stolen": metrics["rollout_stolen"],
+            "ranking": sorted({r.ranking for r in rounds}),
+            "identical": tokens == reference,
         })
     base = next((r["makespan_s"] for r in rows if r["policy"] == "equal"), rows[0]["makespan_s"])
     for r in rows:
         r["vs_equal"] = round(base / r["makespan_s"], 3) if r["makespan_s"] else None
     return {"replicas": cfg.replicas, "groups": cfg.groups, "repeats": cfg.repeats, "samples": len(w.requests),
-            "steps": len(w.steps()), "tokens": sum(oracle_flat), "checkpoint": w.checkpoint, "rows": rows}
+            "steps": len(w.steps()), "tokens": sum(oracle.values()), "checkpoint": w.checkpoint, "rows": rows}
 
 
 def render(result: dict[str, Any], console: Console) -> str:
     cols = ["policy", "makespan_s", "vs_equal", "bubble", "migrated", "stolen", "identical"]
-    table = Table(title=f"{result['samples']} samples on {result['replicas']} replicas: rollout makespan "
+    table = Table(title=f"{result['samples']} samples on {result['replicas']} rollout workers: rollout makespan "
                         f"(sum of {result['steps']} steps)")
     for c in cols:
         table.add_column(c.replace("_", " "), justify="left" if c == "policy" else "right")
@@ -155,7 +182,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.set_xticks([s + 0.4 - width / 2 for s in range(steps)], [str(s + 1) for s in range(steps)])
     ax.set_xlabel("training step of the replayed epoch")
     ax.set_ylabel("rollout makespan, s (measured pass times)")
-    ax.set_title(f"{result['replicas']} engine replicas, {result['samples']} samples")
+    ax.set_title(f"{result['replicas']} rollout workers, {result['samples']} samples")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -38,10 +38,10 @@ from rich.table import Table
 
 from rhymerl.tools.bench.tables import print_table
 from rhymerl.tools.bench.workload import RunWorkload, load_run_workload
-from rhymerl.workers.controller.speculation import reachable_batches
 from rhymerl.workers.history.store import MemoryHistoryStore
 from rhymerl.workers.model.policy import save_model
 from rhymerl.workers.rollout.engine import GenResult
+from rhymerl.workers.rollout.speculation import reachable_batches
 from rhymerl.workers.rollout.vllm_engine import VllmEngine, VllmSettings
 
 METHODS = ("none", "ngram", "suffix", "history", "history-aimd")

@@ -12,14 +12,14 @@ from pathlib import Path
 
 from rhymerl.api.spec import RLJob
 from rhymerl.workers import dumps
-from rhymerl.workers.controller.prompts import epoch_order, load_prompts
-from rhymerl.workers.controller.run_dir import RunDir, RunDirError
 from rhymerl.workers.model.policy import PolicyModel, read_weights
 from rhymerl.workers.model.registry import load_policy
 from rhymerl.workers.model.tokenizer import Tokenizer
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.rollout.engine import GenRequest, SamplingParams
 from rhymerl.workers.rollout.sampling import sample_key
+from rhymerl.workers.run_folder.run_dir import RunDir, RunDirError
+from rhymerl.workers.task.prompts import epoch_order, load_prompts
 
 
 @dataclass

@@ -8,10 +8,13 @@ events: a 16-worker, 1000-sample step is a few thousand heap operations.
 
 The simulator asks a `Scheduler` (the production objects in rhymerl.algorithms.scheduling) for
 plans, reports finishes and watched progress, and carries out the returned `Move`, `Rebalance` and
-`Watch` actions through the executor the real replicas use (scheduling/executor.py; fleet.py is
-what they mean here). Admission, cache overflow and preemption follow scheduling/batching.py. A worker that finished its share of a step
-but may not start the next offers itself to `Scheduler.on_idle` (work stealing of waiting samples). Step gating follows the scheduler's
-pipeline and the off-policy bound: step s may start only after step s - 1 - staleness trained.
+`Watch` actions through the executor the real fleets use (scheduling/executor.py); the simulator
+is that executor's `Fleet` (`watch`, `request`, `unfinished`: what they mean in simulated time),
+and answers every move at once. Admission, cache overflow and preemption follow
+scheduling/batching.py. A worker that finished its share of a step but may not start the next
+offers itself to `Scheduler.on_idle` (work stealing: unstarted samples of its step, or started
+ones, which it recomputes). Step gating follows the scheduler's pipeline and the off-policy
+bound: step s may start only after step s - 1 - staleness trained.
 
 Assumptions (docs/scheduling.md): a worker admits sequences while their KV cache fits the
 profile's `kv_capacity_tokens` (none: unenforced), and when it runs full the sequences admitted
@@ -39,11 +42,10 @@ from rhymerl.algorithms.scheduling.costmodel import (
     RooflineProfile,
     SpeculationSpeedup,
 )
-from rhymerl.algorithms.scheduling.executor import carry_out, steal
-from rhymerl.algorithms.scheduling.types import Sample, StepPlan
+from rhymerl.algorithms.scheduling.executor import Executor
+from rhymerl.algorithms.scheduling.types import Move, Sample, SampleId, StepPlan
 from rhymerl.tools.traces.model import Trace
 
-from .fleet import SimFleet
 from .metrics import SimResult
 from .results import collect_result
 from .state import SimSeq, SimWorker
@@ -133,7 +135,11 @@ class Simulator:
         self.seq_iterations = 0
         self.peak_kv = 0.0
         self.now = 0.0
-        self.fleet = SimFleet(self)
+        self.executor = Executor(scheduler, self)
+        self.dirty: set[int] = set()
+        """Workers whose queues changed while handling the current event (refilled after it)."""
+        self.progress: deque[tuple[int, int, int]] = deque()
+        """Watched samples that reached their count during the current event: (sample, worker, tokens)."""
         self.plan_time: dict[int, float] = {}
         self.shipped_bytes = 0.0
         self.ship_wait = 0.0
@@ -398,16 +404,24 @@ class Simulator:
             w.clock = ready
 
     def _steal(self, w: SimWorker) -> bool:
-        """An idle worker that may not start its next step asks the scheduler for waiting samples of
-        the step it just finished (same weights) planned on other workers; True if it got some."""
+        """An idle worker that may not start its next step asks the scheduler for unfinished samples
+        of the step it just finished (same weights) from other workers; True if it got some."""
         if self.pending.get(w.step) is None or w.running or w.waiting:
             return False
-        moves = steal(self.sched, self.fleet, w.idx, w.step)
-        if not moves:
+        outer, self.dirty = self.dirty, set()
+        moved = self.executor.steal(w.idx, w.step)
+        touched, self.dirty = self.dirty, outer
+        if not moved:
             return False
-        self.stolen += len(moves)
+        self.stolen += moved
         self.idle.discard(w.idx)
         self._refill(w)
+        for idx in sorted(touched - {w.idx}):
+            v = self.workers[idx]
+            if v.running or v.waiting:  # refilled: it admits what fits now, and runs on
+                self._refill(v)
+            else:  # it gave away its last unstarted samples: it moves on when the next gate opens
+                self.idle.add(idx)
         return True
 
     def _complete(self, step: int) -> None:
@@ -430,8 +444,8 @@ class Simulator:
             return
         self._step_to(w, nxt)
         self.now = max(self.now, w.clock)
-        dirty = self.fleet.dirty = {w.idx}
-        progress = self.fleet.progress = deque()  # (sample, worker, watched tokens)
+        dirty = self.dirty = {w.idx}
+        progress = self.progress = deque()
         done: dict[int, SimSeq] = {}  # heaps may hold stale duplicates of a sequence that moved and came back
         while w.fin and w.fin[0][0] <= w.it:
             _, sid = heapq.heappop(w.fin)
@@ -449,7 +463,7 @@ class Simulator:
             q.done = True
             self.finished[q.sid] = (self.now, w.idx, q.step)
         for q in done.values():
-            carry_out(self.sched, self.fleet, self.sched.on_sample_finished(q.sid, w.idx, q.target, self.now))
+            self.executor.finished(q.sid, w.idx, q.target, self.now)
             self._sample_left(q.step)
         while progress:
             sid, where, watched = progress.popleft()
@@ -460,7 +474,7 @@ class Simulator:
             gen = self._gen_at(q, self.workers[where].it)
             if gen < watched:
                 raise AssertionError(f"sample {sid}: progress reported at {gen} tokens, watched for {watched}")
-            carry_out(self.sched, self.fleet, self.sched.on_progress(sid, where, gen, self.now))
+            self.executor.progressed(sid, where, gen, self.now)
         self._preempt(w)
         for idx in sorted(dirty):
             self._refill(self.workers[idx])
@@ -503,6 +517,82 @@ class Simulator:
                 if not w.running and not w.waiting:
                     self.idle.discard(idx)
                     self._start_next(w)
+
+    # ------------------------------------------------------------------ the executor's fleet
+    def watch(self, sid: SampleId, tokens: int) -> None:
+        q = self.seqs[sid]
+        if q.done or q.sid in self.limbo:
+            return
+        q.watch = tokens
+        if q.running:
+            w = self.workers[q.where]
+            self._advance(w, self.now)
+            wit = q.start_it + self._passes(tokens - q.generated)
+            if wit <= w.it:
+                q.watch = None
+                self.progress.append((q.sid, q.where, tokens))
+            else:
+                heapq.heappush(w.wat, (wit, q.sid, tokens))
+                self._schedule(w)
+
+    def request(self, move: Move) -> None:
+        """Carried out at once: a sample with tokens goes to the front of its destination's queue
+        (it resumes), an unstarted one to the back; inter-step, it leaves for the next plan."""
+        q = self.seqs[move.sid]
+        # a sequence preempted back to its queue has no KV cache left to transfer
+        recompute = move.recompute or (not q.running and q.generated > 0)
+        origin = self._detach(q)
+        if q.generated != move.generated:
+            raise AssertionError(f"sample {move.sid}: moved at {move.generated} tokens, the simulator has {q.generated}")
+        q.watch = None
+        q.recompute = recompute
+        if self.executor.in_flight[move.sid].reason in ("migrate", "rebalance"):  # steals are counted apart
+            self.migrations.append((self.now, move.sid, origin, -1 if move.dst is None else move.dst))
+            self.moves_of[q.step] = self.moves_of.get(q.step, 0) + 1
+        self.dirty.add(origin)
+        if move.dst is None:
+            self.limbo.add(move.sid)
+            self._sample_left(q.step)
+        else:
+            target = self.workers[move.dst]
+            self._advance(target, self.now)
+            if q.generated > 0:
+                target.waiting.appendleft(q)
+            else:
+                target.waiting.append(q)
+            self.idle.discard(move.dst)
+            self.dirty.add(move.dst)
+        self.executor.confirmed(Move(sid=move.sid, src=origin, dst=move.dst, generated=q.generated,
+                                     recompute=recompute))
+
+    def _detach(self, q: SimSeq) -> int:
+        """Remove a running, waiting or not yet taken-up sequence from its worker; the worker index."""
+        if q.running:
+            w = self.workers[q.where]
+            self._advance(w, self.now)
+            self._remove(w, q)
+            return w.idx
+        for w in self.workers:
+            if q in w.waiting:
+                w.waiting.remove(q)
+                return w.idx
+        for queues in self.pending.values():
+            for idx, queue in enumerate(queues):
+                if q in queue:
+                    queue.remove(q)
+                    return idx
+        raise AssertionError(f"sample {q.sid}: not on any worker")
+
+    def unfinished(self, worker: int, step: int) -> list[tuple[SampleId, int]]:
+        """A worker still on an earlier step has not taken up its planned samples of `step` yet."""
+        v = self.workers[worker]
+        if v.step < step:
+            return [(q.sid, q.generated) for q in self.pending[step][worker]]
+        if v.step > step:
+            return []
+        it = self._reached_it(v, self.now)  # read only: asking is not an event of the worker
+        return [*((q.sid, q.generated) for q in v.waiting if q.step == step),
+                *((q.sid, self._gen_at(q, it)) for q in v.running.values() if q.step == step)]
 
     def run(self, on_event: Callable[[Simulator], None] | None = None) -> SimResult:
         total = len(self.seqs)

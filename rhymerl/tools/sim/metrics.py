@@ -113,7 +113,7 @@ class SimResult:
     """sample -> (time, worker, step it counted toward)."""
     rankings: dict[int, str] = field(default_factory=dict)
     stolen: int = 0
-    """Waiting samples an idle worker took from another worker of the same step (work stealing)."""
+    """Unfinished samples an idle worker took over from another worker of the same step (work stealing)."""
     preemptions: int = 0
     """Running sequences sent back to their worker's queue because its KV cache was full."""
 

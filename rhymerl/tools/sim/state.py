@@ -1,4 +1,4 @@
-"""The simulator's state of one sample and one worker (engine.py drives them, fleet.py moves them)."""
+"""The simulator's state of one sample and one worker (engine.py drives and moves them)."""
 
 from __future__ import annotations
 

@@ -287,5 +287,17 @@ class Cluster:
         await self.request("PATCH", self.path("v1/pods", namespace, name, "status"),
                            {"status": {"containerStatuses": statuses, "conditions": conditions}})
 
+    async def restart(self, namespace: str, name: str, exit_code: int, reason: str) -> None:
+        """What the kubelet reports after a container exited and was restarted in place, and runs again:
+        one more restart, the exit as its last state, ready."""
+        pod = self.pod(namespace, name)
+        assert pod is not None
+        statuses = [{**c, "ready": True, "restartCount": int(c.get("restartCount", 0)) + 1,
+                     "state": {"running": {"startedAt": now()}},
+                     "lastState": {"terminated": {"exitCode": exit_code, "reason": reason}}}
+                    for c in pod["status"]["containerStatuses"]]
+        await self.request("PATCH", self.path("v1/pods", namespace, name, "status"),
+                           {"status": {"containerStatuses": statuses}})
+
     def events(self, namespace: str, job: str) -> list[Mapping[str, Any]]:
         return [e for e in self.server.live("events", namespace) if e["involvedObject"]["name"] == job]

@@ -15,6 +15,7 @@ import redis
 from local_servers import free_port
 from operator_harness import Kube, eventually
 
+from rhymerl.api.roles import REJOIN_EXIT_CODE
 from rhymerl.operator.reconcile.history import FINALIZER
 
 pytestmark = pytest.mark.asyncio
@@ -172,6 +173,32 @@ async def test_a_spot_pod_preempted_is_replaced_and_counted_as_a_preemption_neve
     assert "PodPreempted" in event_reasons(kube, "alpha")
 
 
+async def test_controller_restarts_and_member_pods_rejoining_count_no_crash_and_the_job_stays_running(
+        kube: Kube) -> None:
+    spec = {"rollout": {"replicas": 2, "max_replicas": 2}, "failure_policy": {"backoff_limit": 1}}
+    members = ("alpha-rollout-0", "alpha-rollout-1", "alpha-train-0", "alpha-history-0")
+    async with kube.operator():
+        await kube.create_job(NS, "alpha", spec)
+        await kube.settle()
+        for _ in range(3):
+            # the controller stopped after checkpointing its step (SIGTERM: a drain, an upgrade), exit 0
+            await kube.cluster.restart(NS, "alpha-controller-0", exit_code=0, reason="Completed")
+            for member in members:  # each asked to be restarted to join the next Ray head
+                await kube.cluster.restart(NS, member, exit_code=REJOIN_EXIT_CODE, reason="Error")
+            await kube.settle()
+            assert status(kube, "alpha")["phase"] == "Running"
+        failures = status(kube, "alpha")["failures"]
+        assert (failures["crashes"], failures["restarts"]) == (0, 3 * (1 + len(members)))
+        assert kube.condition(NS, "alpha", "Failed")["status"] == "False"
+        assert kube.condition(NS, "alpha", "Degraded")["status"] == "False"
+        assert "PodRestarted" in event_reasons(kube, "alpha") and "PodCrashed" not in event_reasons(kube, "alpha")
+        # a real crash still counts: an OOM-killed controller is one crash, not one per member pod
+        await kube.cluster.restart(NS, "alpha-controller-0", exit_code=137, reason="OOMKilled")
+        await kube.settle()
+        assert status(kube, "alpha")["failures"]["crashes"] == 1
+        assert status(kube, "alpha")["phase"] == "Running"
+
+
 async def test_a_crash_looping_pod_degrades_the_job_then_fails_it_past_the_backoff_limit(kube: Kube) -> None:
     spec = {"rollout": {"replicas": 2, "max_replicas": 2}, "failure_policy": {"backoff_limit": 1}}
     async with kube.operator():
@@ -318,7 +345,7 @@ async def test_the_controller_pods_progress_report_changes_only_status_progress_
         await asyncio.to_thread(report, api, NS, "alpha", row, now=datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC))
         after = status(kube, "alpha")
         assert after.pop("progress") == {"step": 7, "epoch": 2, "policyVersion": 7, "rewardMean": 0.625,
-                                         "acceptanceRate": 0.8, "lastStepSeconds": 2.5,
+                                         "acceptanceRate": 0.8, "lastStepSeconds": 2.5, "message": "step 7 done",
                                          "updatedAt": "2026-01-02T03:04:05Z", "finished": False}
         assert after == before
         writes = len(kube.operator_writes())

@@ -46,10 +46,12 @@ def test_scaled_replicas_out_of_bounds_are_clamped_not_refused() -> None:
 def test_a_metrics_row_becomes_status_progress_leaving_out_what_is_not_a_number() -> None:
     row = {"step": 12, "epoch": 3, "policy_version": 12, "reward_mean": 0.5, "spec_acceptance": 0.75,
            "rollout_bubble": 0.125, "time_rollout_s": 2.0, "time_reward_s": 0.5, "time_train_s": 1.25,
-           "loss": float("nan")}
+           "loss": float("nan"), "rollout_workers_live": 3, "rollout_workers_wanted": 4, "fleet_recommended": 2}
     at = datetime(2026, 5, 6, 7, 8, 9, tzinfo=UTC)
     assert progress_of(row, at) == {"step": 12, "epoch": 3, "policyVersion": 12, "rewardMean": 0.5,
                                     "acceptanceRate": 0.75, "bubbleRatio": 0.125, "lastStepSeconds": 3.75,
-                                    "updatedAt": "2026-05-06T07:08:09Z", "finished": False}
+                                    "rolloutWorkers": 3, "rolloutWorkersWanted": 4, "recommendedRolloutWorkers": 2,
+                                    "message": "step 12 done", "updatedAt": "2026-05-06T07:08:09Z",
+                                    "finished": False}
     sparse = progress_of({"step": 1, "reward_mean": float("inf")}, at, finished=True)
-    assert sparse == {"step": 1, "updatedAt": "2026-05-06T07:08:09Z", "finished": True}
+    assert sparse == {"step": 1, "message": "finished", "updatedAt": "2026-05-06T07:08:09Z", "finished": True}

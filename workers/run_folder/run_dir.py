@@ -33,10 +33,10 @@ import torch
 from rhymerl.api import RLJob, dump_job, parse_job
 from rhymerl.errors import UserError
 from rhymerl.workers import atomic, dumps
-from rhymerl.workers.controller import checkpoints
-from rhymerl.workers.controller.run_lock import RunLock
-from rhymerl.workers.controller.step_metrics import StepMetrics
 from rhymerl.workers.model.policy import PolicyModel, read_weights, save_model
+from rhymerl.workers.run_folder import checkpoints
+from rhymerl.workers.run_folder.run_lock import RunLock
+from rhymerl.workers.run_folder.step_metrics import StepMetrics
 
 SPEC = "spec.yaml"
 METRICS = "metrics.jsonl"
@@ -45,6 +45,15 @@ CHECKPOINTS = "checkpoints"
 STATE = "state.json"
 OPTIMIZER = "optimizer.pt"
 EXTRA = "extra.json"  # what a backend keeps beside the loop state (the Ray runtime: groups left open)
+
+
+DATA_DIR_ENV = "RHYMERL_DATA_DIR"
+POD_RUN_DIR = "run"
+
+
+def pod_run_dir() -> Path:
+    """The run folder of a stateful pod (controller, train): on its data volume."""
+    return Path(os.environ[DATA_DIR_ENV]) / POD_RUN_DIR
 
 
 class RunDirError(UserError):

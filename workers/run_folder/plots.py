@@ -11,7 +11,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from rhymerl.workers.controller.step_metrics import StepMetrics
+from rhymerl.workers.run_folder.step_metrics import StepMetrics
 
 PANELS = [
     ("reward_mean", "mean reward"),

@@ -15,7 +15,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge, write_to_textfile
 
 from rhymerl.api.roles import Role
-from rhymerl.workers.controller.step_metrics import StepMetrics
+from rhymerl.workers.run_folder.step_metrics import StepMetrics
 
 METRICS_DIR_ENV = "RHYMERL_METRICS_DIR"
 

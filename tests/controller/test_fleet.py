@@ -1,0 +1,246 @@
+"""The rollout fleet on workers in this process: the production schedulers and the one executor
+driving real engines, workers joining and leaving mid-round, every sample generated once and every
+token what one engine makes. Each event is forced (a decision, a count of reports), never timed."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
+from rhymerl.algorithms.scheduling.base import SampleState, Scheduler
+from rhymerl.algorithms.scheduling.baselines import Reallocate
+from rhymerl.algorithms.scheduling.executor import Executor
+from rhymerl.algorithms.scheduling.history import LengthHistory
+from rhymerl.algorithms.scheduling.types import Action, Move, Sample, StepPlan, Watch
+from rhymerl.api import RLJob, parse_job
+from rhymerl.workers import dumps
+from rhymerl.workers.controller.fleet import RolloutFleet, table_profile
+from rhymerl.workers.controller.history_client import HistoryClient
+from rhymerl.workers.controller.loop import run_steps
+from rhymerl.workers.controller.transport import LocalTransport
+from rhymerl.workers.model.policy import save_model
+from rhymerl.workers.model.tokenizer import CharTokenizer
+from rhymerl.workers.model.transformer import ModelConfig, TinyLlama
+from rhymerl.workers.roles.history_worker import HistoryWorker
+from rhymerl.workers.roles.reward_worker import RewardWorker
+from rhymerl.workers.roles.rollout_worker import RolloutWorker, encode_prompts, load_job_tokenizer
+from rhymerl.workers.roles.samples import ScoredSample
+from rhymerl.workers.roles.train_worker import TrainWorker
+from rhymerl.workers.run_folder.run_dir import RunDir
+from rhymerl.workers.task.prompts import load_prompts
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    torch.manual_seed(0)
+    tok = CharTokenizer()
+    cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      intermediate_size=64, max_position_embeddings=512)
+    folder = tmp_path / "model"
+    save_model(TinyLlama(cfg), folder)
+    tok.save(folder / "tokenizer.json")
+    return folder
+
+
+def _job(model_dir: Path, workers: int = 1, policy: str = "histopipe", length: int = 24, batch: int = 8) -> RLJob:
+    return parse_job(f"""
+apiVersion: rhymerl.io/v1alpha1
+kind: RLJob
+spec:
+  model: {{path: {model_dir}}}
+  data: {{num_prompts: 6, min_ops: 1, median_ops: 2, max_ops: 3}}
+  algorithm: {{group_size: 4, prompts_per_step: 3, max_response_length: {length}, epochs: 2, lr: 0.01,
+              max_off_policy_steps: 0}}
+  rollout: {{replicas: {workers}, max_replicas: 4, max_batch_size: {batch}}}
+  scheduling: {{policy: {policy}, ranking_groups: 2}}
+""")
+
+
+def _tokens(path: Path) -> list[tuple[int, str, int, tuple[int, ...]]]:
+    return [(r.step, r.prompt_id, r.sample_index, tuple(r.response_ids)) for r in dumps.read_run(path)]
+
+
+def _run(job: RLJob, path: Path) -> list[dict[str, object]]:
+    run = RunDir(path)
+    run.create(job)
+    try:
+        return [m.row() for m in run_steps(job, run)]
+    finally:
+        run.close()
+
+
+@pytest.mark.parametrize(("policy", "workers"), [("histopipe", 2), ("histopipe", 3), ("equal", 3), ("skew-aware", 3),
+                                                 ("realloc", 3), ("async", 3)])
+def test_every_policy_on_several_workers_emits_the_tokens_of_one(model_dir: Path, tmp_path: Path, policy: str,
+                                                                 workers: int) -> None:
+    _run(_job(model_dir), tmp_path / "one")
+    rows = _run(_job(model_dir, workers, policy), tmp_path / "many")
+    assert _tokens(tmp_path / "many") == _tokens(tmp_path / "one")
+    assert [r["rollout_workers"] for r in rows] == [workers] * len(rows)
+    if policy in ("histopipe", "skew-aware"):
+        assert [r["schedule_ranking"] for r in rows] == ["prompt-length", "prompt-length", "history", "history"]
+
+
+class Fleet:
+    """A fleet of workers in this process over `job`, with its own reward and history workers."""
+
+    def __init__(self, job: RLJob, path: Path, wanted: Callable[[], int] | None = None,
+                 scheduler: Scheduler | None = None) -> None:
+        self.job = job
+        t = self.t = LocalTransport()
+        run = RunDir(path)
+        run.create(job)
+        self.notes: list[str] = []
+        self.train = t.start("train", TrainWorker, job, run)
+        reward = [t.start("reward", RewardWorker, job)]
+        history = HistoryClient(t, lambda: t.start("history", HistoryWorker, job, list), self.notes.append)
+        encoded = encode_prompts(load_job_tokenizer(job), load_prompts(job.spec.data))
+        self.fleet = RolloutFleet(job, t, history, LengthHistory(), encoded, reward,
+                                  lambda: t.start("rollout", RolloutWorker, job), wanted or (lambda: job.spec.rollout.replicas),
+                                  self.notes.append, self.notes.append)
+        if scheduler is not None:
+            self.fleet.sched = scheduler
+            self.fleet.executor = Executor(scheduler, self.fleet)
+        self.fleet.start(0, t.call(self.train, "weights"))
+
+    def round(self, prompts: list[str], epoch: int = 1) -> tuple[dict[tuple[str, int], tuple[int, ...]], object]:
+        """One round of these prompts' groups: every response's tokens, and the round."""
+        rnd = self.fleet.launch([(epoch, p) for p in prompts], step=1, inter_step=False)
+        out: dict[tuple[str, int], tuple[int, ...]] = {}
+        for _, scored in self.fleet.collect(rnd):
+            s: ScoredSample
+            for s in scored:
+                assert (s.sample.prompt_id, s.sample.index) not in out, "a sample generated twice"
+                out[(s.sample.prompt_id, s.sample.index)] = tuple(s.result.response_ids)
+        return out, rnd
+
+
+PROMPTS = [f"ac-0-{i:05d}" for i in range(6)]
+
+
+class MoveAtFiveTokens(Scheduler):
+    """Everything on worker 0; after the first finish, every other sample moves to worker 1 once it
+    has 5 tokens (or at once if it has more)."""
+
+    name = "move-at-five"
+
+    def __init__(self) -> None:
+        super().__init__(2)
+        self.moves: list[Move] = []
+
+    def _plan(self, step: int, samples: list[Sample], carried: list[Sample]) -> StepPlan:
+        return StepPlan(step=step, queues=[[s.sid for s in samples + carried], []])
+
+    def _after_finish(self, st: SampleState, now: float) -> list[Action]:
+        if self.stats.finished > 1:
+            return []
+        return [Watch(sid, 5) for sid, other in self._samples.items() if not other.done]
+
+    def _progress(self, st: SampleState, worker: int, generated: int, now: float) -> list[Action]:
+        move = self._emit(Move(st.sample.sid, worker, 1, generated))
+        self.moves.append(move)
+        return [move]
+
+
+def test_a_move_mid_generation_keeps_the_samples_tokens_and_counts_it_once(model_dir: Path, tmp_path: Path) -> None:
+    one, _ = Fleet(_job(model_dir), tmp_path / "one").round(PROMPTS)
+    sched = MoveAtFiveTokens()
+    moved, rnd = Fleet(_job(model_dir, 2), tmp_path / "two", scheduler=sched).round(PROMPTS)
+    assert moved == one
+    assert sched.moves and any(m.generated >= 5 for m in sched.moves)
+    assert rnd.counts["migrated"] == sched.stats.intra_step > 0  # those not refused (finished first)
+    assert sched.stats.finished == len(one) == 24
+
+
+def test_reallocation_hears_every_event_and_rebalances_samples_with_their_tokens(
+        model_dir: Path, tmp_path: Path) -> None:
+    one, _ = Fleet(_job(model_dir), tmp_path / "one").round(PROMPTS)
+    sched = Reallocate(3, threshold=2, cooldown_s=0.0)
+    got, rnd = Fleet(_job(model_dir, 3, "realloc"), tmp_path / "three", scheduler=sched).round(PROMPTS)
+    assert got == one
+    assert sched.stats.rebalanced == rnd.counts["migrated"] > 0
+    assert sched.stats.finished == 24
+
+
+def _after(n: int, before: int, then: int) -> Callable[[], int]:
+    """`before` workers wanted for the first n questions, `then` from there on (forces a change at a
+    point of the round, counted in the fleet's own steps, not in time)."""
+    asked = itertools.count()
+    return lambda: before if next(asked) < n else then
+
+
+def test_a_worker_asked_to_leave_mid_round_hands_its_samples_back_with_their_tokens(
+        model_dir: Path, tmp_path: Path) -> None:
+    one, _ = Fleet(_job(model_dir, length=40), tmp_path / "one").round(PROMPTS)
+    f = Fleet(_job(model_dir, 3, length=40), tmp_path / "three", wanted=_after(30, 3, 1))
+    got, rnd = f.round(PROMPTS)
+    assert got == one
+    assert rnd.counts["handed_back"] > 0 and f.fleet.sched.stats.evacuated > 0
+    assert f.fleet.live_count() == 1 and len(f.fleet.members) == 1
+    assert "rollout workers: 1 of 1 wanted" in f.notes
+
+
+def test_a_worker_that_joins_mid_round_takes_started_samples_at_once(model_dir: Path, tmp_path: Path) -> None:
+    one, _ = Fleet(_job(model_dir, length=40), tmp_path / "one").round(PROMPTS)
+    # every sample runs at once on the first worker: what the newcomer takes has tokens
+    f = Fleet(_job(model_dir, 1, length=40, batch=32), tmp_path / "grow", wanted=_after(20, 1, 2))
+    got, rnd = f.round(PROMPTS)
+    assert got == one
+    assert rnd.counts["stolen"] > 0 and len(rnd.workers) == 2
+    busy = {call.member.id: summary.resumed_tokens for call, summary in rnd.summaries}
+    assert busy[max(busy)] > 0  # the newcomer went on from tokens the first worker had made
+
+
+def test_rounds_are_numbered_on_from_the_rounds_before(model_dir: Path, tmp_path: Path) -> None:
+    f = Fleet(_job(model_dir, 2), tmp_path / "run")
+    f.fleet.rounds = 7  # a resumed run: seven rounds before its checkpoint
+    f.round(PROMPTS[:3])
+    f.round(PROMPTS[3:])
+    assert sorted(f.fleet.sched.stats.rankings) == [8, 9]
+
+
+def test_the_scheduler_prices_decode_with_the_engines_measured_one_token_passes() -> None:
+    cost = CostProfile((1, 16), (1, 33), ((0.001, 0.0033), (0.004, 0.05)))
+    prof = table_profile(cost, max_batch=16)
+    assert prof.iteration_time(1, 10) == pytest.approx(0.001)
+    assert prof.iteration_time(16, 5000) == pytest.approx(0.004)
+    assert prof.prefill_time(33) == pytest.approx(0.0033)
+    assert prof.max_batch == 16
+
+
+class DeferAtFiveTokens(MoveAtFiveTokens):
+    """The same watches, but every watched sample is deferred to the next round with its tokens."""
+
+    def _progress(self, st: SampleState, worker: int, generated: int, now: float) -> list[Action]:
+        move = self._emit(Move(st.sample.sid, worker, None, generated))
+        self.moves.append(move)
+        return [move]
+
+
+def test_a_sample_deferred_to_the_next_round_goes_on_there_with_the_weights_it_began_with(
+        model_dir: Path, tmp_path: Path) -> None:
+    first, second = PROMPTS[:3], PROMPTS[3:]
+    reference = Fleet(_job(model_dir), tmp_path / "one")
+    old_tokens, _ = reference.round(first)
+    sched = DeferAtFiveTokens()
+    f = Fleet(_job(model_dir, 2), tmp_path / "two", scheduler=sched)
+    rnd1 = f.fleet.launch([(1, p) for p in first], step=1, inter_step=True)
+    done1 = {s.sample: tuple(s.result.response_ids) for _, scored in f.fleet.collect(rnd1) for s in scored}
+    deferred = {f.fleet.ref[m.sid] for m in sched.moves} - set(done1)
+    assert deferred and rnd1.counts["deferred"] == len(deferred) == sched.stats.inter_step
+    # new weights before the next round: the deferred samples must not use them
+    weights = {k: v + 0.5 for k, v in f.t.call(f.train, "weights").items()}
+    f.fleet.publish(1, weights)
+    rnd2 = f.fleet.launch([(1, p) for p in second], step=2, inter_step=False)
+    summaries = f.fleet.collect(rnd2)
+    done2 = {s.sample: tuple(s.result.response_ids) for _, scored in summaries for s in scored}
+    versions = {s.sample: summary.policy_version for summary, _ in summaries for s in summary.samples}
+    assert deferred <= done2.keys()
+    assert {versions[s] for s in deferred} == {0} and {v for s, v in versions.items() if s not in deferred} == {1}
+    assert {s: done2[s] for s in deferred} == {s: old_tokens[(s.prompt_id, s.index)] for s in deferred}
+    assert sum(sc.resumed_tokens for _, sc in rnd2.summaries) >= 5 * len(deferred)

@@ -1,0 +1,751 @@
+"""The rollout fleet: the job's rollout workers as the step loop drives them, one implementation
+for every backend (workers in this process, Ray workers on pods), reached through a Transport.
+
+A scheduling round places samples on the workers (the job's scheduling policy plans it: one
+scheduler object for the run, hearing every event), starts one rollout call per worker and follows
+the calls' reports: finishes and token counts go to the scheduler, and what it decides is carried
+out by the one executor (rhymerl.algorithms.scheduling.executor), the fleet being its `Fleet`. A
+move is a request: the source call hands the sample back with its tokens at its next pass
+(`RolloutWorker.release`), and it joins the destination's running call (`admit`) or starts one
+there; inter-step moves wait for the next round. Each call's output goes to a reward worker.
+
+Membership is elastic. The fleet follows how many workers are wanted (`wanted()`: the spec in a
+cluster, `rhymerl scale` on one machine) within the room there is (pods that joined): a joining
+worker takes work at once (it steals started samples with their tokens, or gets the next
+placement); a worker asked to leave, or sent SIGTERM, hands its unfinished samples back with their
+tokens and is stopped; a worker that dies without notice has its samples resumed elsewhere from
+their last snapshot (tokens identical: sampling is keyed by position). Nothing caps how often a
+worker may come and go; a sample whose workers died RERUNS + 1 times stops the run (it is killing
+them). With no worker left the fleet waits, and says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
+from rhymerl.algorithms.scheduling.base import Scheduler
+from rhymerl.algorithms.scheduling.costmodel import TableProfile
+from rhymerl.algorithms.scheduling.executor import Executor
+from rhymerl.algorithms.scheduling.factory import make_scheduler
+from rhymerl.algorithms.scheduling.history import LengthHistory
+from rhymerl.algorithms.scheduling.types import Move, Sample, SampleId
+from rhymerl.api import RLJob
+from rhymerl.workers.controller.history_client import HistoryClient
+from rhymerl.workers.controller.transport import ResultLost, Stream, Transport, WorkerGone
+from rhymerl.workers.roles.samples import (
+    CallState,
+    CallSummary,
+    Handback,
+    RolloutCall,
+    RolloutProgress,
+    SampleRef,
+)
+from rhymerl.workers.rollout.engine import GenRequest
+from rhymerl.workers.rollout.sampling import sample_key
+
+RERUNS = 3  # a sample may lose its worker this often; once more stops the run
+STATE_PASSES = 4  # a Ray call's token-count reports, when a scheduler acts on them (engine passes)
+SNAPSHOT_PASSES = 16  # a Ray call's snapshots of its samples' tokens (what a re-run resumes from)
+ADMIT_WAIT_S = 10.0
+WAIT_NOTE_S = 60.0  # how often the fleet says again that it waits for a rollout worker
+ROOM_EVERY_S = 1.0  # how often a Ray fleet asks the cluster how much room there is
+
+
+class WorkerLost(RuntimeError):
+    """A sample lost its worker more often than RERUNS, or a reward call failed that often."""
+
+
+def table_profile(cost: CostProfile, max_batch: int) -> TableProfile:
+    """The scheduler's cost model from an engine's measured pass times (rollout/verify_cost.py): the
+    one-token column is a decode iteration per batch size; it was measured at one context length,
+    so it is taken as constant in context; prefill is priced per token from the longest pass."""
+    per_token = cost.seconds[0][-1] / cost.tokens[-1]
+    decode = [row[0] for row in cost.seconds]
+    if len(cost.batch_sizes) < 2:
+        return TableProfile.constant(decode[0], max_batch, per_token)
+    return TableProfile(batch_sizes=tuple(cost.batch_sizes), context_lens=(0, 1_000_000),
+                        seconds=tuple((t, t) for t in decode), prefill_seconds_per_token=per_token,
+                        max_batch=max_batch)
+
+
+@dataclass(eq=False)
+class Member:
+    """One rollout worker of the fleet."""
+
+    id: int
+    handle: Any
+    joined: bool = False  # answered: it takes work
+    slot: int = -1  # its index in the scheduler's books for the current round
+    leaving: bool = False
+    version: int | None = None  # the policy version it was last told to load
+    loads: list[Any] = field(default_factory=list)  # results of its weight loads (seconds each)
+
+
+@dataclass(eq=False)
+class Call:
+    """One rollout call: samples on one worker."""
+
+    id: int
+    member: Member
+    round: Round
+    samples: list[SampleRef]
+    requests: list[GenRequest]
+    indexes: Any
+    version: int
+    resume_of: dict[SampleRef, Any]  # where each sample's tokens so far are (None: it starts afresh)
+    resumed: dict[SampleRef, int]  # how many tokens that is
+    stream: Stream | None = None
+    tokens: dict[SampleRef, int] = field(default_factory=dict)  # unfinished samples, as last reported
+    finished: dict[SampleRef, int] = field(default_factory=dict)  # lengths reported
+    output: Any = None
+    ended: bool = False  # its stream ended: with its output, or broken off
+    scored: Any = None
+    summary: Any = None
+
+
+@dataclass(eq=False)
+class Round:
+    """One scheduling round: a plan's samples on the workers, until each is generated and scored."""
+
+    no: int
+    step: int
+    epoch: int
+    prompts: list[str]
+    inter_step: bool
+    ranking: str = "none"
+    calls: list[Call] = field(default_factory=list)
+    history_ok: bool | None = None
+    started: float = 0.0  # wall clock
+    clock0: float = 0.0  # the workers' clock at its start
+    generated: float = 0.0  # wall clock when its last response was generated
+    scored: float = 0.0  # ... and scored
+    ends: dict[int, float] = field(default_factory=dict)  # worker id -> its clock at its last output
+    workers: set[int] = field(default_factory=set)  # ids of the workers that ran calls of it
+    counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    summaries: list[tuple[Call, CallSummary]] = field(default_factory=list)
+
+
+@dataclass
+class Parked:
+    """A sample in the fleet's hands: deferred to the next round, or its worker left (or died) and
+    it waits for a place."""
+
+    request: GenRequest
+    resume: Any
+    tokens: int
+    version: int
+    indexes: Any
+    round: Round | None = None  # the round it belongs to (None: deferred to the next)
+    slot: int = -1  # the scheduler's index of the worker it left
+
+
+class RolloutFleet:
+    def __init__(self, job: RLJob, transport: Transport, history: HistoryClient, lengths: LengthHistory,
+                 encoded: dict[str, list[int]], reward: list[Any], start_worker: Callable[[], Any],
+                 wanted: Callable[[], int], note: Callable[[str], None], say: Callable[[str], None],
+                 first_round: int = 0) -> None:
+        """start_worker: a new rollout worker's handle; wanted: how many workers the job wants now;
+        note: an event for the run's log; say: what the fleet is doing, for a status line;
+        first_round: rounds planned before (a resumed run numbers its rounds on)."""
+        self.job, self.transport, self.history = job, transport, history
+        self.encoded, self.reward, self.start_worker = encoded, reward, start_worker
+        self.wanted, self.note, self.say = wanted, note, say
+        spec = job.spec
+        self.releasable = spec.rollout.engine == "torch"  # a vLLM call is one generate: nothing comes back mid-call
+        self.members: list[Member] = []
+        self.ids = itertools.count()
+        self.calls = itertools.count()
+        self.rounds = first_round
+        self.version = 0
+        self.weights: dict[int, Any] = {}  # policy version -> its weights (those still in use)
+        self.sched: Scheduler = make_scheduler(spec.scheduling, 1, seed=spec.rollout.seed,
+                                               max_off_policy=spec.algorithm.max_off_policy_steps,
+                                               history=lengths, learns_lengths=False)
+        self.executor = Executor(self.sched, self)
+        self.sids = itertools.count()
+        self.sid: dict[SampleRef, int] = {}
+        self.ref: dict[int, SampleRef] = {}
+        self.watches: dict[SampleRef, int] = {}
+        self.moving: dict[SampleRef, Move] = {}  # moves asked of a running call, not yet answered
+        self.parked: dict[SampleRef, Parked] = {}
+        self.told: set[SampleRef] = set()  # samples whose finish the scheduler has heard of
+        self.losses: dict[SampleRef, int] = defaultdict(int)
+        self.by_stream: dict[int, Call] = {}
+        self.reruns = 0  # calls run again after their worker died (this step)
+        self.live_round: Round | None = None
+        self._room_at = -math.inf
+        self._room: int | None = None
+        self._waiting_since: float | None = None
+        self._waiting_said = -math.inf
+        self._last_count: tuple[int, int] | None = None
+        self._started = False  # the fleet was up once: changes of its size are news from then on
+
+    # ------------------------------------------------------------------ membership
+    def start(self, version: int, weights: Any) -> None:
+        """Bring the fleet up to the wanted size with the run's current weights; the scheduler's cost
+        model from the first worker's measured pass times."""
+        self.version, self.weights = version, {version: weights}
+        self.reconcile(wait=True)
+        self._started = True
+        self._last_count = (self.live_count(), max(1, self.wanted()))
+        cost = self.transport.get(self.transport.call(self._live()[0].handle, "cost_profile"))
+        if cost is not None:
+            self.sched.profile = table_profile(cost, self.job.spec.rollout.max_batch_size)
+
+    def reconcile(self, wait: bool = False) -> None:
+        """Workers join and leave to match `wanted()` within the room there is; `wait`: until at least
+        one worker is live."""
+        while True:
+            self._admit_joiners()
+            want = max(1, self.wanted())
+            live = self._live()
+            joining = [m for m in self.members if not m.joined]
+            staying = [m for m in live if not m.leaving]
+            missing = want - len(staying) - len(joining)
+            if missing > 0:
+                room = self._room_now()
+                for _ in range(missing if room is None else min(missing, room)):
+                    self.members.append(Member(next(self.ids), self.start_worker()))
+                self._admit_joiners()  # those that start at once (in this process) join now
+            elif missing < 0 and not joining:
+                for m in self._least_busy(staying)[: -missing]:
+                    self._retire(m)
+            if self._started:
+                self._say_count(self.live_count(), want)
+            if not wait or self._live():
+                return
+            self._wait_for_worker()
+
+    def _admit_joiners(self) -> None:
+        for m in [m for m in self.members if not m.joined]:
+            try:
+                ready = self.transport.ready(m.handle)
+            except WorkerGone:
+                self.members.remove(m)
+                self.note("a rollout worker died while it started")
+                continue
+            if ready:
+                m.joined = True
+                self._load(m, self.version)
+                if self.live_round is not None:
+                    m.slot = self.sched.add_worker()
+                    self.live_round.workers.add(m.id)
+                    self._unpark(self.live_round)
+                    self.executor.steal(m.slot, self.live_round.no)
+
+    def _least_busy(self, members: list[Member]) -> list[Member]:
+        """Members by the work they hold now, least first (the newest first among equals)."""
+        def work(m: Member) -> tuple[int, int]:
+            held = sum(len(c.tokens) for c in self._active(m))
+            return held, -m.id
+        return sorted(members, key=work)
+
+    def _retire(self, m: Member) -> None:
+        """Ask a worker to leave: one running a call hands its samples back first."""
+        m.leaving = True
+        if self._active(m):
+            self.transport.tell(m.handle, "leave")
+        elif not self._calls_of(m):  # outputs of its calls are scored first (collect stops it then)
+            self._stop(m)
+
+    def _stop(self, m: Member) -> None:
+        if m in self.members:
+            self.members.remove(m)
+        self.transport.stop(m.handle)
+
+    def _room_now(self) -> int | None:
+        now = time.monotonic()
+        if now - self._room_at >= ROOM_EVERY_S:
+            self._room, self._room_at = self.transport.room("rollout"), now
+        return self._room
+
+    def _say_count(self, live: int, want: int) -> None:
+        if (live, want) != self._last_count:
+            self.note(f"rollout workers: {live} of {want} wanted")
+            self.say(f"running with {live} of {want} rollout workers")
+            self._last_count = (live, want)
+
+    def _wait_for_worker(self) -> None:
+        """No worker takes work: wait for one to start or join, saying so (in events.log once a minute
+        after the first minute, or at once once the fleet had been up)."""
+        now = time.monotonic()
+        if self._waiting_since is None:
+            self._waiting_since, self._waiting_said = now, -math.inf
+        if now - self._waiting_said >= WAIT_NOTE_S:
+            msg = f"waiting for a rollout worker: none is live ({len(self.members)} starting, {self.wanted()} wanted)"
+            self.say(msg)
+            if self._started or now - self._waiting_since >= WAIT_NOTE_S:
+                self.note(msg)
+                self._waiting_said = now
+        time.sleep(0.2)
+
+    def live_count(self) -> int:
+        """Workers in the fleet that take work (not leaving)."""
+        return len([m for m in self._live() if not m.leaving])
+
+    def _live(self) -> list[Member]:
+        return [m for m in self.members if m.joined]
+
+    def _calls_of(self, m: Member) -> list[Call]:
+        return [c for c in self.by_stream.values() if c.member is m]
+
+    def _active(self, m: Member) -> list[Call]:
+        return [c for c in self._calls_of(m) if not c.ended]
+
+    # ------------------------------------------------------------------ weights
+    def publish(self, version: int, weights: Any) -> None:
+        """A new policy version: every worker loads it before its next call."""
+        self.weights[version] = weights
+        in_use = ({version} | {p.version for p in self.parked.values()}
+                  | {c.version for c in self.by_stream.values() if not c.ended})
+        for old in [v for v in self.weights if v not in in_use]:
+            del self.weights[old]
+        self.version = version
+        for m in self._live():
+            if not any(not c.ended for c in self._calls_of(m)):
+                self._load(m, version)
+
+    def _load(self, m: Member, version: int) -> None:
+        if m.version != version:
+            m.loads.append(self.transport.call(m.handle, "load_weights", version, self.weights[version]))
+            m.version = version
+
+    def weight_sync_s(self) -> float:
+        """The longest weight load of any worker since the last call (they load in parallel)."""
+        seconds = 0.0
+        for m in self._live():
+            for r in m.loads:
+                if self.transport.done(r):
+                    with contextlib.suppress(WorkerGone, ResultLost):
+                        seconds = max(seconds, float(self.transport.get(r)))
+            m.loads = [r for r in m.loads if not self.transport.done(r)]
+        return seconds
+
+    def end_step(self) -> None:
+        for m in self._live():
+            self.transport.tell(m.handle, "end_step")
+
+    def close(self) -> None:
+        for m in list(self.members):
+            self._stop(m)
+
+    # ------------------------------------------------------------------ rounds
+    def launch(self, groups: Sequence[tuple[int, str]], step: int, inter_step: bool,
+               oracle: Mapping[SampleRef, int] | None = None) -> Round:
+        """Start a round: the groups (epoch, prompt) named, whole, and the samples deferred to it.
+        inter_step: whether outliers of this round may be deferred to a later one; oracle: each
+        sample's true length, for a policy that plans with perfect knowledge (lpt: benchmarks only)."""
+        self.reconcile(wait=True)
+        g = self.job.spec.algorithm.group_size
+        epoch = groups[-1][0] if groups else 0
+        rnd = Round(self.rounds + 1, step, epoch, [pid for _, pid in groups], inter_step)
+        self.rounds += 1
+        live = sorted([m for m in self._live() if not m.leaving], key=lambda m: m.id) or self._live()
+        for slot, m in enumerate(live):
+            m.slot = slot
+        for m in self.members:
+            if m not in live:
+                m.slot = -1
+        self.sched.set_workers(len(live))
+        self.sched.final_step = None if inter_step else rnd.no
+        rnd.started = time.perf_counter()
+        rnd.clock0 = self.transport.sync([m.handle for m in live])
+        rnd.workers = {m.id for m in live}
+        fresh = [SampleRef(pid, k, e) for e, pid in groups for k in range(g)]
+        for s in fresh:
+            self.sid[s] = sid = next(self.sids)
+            self.ref[sid] = s
+        carried = {s: p for s, p in self.parked.items() if p.round is None}
+        plan = self.sched.plan_step(rnd.no, [Sample(self.sid[s], s.prompt_id, len(self.encoded[s.prompt_id]),
+                                                    oracle_len=oracle.get(s) if oracle else None) for s in fresh])
+        rnd.ranking = plan.ranking
+        queues = [list(q) for q in plan.queues] or [[] for _ in live]
+        for j, sid in enumerate(plan.shared):  # a shared queue is dealt round-robin
+            self.sched.on_admitted(sid, j % len(live))
+            queues[j % len(live)].append(sid)
+        self.live_round = rnd
+        for slot, queue in enumerate(queues):
+            mine = [self.ref[sid] for sid in queue]
+            new = [s for s in mine if s not in carried]
+            if new:
+                indexes = self._indexes(rnd, sorted({s.prompt_id for s in new}))
+                self._open(live[slot], rnd, new, indexes, self.version, {}, {})
+            moved = [s for s in mine if s in carried]
+            for part in _by(moved, lambda s: (carried[s].version, id(carried[s].indexes))):
+                first = carried[part[0]]
+                self._open(live[slot], rnd, part, first.indexes, first.version,
+                           {s: carried[s].resume for s in part}, {s: carried[s].tokens for s in part})
+        for s in carried:
+            del self.parked[s]
+        return rnd
+
+    def _indexes(self, rnd: Round, prompt_ids: list[str]) -> Any:
+        if self.job.spec.rollout.speculation.method != "history":
+            return None
+        indexes = self.history.indexes(rnd.epoch, prompt_ids, rnd.step)
+        rnd.history_ok = (rnd.history_ok is not False) and indexes is not None
+        return indexes
+
+    def _open(self, m: Member, rnd: Round, samples: list[SampleRef], indexes: Any, version: int,
+              resume_of: dict[SampleRef, Any], resumed: dict[SampleRef, int]) -> Call:
+        requests = [self._request_of(s) for s in samples]
+        call = Call(next(self.calls), m, rnd, samples, requests, indexes, version,
+                    {s: resume_of.get(s) for s in samples}, {s: resumed.get(s, 0) for s in samples})
+        self._submit(call)
+        rnd.calls.append(call)
+        rnd.workers.add(m.id)
+        return call
+
+    def _request_of(self, s: SampleRef) -> GenRequest:
+        if (p := self.parked.get(s)) is not None:
+            return p.request
+        return GenRequest(self.encoded[s.prompt_id], sample_key(s.prompt_id, s.epoch, s.index), s.prompt_id)
+
+    def _submit(self, call: Call) -> None:
+        """Start the call with the weights its samples began with (the worker loads them first)."""
+        m = call.member
+        self._load(m, call.version)
+        concurrent = self.transport.concurrent
+        watched = self.job.spec.rollout.max_replicas > 1 or len(self.members) > 1
+        rc = RolloutCall(call.id, list(call.samples), list(call.requests), call.round.step,
+                         report_every=(STATE_PASSES if concurrent else 1) if watched and self.releasable else None,
+                         snapshot_every=SNAPSHOT_PASSES if concurrent and self.releasable else None)
+        call.tokens = {s: call.resumed.get(s, 0) for s in call.samples}
+        call.stream = self.transport.stream(m.handle, call.id, rc, call.indexes, self._merged(call))
+        self.by_stream[id(call.stream)] = call
+
+    def _merged(self, call: Call) -> Any:
+        """What the call resumes from: one object of every sample's tokens so far (None: all afresh)."""
+        sources = {id(r): r for r in call.resume_of.values() if r is not None}
+        if not sources:
+            return None
+        if len(sources) == 1 and all(r is not None for r in call.resume_of.values()):
+            return next(iter(sources.values()))
+        merged: dict[SampleRef, Any] = {}
+        for r in sources.values():
+            merged |= self.transport.get(r).results
+        return RolloutProgress({s: merged[s] for s in call.samples if s in merged})
+
+    # ------------------------------------------------------------------ following a round
+    def collect(self, rnd: Round) -> list[tuple[CallSummary, Any]]:
+        """Follow the round until every sample of it is generated and scored (or deferred to a later
+        round); each call's summary and its scored samples."""
+        self.live_round = rnd
+        while True:
+            self._follow(rnd)
+            rnd.generated = time.perf_counter()
+            if not self.transport.concurrent:
+                for c in rnd.calls:
+                    if c.output is not None and c.summary is None:
+                        self._score(c)
+            if self._summaries(rnd):
+                break
+        rnd.scored = time.perf_counter()
+        self.live_round = None
+        for c in rnd.calls:
+            self.by_stream.pop(id(c.stream), None)
+        for m in [m for m in self.members if m.leaving and not self._active(m)]:
+            self._stop(m)
+        return [(summary, c.scored) for c, summary in rnd.summaries]
+
+    def _follow(self, rnd: Round) -> None:
+        """Until every call of the round has its output and no sample of it waits for a place."""
+        while True:
+            self.reconcile()
+            live = [c for c in rnd.calls if not c.ended]
+            if not live and not any(p.round is rnd for p in self.parked.values()):
+                return
+            if not [m for m in self._live() if not m.leaving]:
+                self._wait_for_worker()
+                continue
+            self._waiting_since = None
+            self._unpark(rnd)
+            streams = [c.stream for c in live if c.stream is not None]
+            try:
+                report = self.transport.next_report(streams, timeout=1.0)
+            except WorkerGone as gone:
+                self._lost(self.by_stream[id(gone.args[0])], str(gone.args[1]) if len(gone.args) > 1 else "")
+                continue
+            except ResultLost as lost:
+                self._restart(self.by_stream[id(lost.args[0])])
+                continue
+            if report is not None:
+                self._on_report(self.by_stream[id(report.stream)], report.kind, report.value, report.item)
+            self._steal_for_idle(rnd)
+
+    def _on_report(self, call: Call, kind: str, value: Any, item: Any) -> None:
+        if kind == "state":
+            self._observe(call, value)
+        elif kind == "progress":
+            for s in value.running.keys() | value.finished.keys():
+                call.resume_of[s] = item
+                call.resumed[s] = value.running.get(s, value.finished.get(s, 0))
+            self._observe(call, value)
+        elif kind == "handback":
+            self._handback(call, item, value)
+        elif kind == "output":
+            call.output, call.ended = item, True
+            call.round.ends[call.member.id] = self.transport.clock(call.member.handle)
+            self._observe(call, value)
+            if self.transport.concurrent:
+                self._score(call)
+
+    def _observe(self, call: Call, state: CallState) -> None:
+        """What a call reported: finishes and token counts go to the scheduler (watched samples once
+        they reach their count)."""
+        now = self.transport.clock(call.member.handle)
+        mine = set(call.samples)
+        call.tokens = {s: n for s, n in state.running.items() if s in mine}
+        for s, length in state.finished.items():
+            if s in call.finished:
+                continue
+            call.finished[s] = length
+            call.tokens.pop(s, None)
+            self.moving.pop(s, None)  # a move still asked for is refused: it finished first
+            sid = self.sid.get(s)
+            if sid is not None and s not in self.told:
+                self.told.add(s)
+                self.executor.finished(sid, call.member.slot, length, now)
+        for s, generated in state.running.items():
+            want = self.watches.get(s)
+            if want is not None and generated >= want and s not in self.moving:
+                del self.watches[s]
+                self.executor.progressed(self.sid[s], call.member.slot, generated, now)
+
+    def _handback(self, call: Call, item: Any, hb: Handback) -> None:
+        """Samples a call handed back: each goes where the move asked for it says; with the worker
+        leaving, the others are parked and the scheduler spreads them over the workers that stay."""
+        rnd, m = call.round, call.member
+        if hb.leaving:
+            m.leaving = True
+            item = self.transport.keep(item)  # its worker goes: the tokens must not go with it
+        for s in hb.missed:
+            if (move := self.moving.pop(s, None)) is not None:
+                self.executor.refused(move.sid)
+        requests = dict(zip(call.samples, call.requests, strict=True))
+        keep = [i for i, s in enumerate(call.samples) if s not in hb.handed]
+        call.samples, call.requests = [call.samples[i] for i in keep], [call.requests[i] for i in keep]
+        for s in hb.handed:
+            call.tokens.pop(s, None)
+        by_dst: dict[int | None, list[SampleRef]] = defaultdict(list)
+        orphans = []
+        for s in hb.handed:
+            move = self.moving.pop(s, None)
+            if move is None:
+                orphans.append(s)
+            else:
+                by_dst[move.dst].append(s)
+        for dst, moved in by_dst.items():
+            for s in moved:
+                self.parked[s] = Parked(requests[s], item, hb.handed[s], call.version, call.indexes,
+                                        rnd if dst is not None else None, m.slot)
+            if dst is not None:
+                self._place(moved, self._member_at(dst), src=m)
+            for s in moved:
+                reason = self.executor.in_flight[self.sid[s]].reason
+                rnd.counts["deferred" if dst is None else "stolen" if reason == "steal" else "migrated"] += 1
+                self.executor.confirmed(Move(sid=self.sid[s], src=m.slot, dst=dst, generated=hb.handed[s]))
+        if orphans:
+            for s in orphans:
+                self.parked[s] = Parked(requests[s], item, hb.handed[s], call.version, call.indexes, rnd, m.slot)
+            rnd.counts["handed_back"] += len(orphans)
+            self._unpark(rnd)
+
+    def _unpark(self, rnd: Round) -> None:
+        """Samples of this round in the fleet's hands (their worker left or died) find a place: the
+        scheduler spreads those it still counts as unfinished over the workers that stay; the others
+        (it heard them finish, but their results died with their worker) go to the least busy one.
+        With no worker to take them they wait for one to join."""
+        left = [s for s, p in self.parked.items() if p.round is rnd]
+        live = [m for m in self._live() if not m.leaving and m.slot >= 0]
+        if not left or not live:
+            return
+        booked = [s for s in left if s in self.sid and s not in self.told]
+        for part in _by(booked, lambda s: self.parked[s].slot):
+            self.executor.evacuate(self.parked[part[0]].slot, rnd.no,
+                                   [(self.sid[s], self.parked[s].tokens) for s in part], [m.slot for m in live])
+        rest = [s for s in left if s in self.parked and s not in booked]
+        if rest:
+            self._place(rest, self._least_busy(live)[0], src=None)
+
+    def _member_at(self, slot: int) -> Member:
+        return next(m for m in self._live() if m.slot == slot)
+
+    def _place(self, samples: list[SampleRef], dst: Member, src: Member | None) -> None:
+        """Parked samples onto `dst`: into the call it is running if that call can take them (same
+        round, same weights), else a new call there, resuming from their tokens."""
+        for part in _by(samples, lambda s: (self.parked[s].version, id(self.parked[s].indexes), id(self.parked[s].round))):
+            p0 = self.parked[part[0]]
+            rnd = p0.round or self.live_round
+            assert rnd is not None
+            running = [c for c in self._active(dst) if c.round is rnd and c.version == p0.version]
+            if src is not None and not self._active(dst):
+                self.transport.catch_up(dst.handle, src.handle)  # an idle worker cannot start it earlier
+            resume = {s: self.parked[s].resume for s in part}
+            tokens = {s: self.parked[s].tokens for s in part}
+            if running and self.releasable and self._admit(running[0], part, resume, tokens):
+                pass
+            else:
+                self._open(dst, rnd, part, p0.indexes, p0.version, resume, tokens)
+            for s in part:
+                del self.parked[s]
+
+    def _admit(self, call: Call, samples: list[SampleRef], resume: dict[SampleRef, Any],
+               tokens: dict[SampleRef, int]) -> bool:
+        requests = [self.parked[s].request for s in samples]
+        sources = {id(r): r for r in resume.values() if r is not None}
+        partials = next(iter(sources.values())) if len(sources) == 1 else \
+            (RolloutProgress({s: self.transport.get(r).results[s] for s, r in resume.items() if r is not None})
+             if sources else None)
+        try:
+            ok = self.transport.get(self.transport.call(call.member.handle, "admit", call.id, samples, requests,
+                                                        partials), timeout=ADMIT_WAIT_S)
+        except (WorkerGone, TimeoutError, ResultLost):
+            return False
+        if ok:
+            call.samples += samples
+            call.requests += requests
+            for s in samples:
+                call.resume_of[s], call.resumed[s] = resume[s], tokens[s]
+                call.tokens[s] = tokens[s]
+        return bool(ok)
+
+    def _steal_for_idle(self, rnd: Round) -> None:
+        for m in self._live():
+            if m.joined and not m.leaving and m.slot >= 0 and not self._active(m) and m.id in rnd.workers:
+                self.executor.steal(m.slot, rnd.no)
+
+    def forget(self, samples: Sequence[SampleRef]) -> None:
+        """Samples whose groups trained: their books close."""
+        for s in samples:
+            if (sid := self.sid.pop(s, None)) is not None:
+                del self.ref[sid]
+            self.told.discard(s)
+            self.watches.pop(s, None)
+            self.losses.pop(s, None)
+
+    # ------------------------------------------------------------------ the executor's fleet
+    def watch(self, sid: SampleId, tokens: int) -> None:
+        s = self.ref[sid]
+        self.watches[s] = tokens
+        for c in self.by_stream.values():
+            if not c.ended and c.tokens.get(s, -1) >= tokens and s not in self.moving:
+                del self.watches[s]
+                self.executor.progressed(sid, c.member.slot, c.tokens[s], self.transport.clock(c.member.handle))
+                return
+
+    def request(self, move: Move) -> None:
+        s = self.ref[move.sid]
+        if s in self.parked:  # in the fleet's hands already: placed now
+            p = self.parked[s]
+            if move.dst is None:
+                p.round = None
+            else:
+                self._place([s], self._member_at(move.dst), src=None)
+            self.executor.confirmed(Move(sid=move.sid, src=move.src, dst=move.dst, generated=p.tokens))
+            return
+        holder = [c for c in self.by_stream.values() if not c.ended and s in c.tokens]
+        if not holder or not self.releasable or holder[0].member.leaving:
+            self.executor.refused(move.sid)
+            return
+        self.moving[s] = move
+        self.transport.tell(holder[0].member.handle, "release", holder[0].id, [s])
+
+    def unfinished(self, worker: int, step: int) -> Sequence[tuple[SampleId, int]]:
+        out: list[tuple[SampleId, int]] = []
+        for c in self.by_stream.values():
+            if not c.ended and c.member.slot == worker and c.round.no == step and not c.member.leaving:
+                out += [(self.sid[s], n) for s, n in c.tokens.items()
+                        if s in self.sid and s not in self.moving and s not in self.told]
+        return out
+
+    # ------------------------------------------------------------------ faults
+    def _lost(self, call: Call, why: str) -> None:
+        """The worker of `call` died: every call of it that had not ended is resumed elsewhere from
+        the tokens its samples had at their last snapshot."""
+        m = call.member
+        if m in self.members:
+            self.members.remove(m)
+        self.transport.stop(m.handle)
+        for c in [c for c in self.by_stream.values() if c.member is m and not c.ended]:
+            c.ended = True
+            self.reruns += 1
+            rnd = c.round
+            for s in c.samples:
+                if (move := self.moving.pop(s, None)) is not None:
+                    self.executor.refused(move.sid)
+                self.losses[s] += 1
+                if self.losses[s] > RERUNS:
+                    raise WorkerLost(f"step {rnd.step}: sample {s.index} of prompt {s.prompt_id} lost its rollout "
+                                     f"worker {self.losses[s]} times (last: {why})")
+                self.parked[s] = Parked(c.requests[c.samples.index(s)], c.resume_of.get(s), c.resumed.get(s, 0),
+                                        c.version, c.indexes, rnd, m.slot)
+            self.note(f"step {rnd.step}: rollout worker {m.id} died ({why or 'no notice'}); its {len(c.samples)} "
+                      f"samples go on elsewhere from the tokens they had (policy version {c.version})")
+            rnd.counts["handed_back"] += len(c.samples)
+            self._unpark(rnd)
+
+    def _restart(self, call: Call) -> None:
+        """Objects a call needed (the tokens it resumes from) or made (its output) died with the
+        worker that held them: it runs again from the start, on the least busy worker
+        (position-keyed sampling: the same tokens)."""
+        call.ended, call.output = True, None
+        self.by_stream.pop(id(call.stream), None)
+        if call in call.round.calls:
+            call.round.calls.remove(call)
+        live = [m for m in self._live() if not m.leaving]
+        member = call.member if call.member in live or not live else self._least_busy(live)[0]
+        self.note(f"step {call.round.step}: the tokens {len(call.samples)} samples had were lost with their "
+                  "worker; they are generated again from the start")
+        again = Call(next(self.calls), member, call.round, call.samples, call.requests, call.indexes,
+                     call.version, dict.fromkeys(call.samples), dict.fromkeys(call.samples, 0))
+        call.round.calls.append(again)
+        self._submit(again)
+
+    # ------------------------------------------------------------------ scoring
+    def _score(self, call: Call) -> None:
+        reward = self.reward[call.id % len(self.reward)]
+        call.scored, call.summary = self.transport.call(reward, "score", call.output, call.round.step, returns=2)
+
+    def _summaries(self, rnd: Round) -> bool:
+        """Every call's summary into `rnd.summaries`; a reward worker that died scores again. False if
+        a call's output died with its worker before it was scored: that call runs again."""
+        out = []
+        for c in rnd.calls:
+            if c.output is None:
+                continue
+            for attempt in range(RERUNS + 1):
+                try:
+                    summary: CallSummary = self.transport.get(c.summary)
+                    break
+                except ResultLost:
+                    self._restart(c)
+                    return False
+                except WorkerGone as exc:
+                    if attempt == RERUNS:
+                        raise WorkerLost(f"step {rnd.step}: scoring rollout worker {c.member.id}'s samples failed "
+                                         f"{attempt + 1} times: {exc}") from exc
+                    self.reruns += 1
+                    self.note(f"step {rnd.step}: a reward worker died; scoring rollout worker {c.member.id}'s "
+                              f"{len(c.samples)} samples again")
+                    self.transport.wait_alive(self.reward[c.id % len(self.reward)])
+                    self._score(c)
+            out.append((c, summary))
+        rnd.summaries = out
+        return True
+
+
+def _by(items: list[SampleRef], key: Callable[[SampleRef], Any]) -> list[list[SampleRef]]:
+    """`items` in groups of equal key, in order of first appearance."""
+    groups: dict[Any, list[SampleRef]] = {}
+    for s in items:
+        groups.setdefault(key(s), []).append(s)
+    return list(groups.values())

@@ -1,0 +1,87 @@
+"""The step loop's side of the history worker: indexes for each rollout call, each step's groups
+recorded, and a history worker (or its Redis) that cannot serve costs speculation, never the run.
+
+A history worker that cannot answer within HISTORY_WAIT_S leaves that call without drafts (the
+round's `history_ok` is false, events.log says so once, and again when it serves again); one that
+died for good (its store was down when it started) is replaced, so drafting comes back with the
+store, the new one refilling from the train worker's dumps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rhymerl.workers.controller.transport import Transport, WorkerGone
+
+HISTORY_WAIT_S = 10.0
+
+
+class HistoryClient:
+    def __init__(self, transport: Transport, start: Callable[[], Any], note: Callable[[str], None]) -> None:
+        self.transport, self._start, self.note = transport, start, note
+        self.handle: Any = None
+        self.down: str | None = None  # why it cannot serve, while it cannot
+        self.pending: list[tuple[int, Any]] = []
+        self.restart()
+
+    def restart(self) -> None:
+        try:
+            self.handle = self._start()
+        except Exception as exc:  # a store that is down when the worker starts (in this process)
+            self.handle = None
+            self._failed(0, f"{type(exc).__name__}: {exc}".splitlines()[0])
+
+    def indexes(self, epoch: int, prompt_ids: list[str], step: int) -> Any:
+        """The history worker's indexes of these prompts (or a reference to them), or None if it
+        cannot serve them in HISTORY_WAIT_S."""
+        if self.handle is None:
+            self.restart()
+            if self.handle is None:
+                return None
+        try:
+            found, served = self.transport.call(self.handle, "indexes", epoch, prompt_ids, step, returns=2)
+            self.transport.get(served, timeout=HISTORY_WAIT_S)
+        except TimeoutError:
+            self._failed(step, f"no answer within {HISTORY_WAIT_S:.0f}s")
+            return None
+        except WorkerGone as exc:
+            self._failed(step, str(exc) or "it died")
+            self.restart()
+            return None
+        except Exception as exc:  # its store failed (Redis down): the call raised
+            self._failed(step, f"{type(exc).__name__}: {exc}".splitlines()[0])
+            return None
+        if self.down is not None:
+            self.note(f"step {step}: the history worker serves indexes again")
+        self.down = None
+        return found
+
+    def _failed(self, step: int, problem: str) -> None:
+        if self.down is None:
+            self.note(f"step {step}: the history worker cannot serve indexes ({problem}); rolling out without "
+                      "history drafts until it can")
+        self.down = problem
+
+    def record(self, step: int, *args: Any) -> None:
+        """Record a step's groups (`HistoryWorker.record(*args)`); its outcome is checked later."""
+        if self.handle is None:
+            return
+        try:
+            self.pending.append((step, self.transport.call(self.handle, "record", *args)))
+        except Exception as exc:
+            self.note(f"step {step}: the history worker could not record the step ({type(exc).__name__}: {exc})")
+
+    def check_records(self) -> None:
+        """Note steps whose history could not be recorded (their prompts draft nothing next epoch)."""
+        still = []
+        for step, result in self.pending:
+            if not self.transport.done(result):
+                still.append((step, result))
+                continue
+            try:
+                self.transport.get(result)
+            except Exception as exc:
+                self.note(f"step {step}: the history worker could not record the step ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''})")
+        self.pending = still

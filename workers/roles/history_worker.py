@@ -1,0 +1,51 @@
+"""The history worker: the job's drafting history (memory, or Redis shared by every history
+worker). It records each step's groups and builds the indexes a rollout worker drafts from."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from rhymerl.algorithms.drafting.index import HistoryIndex
+from rhymerl.api import RLJob
+from rhymerl.workers import dumps, faults
+from rhymerl.workers.history.run_history import RunHistory
+from rhymerl.workers.roles.groups import StepLayout, records
+from rhymerl.workers.roles.rollout_worker import encode_prompts, load_job_tokenizer
+from rhymerl.workers.roles.samples import ScoredSample
+from rhymerl.workers.roles.worker_metrics import WorkerMetrics
+from rhymerl.workers.run_folder.run_dir import LoopState
+from rhymerl.workers.task.prompts import load_prompts
+
+
+class HistoryWorker:
+    def __init__(self, job: RLJob, fill: Callable[[], list[dumps.RolloutRecord]]) -> None:
+        """Starts from `fill()`: every response dumped so far (the train worker keeps the dumps), so a
+        history worker started by a resumed run, or restarted, drafts what the first one would have."""
+        self.job = job
+        self.history = RunHistory.for_job(job)
+        self.prompts = {p.prompt_id: p for p in load_prompts(job.spec.data)}
+        self.encoded = encode_prompts(load_job_tokenizer(job), list(self.prompts.values()))
+        self.history.record(fill())
+        self.metrics = WorkerMetrics("history")
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def indexes(self, epoch: int, prompt_ids: list[str], step: int) -> tuple[dict[str, HistoryIndex], int]:
+        """The indexes (for a rollout worker) and how many there are (for the step loop, which learns
+        from this small second object whether the call served without fetching the indexes)."""
+        faults.point("history-worker", step)
+        t0 = time.perf_counter()
+        found = self.history.drafting.indexes_before(epoch, prompt_ids)
+        self.metrics.shipped.inc(len(found))
+        self.metrics.shipped_bytes.inc(sum(len(i.to_bytes()) for i in found.values()))
+        self.metrics.call(time.perf_counter() - t0)
+        self.metrics.flush()
+        return found, len(found)
+
+    def record(self, state: LoopState, layout: StepLayout, *scored: list[ScoredSample]) -> int:
+        groups = layout.assemble(scored, self.prompts, self.encoded, self.job.spec.algorithm.group_size)
+        self.history.record(records(groups, state))
+        return len(groups)

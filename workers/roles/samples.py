@@ -1,0 +1,120 @@
+"""What role workers and the step loop exchange about samples: names, a rollout call's progress
+and output, scored samples and the few numbers per sample the loop keeps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rhymerl.workers.rollout.engine import GenRequest, GenResult
+
+
+@dataclass(frozen=True)
+class SampleRef:
+    """Which response a request is: prompt, sample index within its group, and the epoch of the
+    group (an outlier deferred past an epoch's end runs beside the next epoch's visit of its prompt)."""
+
+    prompt_id: str
+    index: int
+    epoch: int
+
+
+GroupKey = tuple[int, str]
+"""A group of responses: (epoch, prompt id)."""
+
+
+@dataclass(frozen=True)
+class RolloutCall:
+    """One rollout call: samples for a rollout worker to generate, with what it needs to do so."""
+
+    id: int
+    samples: list[SampleRef]
+    requests: list[GenRequest]
+    step: int
+    """The training step the samples are for (fault points; a worker's metrics)."""
+    report_every: int | None = None
+    """Engine passes between reports of every sample's token count ("state"); None: only with the
+    snapshots and the output."""
+    snapshot_every: int | None = None
+    """Engine passes between snapshots of every sample's tokens ("progress", what a re-run of the
+    call after its worker died resumes from); None: none."""
+
+
+@dataclass
+class RolloutOutput:
+    """One rollout call's finished responses (in request order), the policy version that generated them."""
+
+    samples: list[SampleRef]
+    results: list[GenResult]
+    policy_version: int
+    seconds: float
+    speculated: bool  # history drafts were available for this call
+    resumed_tokens: int  # tokens the samples brought from elsewhere (a lost call's progress, a move)
+
+
+@dataclass
+class RolloutProgress:
+    """Partial results by sample: what a re-run of a lost call, or the call that takes over samples
+    another call handed back, resumes from."""
+
+    results: dict[SampleRef, GenResult]
+
+
+@dataclass(frozen=True)
+class CallState:
+    """What a rollout call reports: the tokens each unfinished sample has so far (waiting ones
+    included, at 0) and the length of each finished one."""
+
+    running: dict[SampleRef, int]
+    finished: dict[SampleRef, int]
+
+
+@dataclass(frozen=True)
+class Handback:
+    """Samples a running call handed back, their partial results in the item before it: those the
+    step loop asked for (`release`) that were still unfinished, with how many tokens each has, and
+    those asked for that had finished (`missed`); `leaving`: the worker is leaving the fleet and
+    handed back every unfinished sample."""
+
+    handed: dict[SampleRef, int]
+    missed: list[SampleRef]
+    leaving: bool = False
+
+
+Tag = tuple[str, object]
+"""What the item before it in a rollout stream was: ("state", CallState) after a None item,
+("progress", CallState) after a RolloutProgress snapshot, ("handback", Handback) after the
+RolloutProgress of the samples handed back, ("output", CallState) after the RolloutOutput."""
+
+
+@dataclass
+class ScoredSample:
+    sample: SampleRef
+    result: GenResult
+    reward: float
+    error: str | None
+    policy_version: int
+
+
+@dataclass(frozen=True)
+class SampleSummary:
+    """What the step loop learns of a scored response."""
+
+    sample: SampleRef
+    length: int
+    reward: float
+    error: str | None
+    drafted: int
+    accepted: int
+    forward_passes: int
+
+
+@dataclass(frozen=True)
+class CallSummary:
+    """What the step loop learns of one rollout call once it is scored."""
+
+    samples: list[SampleSummary]
+    rollout_seconds: float
+    reward_seconds: float
+    speculated: bool
+    policy_version: int
+    resumed_tokens: int

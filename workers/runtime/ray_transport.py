@@ -1,0 +1,186 @@
+"""The step loop's role workers as Ray actors (the Transport of workers/controller/transport.py):
+`backend: ray` on this machine, and the pods of a cluster.
+
+A call returns Ray references and bulk data moves between workers by reference; a rollout call is
+a streaming actor method whose items the step loop keeps by reference, reading only the small tag
+after each. Clocks are the wall clock. A worker that died shows as `WorkerGone` (Ray restarts
+reward and history workers, the fleet replaces rollout workers, a lost train worker stops the
+run: its weights died with it, the run resumes from its last checkpoint), an object that died with
+its node as `ResultLost`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import ray
+import ray.exceptions
+import torch
+
+from rhymerl.api import RLJob
+from rhymerl.api.roles import Role
+from rhymerl.errors import UserError
+from rhymerl.workers.controller.loop import Backend, run_steps
+from rhymerl.workers.controller.scale import ScaleFile
+from rhymerl.workers.controller.transport import Report, ResultLost, Stream, WorkerGone
+from rhymerl.workers.roles.rollout_worker import RolloutWorker
+from rhymerl.workers.run_folder.run_dir import RunDir
+from rhymerl.workers.run_folder.step_metrics import StepMetrics
+from rhymerl.workers.runtime.cluster import local_ray, role_resource, spawn
+
+START_TIMEOUT_S = 600.0  # a restarted worker's start-up (loading the model, measuring the verify cost)
+
+
+class RayTransport:
+    concurrent = True
+
+    def __init__(self) -> None:
+        self._pings: dict[int, Any] = {}
+
+    def start(self, role: Role, cls: type, *args: Any) -> Any:
+        actor = spawn(cls, role, *args)
+        self._pings[id(actor)] = actor.ping.remote()
+        return actor
+
+    def ready(self, handle: Any) -> bool:
+        ref = self._pings.get(id(handle))
+        if ref is None:
+            return True
+        if not ray.wait([ref], timeout=0)[0]:
+            return False
+        del self._pings[id(handle)]
+        self.get(ref)
+        return True
+
+    def stop(self, handle: Any) -> None:
+        self._pings.pop(id(handle), None)
+        with contextlib.suppress(ray.exceptions.RayError, ValueError):
+            ray.kill(handle, no_restart=True)
+
+    def call(self, handle: Any, method: str, *args: Any, returns: int = 1) -> Any:
+        options: dict[str, Any] = {"num_returns": returns}
+        if method in RolloutWorker.CONTROL:
+            options["concurrency_group"] = "control"
+        refs = getattr(handle, method).options(**options).remote(*args)
+        return tuple(refs) if returns > 1 else refs
+
+    def tell(self, handle: Any, method: str, *args: Any) -> None:
+        self.call(handle, method, *args)
+
+    def get(self, result: Any, timeout: float | None = None) -> Any:
+        try:
+            return ray.get(result, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(f"no answer within {timeout}s") from None
+        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as exc:
+            raise WorkerGone(why(exc)) from exc
+        except ray.exceptions.ObjectLostError as exc:
+            raise ResultLost(why(exc)) from exc
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, ray.exceptions.ObjectLostError):
+                raise ResultLost(why(exc)) from exc
+            raise exc.as_instanceof_cause() from None  # type: ignore[no-untyped-call]
+
+    def done(self, result: Any) -> bool:
+        return bool(ray.wait([result], timeout=0)[0])
+
+    def wait_alive(self, handle: Any) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            try:
+                ray.get(handle.ping.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                return
+            except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+                if time.monotonic() > deadline:
+                    raise WorkerGone(f"a worker did not come back within {START_TIMEOUT_S:.0f}s") from None
+                time.sleep(0.2)
+            except ray.exceptions.RayActorError as exc:
+                raise WorkerGone(why(exc)) from exc
+
+    def stream(self, handle: Any, call_id: int, *args: Any) -> Stream:
+        gen = handle.generate.options(num_returns="streaming").remote(*args)
+        return Stream(handle, call_id, (gen, iter(gen)))
+
+    def next_report(self, streams: Sequence[Stream], timeout: float) -> Report | None:
+        if not streams:
+            time.sleep(min(timeout, 0.2))
+            return None
+        by_gen = {id(s.source[0]): s for s in streams}
+        ready, _ = ray.wait([s.source[0] for s in streams], num_returns=1, timeout=timeout)
+        if not ready:
+            return None
+        stream = by_gen[id(ready[0])]
+        items: Iterator[Any] = stream.source[1]
+        try:
+            item = next(items, None)
+            if item is None:
+                raise WorkerGone(stream, "the rollout stream ended without its output")
+            tag = next(items, None)
+            if tag is None:
+                ray.get(item)  # the call's error, if it raised one
+                raise WorkerGone(stream, "the rollout stream ended early")
+            kind, value = ray.get(tag)
+        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as exc:
+            raise WorkerGone(stream, why(exc)) from exc
+        except ray.exceptions.ObjectLostError as exc:
+            raise ResultLost(stream, why(exc)) from exc
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, ray.exceptions.ObjectLostError):
+                raise ResultLost(stream, why(exc)) from exc
+            raise exc.as_instanceof_cause() from None  # type: ignore[no-untyped-call]
+        return Report(stream, str(kind), value, item)
+
+    def keep(self, item: Any) -> Any:
+        return ray.put(ray.get(item))
+
+    def clock(self, handle: Any) -> float:
+        return time.monotonic()
+
+    def catch_up(self, handle: Any, to: Any) -> None:
+        """Workers run beside each other on real clocks: nothing to catch up."""
+
+    def sync(self, handles: Sequence[Any]) -> float:
+        return time.monotonic()
+
+    def room(self, role: Role) -> int | None:
+        free: dict[str, float] = ray.available_resources()  # type: ignore[no-untyped-call]
+        return int(free.get(role_resource(role), 0))
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def why(exc: BaseException) -> str:
+    """One line on what went wrong in a worker: the error it raised, not Ray's wrapping of it."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException) and not isinstance(cause, ray.exceptions.RayError):
+        return f"{type(cause).__name__}: {cause}".splitlines()[0]
+    lines = [ln.strip() for ln in _ANSI.sub("", str(exc)).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception)\b.*:", ln)]
+    return (errors[-1] if errors else lines[0] if lines else type(exc).__name__)[:300]
+
+
+def run_steps_local_ray(job: RLJob, run: RunDir, resume: bool) -> Iterator[StepMetrics]:
+    """The job's steps on a private Ray instance on this machine, the workers computing with as
+    many threads as this process (so their arithmetic, and the tokens, are the in-process run's);
+    `rhymerl scale` sets how many rollout workers."""
+    with local_ray(job.metadata.name):
+        yield from run_steps_ray(job, run, resume, torch.get_num_threads(), str(run.path), ScaleFile(run.path, job))
+
+
+def run_steps_ray(job: RLJob, run: RunDir, resume: bool, threads: int, train_run: str | None,
+                  wanted: Callable[[], int], say: Callable[[str], None] = lambda message: None) -> Iterator[StepMetrics]:
+    """The job's steps on Ray workers (cluster.local_ray or a joined cluster must be up).
+    train_run: the run folder the train worker writes dumps and checkpoints into (one machine);
+    None: the run folder on its own pod's data volume."""
+    backend = Backend(RayTransport(), threads, train_run, wanted, notice=True, say=say)
+    try:
+        yield from run_steps(job, run, resume, backend)
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, UserError):  # a worker met the user's mistake: their one-line message
+            raise exc.cause from None
+        raise
