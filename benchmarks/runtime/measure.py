@@ -80,7 +80,7 @@ def shipping(run_dir: Path) -> dict[str, float]:
     """Redis -> HistoryWorker -> this process, one step's prompts at a time, for the run's last epoch."""
     import ray
 
-    from rhymerl.workers.runtime.actors import HistoryWorker
+    from rhymerl.workers.roles.history_worker import HistoryWorker
     from rhymerl.workers.runtime.cluster import local_ray, spawn
 
     binary = shutil.which("redis-server")

@@ -1,18 +1,22 @@
 """The StatefulSets the operator renders, started as processes the way a kubelet would start their
-pods (tests/pods_as_processes.py), run a job across them: 1 controller, 2 rollout, 1 train,
-1 reward, 1 history; and go on when the controller pod (the Ray head) is killed mid-run; and a
-vLLM job, whose rollout pod serves vLLM with the train pod's weights."""
+pods (tests/pods_as_processes.py), run a job across them while the fleet changes under it: rollout
+pods scaled from 2 to 4 and back, one deleted with notice (SIGTERM, a spot reclaim) and one killed
+without (SIGKILL, a lost node), the controller pod (the Ray head) killed once; and a vLLM job, whose
+rollout pod serves vLLM with the train pod's weights. Every event is forced at a hold point."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from pods_as_processes import Kubelet, Pod, pods_of
+from pods_as_processes import Cluster, Kubelet, Pod, pods_of
 
 from rhymerl.api.load import parse_job
 from rhymerl.operator.manifests import desired
@@ -26,23 +30,27 @@ kind: RLJob
 metadata: {name: pods, namespace: test}
 spec:
   model: {path: "builtin:tiny-arith"}
-  data: {source: "builtin:arith-chain", num_prompts: 4, seed: 0}
+  data: {source: "builtin:arith-chain", num_prompts: 8, seed: 0}
   algorithm: {name: grpo, group_size: 4, prompts_per_step: 2, max_response_length: 120, epochs: 1,
-              max_off_policy_steps: 1}
-  rollout: {replicas: 2, max_replicas: 2, seed: 0, speculation: {method: history}}
+              max_off_policy_steps: 0}
+  rollout: {replicas: 2, max_replicas: 4, seed: 0, speculation: {method: history}}
   reward: {function: "pods_reward:score", replicas: 1, workers: 1}
   history: {replicas: 1}
+  checkpoint: {every_steps: 1}
+"""
+REWARD = """
+def score(prompt, response, answer):
+    return float(response.strip().endswith(answer))
 """
 
 
 def _wait(what: str, done: Callable[[], bool], timeout_s: float, kubelet: Kubelet) -> None:
     deadline = time.monotonic() + timeout_s
     while not done():
-        kubelet.restart_exited()
         if time.monotonic() > deadline:
             logs = "\n".join(f"--- {p.name}\n{p.output()[-3000:]}" for p in kubelet.pods)
             raise AssertionError(f"{what}: not within {timeout_s:.0f}s\n{logs}")
-        time.sleep(1.0)
+        time.sleep(0.5)
 
 
 def _metrics_rows(controller: Pod) -> list[dict[str, object]]:
@@ -50,58 +58,108 @@ def _metrics_rows(controller: Pod) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
-def test_a_two_step_job_runs_across_the_rendered_pods_and_survives_the_loss_of_the_ray_head(
+def _user_code(tmp_path: Path) -> Path:
+    code = tmp_path / "user_code"
+    code.mkdir()
+    (code / "pods_reward.py").write_text(textwrap.dedent(REWARD))
+    return code
+
+
+def test_a_job_runs_across_the_rendered_pods_while_its_fleet_grows_shrinks_loses_pods_and_its_controller(
         tmp_path: Path) -> None:
-    user_code = tmp_path / "user_code"
-    user_code.mkdir()
-    (user_code / "pods_reward.py").write_text(textwrap.dedent("""
-        def score(prompt, response, answer):
-            return float(response.strip().endswith(answer))
-    """))
-    job = parse_job(JOB)
-    pods = pods_of(desired(job, owner=None), tmp_path / "pods",
-                   {"PYTHONPATH": str(user_code), "RHYMERL_OBJECT_STORE_BYTES": str(200 * 2**20),
-                    # a node gives up on a lost head after this long (Ray's default: 60 s)
-                    "RAY_gcs_rpc_server_reconnect_timeout_s": "5",
-                    # six nodes starting at once on two cores register slowly (Ray's default: 10 s)
-                    "RAY_raylet_start_wait_time_s": "120"})
-    assert sorted(p.role for p in pods) == ["controller", "history", "reward", "rollout", "rollout", "train"]
+    code = _user_code(tmp_path)
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(JOB)
+    # the samples a fixed fleet of 2 rollout workers trains, in one process
+    reference = tmp_path / "reference"
+    res = subprocess.run([str(Path(sys.executable).with_name("rhymerl")), "run", str(job_file), "--out", str(reference)],
+                         capture_output=True, text=True, env={"PATH": str(Path(sys.executable).parent),
+                                                              "PYTHONPATH": str(code), "HOME": str(tmp_path)},
+                         cwd=tmp_path, timeout=900)
+    assert res.returncode == 0, res.stderr
+    holds = tmp_path / "holds"
+    holds.mkdir()
+    cluster = Cluster(desired(parse_job(JOB), owner=None), tmp_path / "pods",
+                      {"PYTHONPATH": str(code), "RHYMERL_OBJECT_STORE_BYTES": str(200 * 2**20),
+                       "RAY_gcs_rpc_server_reconnect_timeout_s": "5",  # a node gives up on a lost head sooner
+                       "RAY_raylet_start_wait_time_s": "120",  # eight nodes starting on two cores register slowly
+                       "RHYMERL_HOLD_AT": "metrics:1,rollout-worker:2,rollout-worker:3,metrics:3",
+                       "RHYMERL_HOLD_DIR": str(holds)})
+    pods = cluster.pods()
     kubelet = Kubelet(pods)
     controller = next(p for p in pods if p.role == "controller")
-    rollout = next(p for p in pods if p.role == "rollout")
-    train = next(p for p in pods if p.role == "train")
-    once = tmp_path / "once"
-    once.mkdir()
-    # the controller pod dies (SIGKILL, the Ray head with it) when step 2 is rolled out, after step 1's
-    # checkpoint: every other pod's node loses its cluster
-    controller.env.update({"RHYMERL_CRASH_AT": "train:2", "RHYMERL_CRASH_ONCE_DIR": str(once)})
+    controller.env.update({"RHYMERL_CRASH_AT": "train:4", "RHYMERL_CRASH_ONCE_DIR": str(holds)})
+    run_dir = controller.root / "volumes" / "data" / "run"
+    rhymerl = str(Path(sys.executable).with_name("rhymerl"))
+
+    def reached(point: str) -> str:
+        marker = holds / f"{point.replace(':', '-')}.reached"
+        _wait(point, marker.exists, 600, kubelet)
+        return marker.read_text().split()[-1]  # the pod holding there
+
+    def go(point: str) -> None:
+        (holds / f"{point.replace(':', '-')}.go").touch()
+
+    def pod(name: str) -> Pod:
+        return next(p for p in kubelet.pods if p.name == name)
+
+    def replace(old: Pod) -> Pod:  # the StatefulSet makes a new pod of the same name (its volumes kept)
+        new = cluster.pod(old.role, int(old.name.rsplit("-", 1)[1]))
+        kubelet.add(new)
+        return new
+
     kubelet.start_all()
+    replaced: list[str] = []
     try:
-        _wait("two steps, the controller pod restarted on the way", lambda: controller.restarts >= 1 and all(
-            p.restarts >= 1 for p in pods) and "finished (2 steps)" in controller.output(), 600, kubelet)
-        assert (once / "train-2").exists()
-        assert controller.get("/readyz")[0] == 200 and rollout.get("/healthz")[0] == 200
-        assert rollout.get("/readyz")[0] == 200
-        status, body = rollout.get("/metrics")
-        assert status == 200 and "rhymerl_rollout_tokens_total" in body
+        reached("metrics:1")  # step 1 done: the job is scaled to 4 rollout workers
+        subprocess.run([rhymerl, "scale", str(run_dir), "--rollout", "4"], check=True, capture_output=True)
+        for i in (2, 3):
+            kubelet.add(cluster.pod("rollout", i))
+        go("metrics:1")
+        noticed = pod(reached("rollout-worker:2"))  # a rollout worker in the middle of step 2
+        deleting = threading.Thread(target=lambda: replaced.append(str(kubelet.delete(noticed))))
+        deleting.start()  # SIGTERM, the spot notice: its workers hand their samples back, it exits 0
+        time.sleep(2.0)
+        go("rollout-worker:2")
+        deleting.join(90)
+        replace(noticed)
+        lost = pod(reached("rollout-worker:3"))  # a rollout worker in the middle of step 3
+        kubelet.kill(lost)  # its node is gone: no notice
+        kubelet.pods.remove(lost)
+        replace(lost)
+        go("rollout-worker:3")
+        reached("metrics:3")  # step 3 done: back to 2 (the StatefulSet deletes the highest ordinals)
+        subprocess.run([rhymerl, "scale", str(run_dir), "--rollout", "2"], check=True, capture_output=True)
+        for name in ("pods-rollout-3", "pods-rollout-2"):
+            replaced.append(str(kubelet.delete(pod(name))))
+        go("metrics:3")
+        # step 4: the controller pod dies (SIGKILL) and its replacement resumes from step 3's checkpoint
+        _wait("the controller pod killed", lambda: controller.proc is not None and controller.proc.poll() is not None,
+              600, kubelet)
+        kubelet.pods.remove(controller)
+        controller = replace(controller)
+        _wait("four steps", lambda: "finished (4 steps)" in controller.output(), 600, kubelet)
+        assert controller.get("/readyz")[0] == 200
         status, body = controller.get("/metrics")
-        assert "rhymerl_step 2.0" in body
+        assert status == 200 and "rhymerl_step 4.0" in body
     finally:
         codes = kubelet.stop_all()
+    assert replaced == ["0", "0", "0"]  # every rollout pod deleted with notice exited 0 within its grace
     rows = _metrics_rows(controller)
-    assert [r["step"] for r in rows] == [1, 2]
-    # step 2 ran again after the restart, from the step-1 checkpoint's weights (version 1)
-    assert rows[1]["policy_lag_max"] == 0 and rows[1]["policy_version"] == 2
-    assert rows[0]["rollout_workers"] == 2
-    # the train pod keeps the dumps (its own data volume): every response of the job exactly once
-    records = dumps.read_run(train.root / "volumes" / "data" / "run")
-    keys = [(r.prompt_id, r.sample_index) for r in records]
-    assert len(keys) == len(set(keys)) == 4 * 4
-    assert {r.policy_version for r in records if r.step == 1} == {0}
-    assert {r.policy_version for r in records if r.step == 2} == {1}
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["rollout_workers_wanted"] for r in rows] == [2, 4, 4, 2]
+    assert int(str(rows[1]["rollout_handed_back"])) > 0 and int(str(rows[2]["rollout_handed_back"])) > 0
+    # the train pod keeps the dumps (its own data volume): every response of the job exactly once, with
+    # the tokens of the fixed fleet
+    train = next(p for p in kubelet.pods if p.role == "train")
+    got = [(r.step, r.prompt_id, r.sample_index, r.response_ids) for r in dumps.read_run(train.root / "volumes" / "data"
+                                                                                        / "run")]
+    want = [(r.step, r.prompt_id, r.sample_index, r.response_ids) for r in dumps.read_run(reference)]
+    assert got == want
+    # no container restarted: the member pods joined the new head without exiting
+    assert all(p.restarts == 0 and p.exits == [] for p in kubelet.pods), [(p.name, p.exits) for p in kubelet.pods]
     assert all(code == 0 for code in codes.values()), codes
     assert "resuming pods" in controller.output()
-    assert all("joined the Ray head" in p.output() for p in pods if p.role != "controller")
 
 
 def test_rollout_pods_run_vllm_with_the_train_pods_weights(tmp_path: Path) -> None:
@@ -110,8 +168,10 @@ def test_rollout_pods_run_vllm_with_the_train_pods_weights(tmp_path: Path) -> No
     user_code.mkdir()
     (user_code / "pods_reward.py").write_text("def score(prompt, response, answer):\n"
                                               "    return float(response.strip().endswith(answer))\n")
-    job = parse_job(JOB.replace("rollout: {replicas: 2, max_replicas: 2,",
-                                "rollout: {engine: vllm, replicas: 1, max_replicas: 1,"))
+    job = parse_job(JOB.replace("rollout: {replicas: 2, max_replicas: 4,",
+                                "rollout: {engine: vllm, replicas: 1, max_replicas: 1,")
+                    .replace("num_prompts: 8", "num_prompts: 4").replace("max_off_policy_steps: 0",
+                                                                         "max_off_policy_steps: 1"))
     pods = pods_of(desired(job, owner=None), tmp_path / "pods",
                    {"PYTHONPATH": str(user_code), "RHYMERL_OBJECT_STORE_BYTES": str(200 * 2**20),
                     "RAY_raylet_start_wait_time_s": "120"})

@@ -92,9 +92,16 @@ class BatchSampler:
         algo = self.job.spec.algorithm
         if algo.max_off_policy_steps < 1 or not self.fleet.transport.concurrent or state.epoch > algo.epochs:
             return
-        order = self._order(state.epoch)
-        take = [self.prompts[i] for i in order[state.cursor: state.cursor + algo.prompts_per_step]]
+        by_id = {p.prompt_id: p for p in self.prompts}
+        take = [by_id[pid] for pid in self.next_prompts(state)]
         self.ahead = self._launch(take, state.epoch, state.step + 1, state.cursor + len(take))
+
+    def next_prompts(self, state: LoopState) -> list[str]:
+        """The prompts the next step starts with (none after the last step)."""
+        if state.epoch > self.job.spec.algorithm.epochs:
+            return []
+        order = self._order(state.epoch)
+        return [self.prompts[i].prompt_id for i in order[state.cursor: state.cursor + self.job.spec.algorithm.prompts_per_step]]
 
     def take(self, batch: Batch) -> tuple[list[Any], int]:
         """The scored samples holding the batch's groups' responses (by call), and the oldest policy

@@ -30,11 +30,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
 from rhymerl.algorithms.scheduling.base import Scheduler
-from rhymerl.algorithms.scheduling.costmodel import TableProfile
+from rhymerl.algorithms.scheduling.costmodel import SpeculationSpeedup, TableProfile, group_decode_time
 from rhymerl.algorithms.scheduling.executor import Executor
 from rhymerl.algorithms.scheduling.factory import make_scheduler
+from rhymerl.algorithms.scheduling.fleet_size import FleetAdvice, predicted_lengths, recommend
 from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.algorithms.scheduling.types import Move, Sample, SampleId
 from rhymerl.api import RLJob
@@ -328,6 +331,27 @@ class RolloutFleet:
                         seconds = max(seconds, float(self.transport.get(r)))
             m.loads = [r for r in m.loads if not self.transport.done(r)]
         return seconds
+
+    def recommend(self, prompts: Sequence[str], rounds: Sequence[Round], train_s: float,
+                  tokens_per_pass: float) -> FleetAdvice:
+        """The fleet size for a step of these prompts (scheduling/fleet_size.py): its work predicted from
+        the length history, priced by the scheduler's cost model calibrated on what `rounds` (the
+        step just done) measured; with rollout overlapping training, no more workers than it takes
+        to keep up with `train_s`."""
+        spec = self.job.spec
+        g = spec.algorithm.group_size
+        lengths = predicted_lengths(self.sched.history, prompts, g)
+        input_len = sum(len(self.encoded[p]) for p in prompts) / max(len(prompts), 1)
+        speed = SpeculationSpeedup(tokens_per_pass=max(1.0, tokens_per_pass))
+        measured = predicted = 0.0
+        for r in rounds:
+            done = np.array([s.length for _, summary in r.summaries for s in summary.samples], dtype=np.float64)
+            measured += max(r.ends.values(), default=r.clock0) - r.clock0
+            predicted += group_decode_time(done, input_len, max(1, len(r.workers)), self.sched.profile, speed)
+        k = measured / predicted if measured > 0 and predicted > 0 else 1.0
+        pipelined = spec.algorithm.max_off_policy_steps >= 1 and self.transport.concurrent
+        return recommend(lengths, input_len, self.sched.profile, (spec.rollout.min_replicas, spec.rollout.max_replicas),
+                         speculation=speed, calibration=k, train_s=train_s if pipelined else None)
 
     def end_step(self) -> None:
         for m in self._live():

@@ -146,6 +146,9 @@ def _steps(job: RLJob, run: RunDir, t: Transport, roles: Roles, sampler: BatchSa
             roles.history.check_records()
             metrics = step_metrics(done, batch, stats, roles.fleet, time.perf_counter() - t_step, train_wait,
                                    before - version_used)
+            advice = roles.fleet.recommend(sampler.next_prompts(state), batch.rounds, metrics.time_train_s,
+                                           metrics.tokens_per_pass)
+            metrics.fleet_recommended = advice.workers
             run.append_metrics(metrics.row())
             check_failures([e for _, g in batch.groups for e in g.reward_errors], spec.reward, state.step,
                            dumps.dump_path(run.path, state.step))

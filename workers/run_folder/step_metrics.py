@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 MEASURED = frozenset({"spec_rate", "spec_acceptance", "tokens_per_pass", "rollout_busy_s", "rollout_makespan_s",
-                      "rollout_bubble", "weight_sync_s"})
+                      "rollout_bubble", "weight_sync_s", "fleet_recommended"})
 """Fields measured with a clock, or following from choices made on measured costs (the draft cap),
 beside every `time_*` and `*_per_s`: two runs of one job legitimately differ in them, in nothing else."""
 
@@ -69,6 +69,7 @@ class StepMetrics(BaseModel):
     rollout_handed_back: int | None = None  # samples of workers that left or died, resumed elsewhere
     rollout_resumed_tokens: int | None = None  # generated tokens the step's calls took over from elsewhere
     schedule_ranking: str | None = None  # how the step's first round ranked its prompts (history, prompt-length)
+    fleet_recommended: int | None = None  # rollout workers the next step wants (scheduling/fleet_size.py)
     time_step_s: float | None = None  # wall clock of the whole step (before writing its metrics)
     weight_sync_s: float | None = None  # the longest load of the trainer's weights into a rollout worker
     # the engine's log-probabilities (vLLM's; the torch engine keeps none)
