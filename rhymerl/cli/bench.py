@@ -220,14 +220,14 @@ def _rollout_vllm(run: Path, methods: str | None, repeats: int, out: Path | None
 def replicas(
     run: Annotated[Path, typer.Option("--run", help="finished run folder (policy, prompts and length history "
                                       "come from it)")],
-    replicas: Annotated[int, typer.Option("--replicas", min=2, help="engine replicas")] = 4,
+    replicas: Annotated[int, typer.Option("--replicas", min=2, help="rollout workers")] = 4,
     policies: Annotated[str | None, typer.Option("--policies", help="comma-separated scheduling policies "
                                                  "(default: all)")] = None,
     groups: Annotated[int, typer.Option("--groups", min=1, help="HistoPipe ranking groups K")] = 4,
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="runs per policy; medians are reported")] = 1,
     out: Annotated[Path | None, typer.Option("--out", help="folder for results.json, table.md, makespan.png")] = None,
 ) -> None:
-    """Scheduling policies placing a run's next epoch on N real engine replicas: measured makespans."""
+    """Scheduling policies placing a run's next epoch on N rollout workers (real engines): measured makespans."""
     from rich.console import Console
 
     from rhymerl.tools.bench.replicas import ReplicaBenchConfig, main

@@ -16,7 +16,7 @@ from rhymerl.algorithms.scheduling.base import SampleState, Scheduler
 from rhymerl.algorithms.scheduling.baselines import Reallocate
 from rhymerl.algorithms.scheduling.executor import Executor
 from rhymerl.algorithms.scheduling.history import LengthHistory
-from rhymerl.algorithms.scheduling.types import Action, Move, Sample, StepPlan, Watch
+from rhymerl.algorithms.scheduling.types import Action, Move, RoundPlan, Sample, Watch
 from rhymerl.api import RLJob, parse_job
 from rhymerl.workers import dumps
 from rhymerl.workers.controller.fleet import RolloutFleet, table_profile
@@ -133,8 +133,8 @@ class MoveAtFiveTokens(Scheduler):
         super().__init__(2)
         self.moves: list[Move] = []
 
-    def _plan(self, step: int, samples: list[Sample], carried: list[Sample]) -> StepPlan:
-        return StepPlan(step=step, queues=[[s.sid for s in samples + carried], []])
+    def _plan(self, step: int, samples: list[Sample], carried: list[Sample]) -> RoundPlan:
+        return RoundPlan(round_no=step, queues=[[s.sid for s in samples + carried], []])
 
     def _after_finish(self, st: SampleState, now: float) -> list[Action]:
         if self.stats.finished > 1:

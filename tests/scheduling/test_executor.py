@@ -12,7 +12,15 @@ from hypothesis import strategies as st
 from rhymerl.algorithms.scheduling import HistoPipe, Sample, SchedulingError
 from rhymerl.algorithms.scheduling.base import Scheduler
 from rhymerl.algorithms.scheduling.executor import Executor, rebalance_choice
-from rhymerl.algorithms.scheduling.types import Action, Move, MoveReason, Rebalance, SampleId, StepPlan, Watch
+from rhymerl.algorithms.scheduling.types import (
+    Action,
+    Move,
+    MoveReason,
+    Rebalance,
+    RoundPlan,
+    SampleId,
+    Watch,
+)
 
 
 class ToyFleet:
@@ -91,7 +99,7 @@ def test_actions_are_requested_in_order_and_a_rebalance_is_booked_only_once_conf
     sched = Recorder(2)
     ex = _wire(fleet, sched)
     actions: list[Action] = [Watch(sid=3, tokens=10), Move(sid=3, src=0, dst=1, generated=4),
-                             Rebalance(src=1, dst=0, count=1, step=1)]
+                             Rebalance(src=1, dst=0, count=1, round_no=1)]
     ex.carry_out(actions)
     assert fleet.watched == [(3, 10)]
     assert [(m.sid, m.src, m.dst) for m in fleet.asked] == [(3, 0, 1), (2, 1, 0)]
@@ -108,7 +116,7 @@ def test_a_refused_migration_is_undone_in_the_schedulers_books_and_a_refused_ste
     sched = Recorder(3)
     ex = _wire(fleet, sched)
     ex.carry_out([Move(sid=1, src=0, dst=1, generated=3)])
-    ex.steal(2, step=1)  # 1 is in flight: only 2 is offered
+    ex.steal(2, round_no=1)  # 1 is in flight: only 2 is offered
     assert [(m.sid, m.dst) for m in fleet.asked] == [(1, 1), (2, 2)]
     ex.finished(1, 0, 9, now=0.0)  # it finished before its worker handed it over: refused first
     assert [m.sid for m in sched.failed] == [1]
@@ -121,7 +129,7 @@ def test_a_second_move_of_a_sample_in_flight_is_refused_at_once() -> None:
     fleet = ToyFleet([[], []], [[1], []], {1: 3})
     sched = Recorder(2)
     ex = _wire(fleet, sched)
-    ex.steal(1, step=1)
+    ex.steal(1, round_no=1)
     ex.carry_out([Move(sid=1, src=0, dst=1, generated=3)])
     assert len(fleet.asked) == 1 and [m.sid for m in sched.failed] == [1]
     ex.progressed(1, 0, 3, now=0.0)  # a watch report while in flight waits (no error, nothing asked)
@@ -129,7 +137,7 @@ def test_a_second_move_of_a_sample_in_flight_is_refused_at_once() -> None:
 
 def test_a_leaving_workers_samples_go_to_the_least_loaded_live_workers_longest_first() -> None:
     sched = HistoPipe(3, groups=1, two_tier=False)
-    plan = sched.plan_step(1, [Sample(i, "p", 4) for i in range(6)])
+    plan = sched.plan_round(1, [Sample(i, "p", 4) for i in range(6)])
     fleet = ToyFleet([list(q) for q in plan.queues], [[], [], []], dict.fromkeys(range(6), 0))
     ex = _wire(fleet, sched)
     gone = 0
@@ -153,12 +161,12 @@ def _placed(fleet: ToyFleet) -> list[int]:
 def test_every_sample_stays_on_exactly_one_worker_and_the_books_agree_whatever_the_fleet_answers(
         rebalances: list[tuple[int, int, int, bool]]) -> None:
     sched = HistoPipe(3, groups=1, two_tier=False)
-    plan: StepPlan = sched.plan_step(1, [Sample(i, "p", 4) for i in range(8)])
+    plan: RoundPlan = sched.plan_round(1, [Sample(i, "p", 4) for i in range(8)])
     fleet = ToyFleet([list(q) for q in plan.queues], [[], [], []], {i: i % 3 for i in range(8)})
     ex = _wire(fleet, sched)
     for src, dst, count, ok in rebalances:
         if src != dst:
-            ex.carry_out([Rebalance(src=src, dst=dst, count=count, step=1)])
+            ex.carry_out([Rebalance(src=src, dst=dst, count=count, round_no=1)])
         if fleet.asked:
             fleet.answer(ok)
     while fleet.asked:
@@ -170,7 +178,7 @@ def test_every_sample_stays_on_exactly_one_worker_and_the_books_agree_whatever_t
 
 def test_a_joining_worker_gets_an_index_and_the_fleet_shrinks_only_where_nothing_is_left() -> None:
     sched = HistoPipe(2, groups=1, two_tier=False)
-    sched.plan_step(1, [Sample(i, "p", 4) for i in range(4)])
+    sched.plan_round(1, [Sample(i, "p", 4) for i in range(4)])
     assert sched.add_worker() == 2 and sched.workers == 3
     sched.set_workers(2)  # index 2 holds nothing
     try:

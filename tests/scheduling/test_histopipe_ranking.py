@@ -73,7 +73,7 @@ def test_a_worker_with_short_work_on_an_odd_step_gets_long_work_on_the_next() ->
             for _ in range(2):
                 samples.append(Sample(sid=sid, prompt_id=f"p{i}", input_len=5))
                 sid += 1
-        plans.append(sched.plan_step(step, samples))
+        plans.append(sched.plan_round(step, samples))
     prompt_of = {s: f"p{(s % 8) // 2}" for s in range(16)}
     assert {prompt_of[s] for s in plans[0].queues[0]} == {"p0"}  # odd step: shortest group on worker 0
     assert {prompt_of[s] for s in plans[1].queues[0]} == {"p3"}  # even step: longest group on worker 0
@@ -82,7 +82,7 @@ def test_a_worker_with_short_work_on_an_odd_step_gets_long_work_on_the_next() ->
 
 def test_without_history_histopipe_reports_its_fallback_and_splits_workers_equally() -> None:
     sched = HistoPipe(4, groups=2)
-    plan = sched.plan_step(1, [Sample(sid=i, prompt_id=f"p{i}", input_len=10 * i) for i in range(8)])
+    plan = sched.plan_round(1, [Sample(sid=i, prompt_id=f"p{i}", input_len=10 * i) for i in range(8)])
     assert plan.ranking == "prompt-length"
     assert plan.workers_per_group == [2, 2]
     assert plan.predicted_group_time == []

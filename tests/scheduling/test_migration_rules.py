@@ -74,7 +74,7 @@ def _worker_of(plan_queues: list[list[int]], sid: int) -> int:
 
 def test_a_short_groups_tail_is_watched_and_its_outlier_moves_with_its_tokens() -> None:
     sched, samples = _two_group_scheduler()
-    plan = sched.plan_step(1, samples)
+    plan = sched.plan_round(1, samples)
     short = [s.sid for s in samples if s.prompt_id.startswith("s")]
     actions = []
     for sid in short[:8]:  # 8 of 10 done: the last 2 (20%) are the tail
@@ -98,7 +98,7 @@ def test_a_short_groups_tail_is_watched_and_its_outlier_moves_with_its_tokens() 
 
 def test_a_long_groups_outlier_joins_the_next_plan_with_its_generated_tokens() -> None:
     sched, samples = _two_group_scheduler()
-    plan = sched.plan_step(1, samples)
+    plan = sched.plan_round(1, samples)
     long_ids = [s.sid for s in samples if s.prompt_id.startswith("l")]
     for sid in long_ids[:8]:
         sched.on_sample_finished(sid, _worker_of(plan.queues, sid), 1000, now=1.0)
@@ -106,10 +106,10 @@ def test_a_long_groups_outlier_joins_the_next_plan_with_its_generated_tokens() -
     [move] = sched.on_progress(outlier, _worker_of(plan.queues, outlier), 1101, now=2.0)
     assert move.kind == "inter-step" and move.dst is None and move.generated == 1101
     assert sched.deferred() == [outlier]
-    assert sched.step_left(1) == 10 + 1  # 20 planned, 8 finished, 1 deferred
+    assert sched.round_left(1) == 10 + 1  # 20 planned, 8 finished, 1 deferred
     with pytest.raises(SchedulingError, match="deferred"):
         sched.on_sample_finished(outlier, 0, 1500, now=2.5)
-    nxt = sched.plan_step(2, [Sample(sid=100 + i, prompt_id="s0", input_len=8) for i in range(3)])
+    nxt = sched.plan_round(2, [Sample(sid=100 + i, prompt_id="s0", input_len=8) for i in range(3)])
     assert nxt.carried == [outlier] and outlier in nxt.all_samples()
     assert sched.deferred() == []
     w = _worker_of(nxt.queues, outlier)
@@ -120,8 +120,8 @@ def test_a_long_groups_outlier_joins_the_next_plan_with_its_generated_tokens() -
 
 def test_the_last_step_never_defers_to_a_step_that_will_not_come() -> None:
     sched, samples = _two_group_scheduler()
-    sched.final_step = 1
-    plan = sched.plan_step(1, samples)
+    sched.final_round = 1
+    plan = sched.plan_round(1, samples)
     long_ids = [s.sid for s in samples if s.prompt_id.startswith("l")]
     for sid in long_ids[:8]:
         sched.on_sample_finished(sid, _worker_of(plan.queues, sid), 1000, now=1.0)
@@ -132,7 +132,7 @@ def test_the_last_step_never_defers_to_a_step_that_will_not_come() -> None:
 
 def test_groups_without_history_are_never_migrated() -> None:
     sched = HistoPipe(2, groups=2)
-    plan = sched.plan_step(1, [Sample(sid=i, prompt_id=f"p{i}", input_len=1) for i in range(4)])
+    plan = sched.plan_round(1, [Sample(sid=i, prompt_id=f"p{i}", input_len=1) for i in range(4)])
     actions = []
     for sid in range(3):
         actions += sched.on_sample_finished(sid, _worker_of(plan.queues, sid), 5, now=1.0)
@@ -140,13 +140,13 @@ def test_groups_without_history_are_never_migrated() -> None:
 
 
 def _books(sched: HistoPipe, step: int) -> tuple[list[int], int, list[int], int, int]:
-    return ([sched.outstanding(w, step) for w in range(4)], sched.step_left(step), sched.deferred(),
+    return ([sched.outstanding(w, step) for w in range(4)], sched.round_left(step), sched.deferred(),
             sched.stats.intra_step, sched.stats.inter_step)
 
 
 def test_a_move_that_could_not_happen_leaves_the_books_as_before_it_and_the_sample_finishes_where_it_was() -> None:
     sched, samples = _two_group_scheduler()
-    plan = sched.plan_step(1, samples)
+    plan = sched.plan_round(1, samples)
     short = [s.sid for s in samples if s.prompt_id.startswith("s")]
     long_ids = [s.sid for s in samples if s.prompt_id.startswith("l")]
     for sid in short[:8] + long_ids[:8]:
@@ -164,5 +164,5 @@ def test_a_move_that_could_not_happen_leaves_the_books_as_before_it_and_the_samp
         sched.on_sample_finished(outlier, src, generated + 1, now=4.0)
     with pytest.raises(SchedulingError, match="cannot be undone"):
         sched.on_move_failed(move)
-    nxt = sched.plan_step(2, [Sample(sid=100, prompt_id="s0", input_len=8)])
+    nxt = sched.plan_round(2, [Sample(sid=100, prompt_id="s0", input_len=8)])
     assert nxt.carried == []  # the failed deferral does not reappear

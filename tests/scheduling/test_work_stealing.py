@@ -60,7 +60,7 @@ def test_steady_state_and_per_step_bounds_are_reported() -> None:
 
 def test_a_joining_worker_takes_half_of_the_busiest_workers_unfinished_samples_the_cheapest_first() -> None:
     sched = HistoPipe(1, groups=1, two_tier=False, migration=NO_MIGRATION)
-    plan = sched.plan_step(1, [Sample(i, "p", 10) for i in range(4)])
+    plan = sched.plan_round(1, [Sample(i, "p", 10) for i in range(4)])
     assert plan.queues == [[0, 1, 2, 3]]
     joined = sched.add_worker()
     # worker 0: two unstarted samples and two started ones (3 and 9 tokens)
@@ -80,7 +80,7 @@ def test_a_joining_worker_takes_half_of_the_busiest_workers_unfinished_samples_t
 
 def test_the_scheduler_refuses_to_steal_a_sample_it_was_not_offered() -> None:
     sched = HistoPipe(2, groups=2, two_tier=False, migration=NO_MIGRATION)
-    plan = sched.plan_step(1, [Sample(0, "p", 10), Sample(1, "q", 10), Sample(2, "q", 10)])
+    plan = sched.plan_round(1, [Sample(0, "p", 10), Sample(1, "q", 10), Sample(2, "q", 10)])
     busy = next(w for w in range(2) if len(plan.queues[w]) == 2)
     idle = 1 - busy
 
@@ -89,7 +89,7 @@ def test_the_scheduler_refuses_to_steal_a_sample_it_was_not_offered() -> None:
             return [Move(sid=sid, src=busy, dst=worker, generated=0) for sid in plan.queues[busy]]
 
     greedy = Greedy(2, groups=2, two_tier=False, migration=NO_MIGRATION)
-    greedy.plan_step(1, [Sample(0, "p", 10), Sample(1, "q", 10), Sample(2, "q", 10)])
+    greedy.plan_round(1, [Sample(0, "p", 10), Sample(1, "q", 10), Sample(2, "q", 10)])
     with pytest.raises(SchedulingError):  # only one of the two was offered
         greedy.on_idle(idle, 1, {busy: [(plan.queues[busy][1], 0)]})
     assert sched.on_idle(idle, 1, {}) == []

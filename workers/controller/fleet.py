@@ -10,7 +10,8 @@ move is a request: the source call hands the sample back with its tokens at its 
 there; inter-step moves wait for the next round. Each call's output goes to a reward worker.
 
 Membership is elastic. The fleet follows how many workers are wanted (`wanted()`: the spec in a
-cluster, `rhymerl scale` on one machine) within the room there is (pods that joined): a joining
+cluster, `rhymerl scale` on one machine) within the capacity there is (rollout pods that joined,
+one worker each): a joining
 worker takes work at once (it steals started samples with their tokens, or gets the next
 placement); a worker asked to leave, or sent SIGTERM, hands its unfinished samples back with their
 tokens and is stopped; a worker that dies without notice has its samples resumed elsewhere from
@@ -59,7 +60,7 @@ STATE_PASSES = 4  # a Ray call's token-count reports, when a scheduler acts on t
 SNAPSHOT_PASSES = 16  # a Ray call's snapshots of its samples' tokens (what a re-run resumes from)
 ADMIT_WAIT_S = 10.0
 WAIT_NOTE_S = 60.0  # how often the fleet says again that it waits for a rollout worker
-ROOM_EVERY_S = 1.0  # how often a Ray fleet asks the cluster how much room there is
+CAPACITY_EVERY_S = 1.0  # how often a Ray fleet asks the cluster how many rollout pods joined
 
 
 class WorkerLost(RuntimeError):
@@ -184,8 +185,8 @@ class RolloutFleet:
         self.by_stream: dict[int, Call] = {}
         self.reruns = 0  # calls run again after their worker died (this step)
         self.live_round: Round | None = None
-        self._room_at = -math.inf
-        self._room: int | None = None
+        self._capacity_at = -math.inf
+        self._capacity: int | None = None
         self._waiting_since: float | None = None
         self._waiting_said = -math.inf
         self._last_count: tuple[int, int] | None = None
@@ -209,18 +210,20 @@ class RolloutFleet:
         while True:
             self._admit_joiners()
             want = max(1, self.wanted())
-            live = self._live()
             joining = [m for m in self.members if not m.joined]
-            staying = [m for m in live if not m.leaving]
-            missing = want - len(staying) - len(joining)
-            if missing > 0:
-                room = self._room_now()
-                for _ in range(missing if room is None else min(missing, room)):
+            staying = [m for m in self._live() if not m.leaving]
+            excess = len(staying) + len(joining) - want
+            if excess > 0:  # workers still starting go first, then those holding the least work
+                for m in sorted(joining, key=lambda m: -m.id)[:excess]:
+                    self._stop(m)
+                for m in self._least_busy(staying)[: max(0, excess - len(joining))]:
+                    self._retire(m)
+            elif excess < 0:
+                capacity = self._capacity_now()  # pods that joined; every member holds one of them
+                room = -excess if capacity is None else min(-excess, capacity - len(self.members))
+                for _ in range(max(0, room)):
                     self.members.append(Member(next(self.ids), self.start_worker()))
                 self._admit_joiners()  # those that start at once (in this process) join now
-            elif missing < 0 and not joining:
-                for m in self._least_busy(staying)[: -missing]:
-                    self._retire(m)
             if self._started:
                 self._say_count(self.live_count(), want)
             if not wait or self._live():
@@ -264,11 +267,11 @@ class RolloutFleet:
             self.members.remove(m)
         self.transport.stop(m.handle)
 
-    def _room_now(self) -> int | None:
+    def _capacity_now(self) -> int | None:
         now = time.monotonic()
-        if now - self._room_at >= ROOM_EVERY_S:
-            self._room, self._room_at = self.transport.room("rollout"), now
-        return self._room
+        if now - self._capacity_at >= CAPACITY_EVERY_S:
+            self._capacity, self._capacity_at = self.transport.capacity("rollout"), now
+        return self._capacity
 
     def _say_count(self, live: int, want: int) -> None:
         if (live, want) != self._last_count:
@@ -379,7 +382,7 @@ class RolloutFleet:
             if m not in live:
                 m.slot = -1
         self.sched.set_workers(len(live))
-        self.sched.final_step = None if inter_step else rnd.no
+        self.sched.final_round = None if inter_step else rnd.no
         rnd.started = time.perf_counter()
         rnd.clock0 = self.transport.sync([m.handle for m in live])
         rnd.workers = {m.id for m in live}
@@ -388,7 +391,7 @@ class RolloutFleet:
             self.sid[s] = sid = next(self.sids)
             self.ref[sid] = s
         carried = {s: p for s, p in self.parked.items() if p.round is None}
-        plan = self.sched.plan_step(rnd.no, [Sample(self.sid[s], s.prompt_id, len(self.encoded[s.prompt_id]),
+        plan = self.sched.plan_round(rnd.no, [Sample(self.sid[s], s.prompt_id, len(self.encoded[s.prompt_id]),
                                                     oracle_len=oracle.get(s) if oracle else None) for s in fresh])
         rnd.ranking = plan.ranking
         queues = [list(q) for q in plan.queues] or [[] for _ in live]

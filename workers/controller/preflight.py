@@ -101,7 +101,7 @@ def preflight(job: RLJob, absent_ok: bool = False) -> Checked:
 
 
 def kv_cache_bytes(job: RLJob, cfg: ModelConfig, longest_prompt: int) -> int:
-    """Bytes of KV cache the local torch engines allocate at most: every replica's slots, each as long
+    """Bytes of KV cache the local torch engines allocate at most: every rollout worker's slots, each as long
     as the longest prompt plus the longest response."""
     spec = job.spec
     batch = spec.algorithm.group_size * spec.algorithm.prompts_per_step
@@ -127,5 +127,5 @@ def check_memory(job: RLJob, checked: Checked, memory: int | None = None) -> Non
         raise SpecError([SpecProblem(
             "spec.rollout.max_batch_size",
             f"the KV cache alone needs {need / gib:.1f} GiB (sequences decoded together: min(group_size x "
-            f"prompts_per_step, replicas x max_batch_size); each up to {checked.longest_prompt} prompt + "
+            f"prompts_per_step, rollout workers x max_batch_size); each up to {checked.longest_prompt} prompt + "
             f"{job.spec.algorithm.max_response_length} response tokens) and this machine has {have / gib:.1f} GiB")])

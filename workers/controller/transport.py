@@ -97,8 +97,8 @@ class Transport(Protocol):
     def sync(self, handles: Sequence[Any]) -> float:
         """A round starts: the workers' clocks from here on are comparable; the round's start on them."""
 
-    def room(self, role: Role) -> int | None:
-        """How many more workers of `role` fit now (None: no limit)."""
+    def capacity(self, role: Role) -> int | None:
+        """How many workers of `role` fit in all (None: no limit)."""
 
 
 @dataclass
@@ -219,5 +219,5 @@ class LocalTransport:
             h.clock = start
         return start
 
-    def room(self, role: Role) -> int | None:
+    def capacity(self, role: Role) -> int | None:
         return None

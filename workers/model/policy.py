@@ -3,7 +3,7 @@
 Two implementations: rhymerl's native Llama (transformer.TinyLlama, the torch engine's bit-exact
 decoding) and a Hugging Face transformers model (hf_policy.HfPolicy). Both speak Hugging Face
 parameter names at their edges, so a checkpoint folder is a Hugging Face model folder and the
-weights a trainer publishes load into vLLM, into a torch-engine replica or into a checkpoint alike.
+weights a trainer publishes load into vLLM, into a torch-engine rollout worker or into a checkpoint alike.
 """
 
 from __future__ import annotations

@@ -68,16 +68,6 @@ class RolloutSpeculation:
             return NgramDrafts(spec, self.control)
         return None
 
-    def replica_drafts(self, epoch: int, prompt_ids: Sequence[str], replicas: int) -> list[DraftSource | None]:
-        """One draft source per rollout replica (each keeps per-slot state), every one able to draft
-        for every prompt of the batch, since the scheduler may move any sample anywhere; history
-        indexes are built once and shared (they are immutable)."""
-        spec = self.control.spec
-        if self.method == "history":
-            indexes = self.drafting.indexes_before(epoch, prompt_ids)
-            return [HistoryDrafts(spec, indexes, self.control) if indexes else None for _ in range(replicas)]
-        return [self.drafts(epoch, prompt_ids) for _ in range(replicas)]
-
     def keep_cost_evidence(self) -> None:
         """After a step: what its passes showed about the cost profile goes into the cache (cells
         shown measured disturbed are measured again)."""

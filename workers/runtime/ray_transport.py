@@ -30,7 +30,7 @@ from rhymerl.workers.controller.transport import Report, ResultLost, Stream, Wor
 from rhymerl.workers.roles.rollout_worker import RolloutWorker
 from rhymerl.workers.run_folder.run_dir import RunDir
 from rhymerl.workers.run_folder.step_metrics import StepMetrics
-from rhymerl.workers.runtime.cluster import local_ray, role_resource, spawn
+from rhymerl.workers.runtime.cluster import local_ray, role_capacity, spawn
 
 START_TIMEOUT_S = 600.0  # a restarted worker's start-up (loading the model, measuring the verify cost)
 
@@ -146,9 +146,9 @@ class RayTransport:
     def sync(self, handles: Sequence[Any]) -> float:
         return time.monotonic()
 
-    def room(self, role: Role) -> int | None:
-        free: dict[str, float] = ray.available_resources()  # type: ignore[no-untyped-call]
-        return int(free.get(role_resource(role), 0))
+    def capacity(self, role: Role) -> int | None:
+        """The units of the role's resource in the cluster: one per pod of the role that joined."""
+        return role_capacity()[role]
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -20,7 +20,7 @@ from .costmodel import (
 from .factory import POLICIES, make_scheduler
 from .histopipe import HistoPipe
 from .history import LengthHistory
-from .types import Action, Move, Pipeline, Rebalance, Sample, SampleId, StepPlan, Watch
+from .types import Action, Move, Pipeline, Rebalance, RoundPlan, Sample, SampleId, Watch
 
 __all__ = [
     "NO_SPECULATION",
@@ -37,6 +37,7 @@ __all__ = [
     "Reallocate",
     "Rebalance",
     "RooflineProfile",
+    "RoundPlan",
     "Sample",
     "SampleId",
     "Scheduler",
@@ -44,7 +45,6 @@ __all__ = [
     "SchedulingError",
     "SkewAware",
     "SpeculationSpeedup",
-    "StepPlan",
     "TableProfile",
     "Watch",
     "group_decode_time",

@@ -1,7 +1,7 @@
 """The scheduler state machine shared by every policy.
 
 A scheduler is driven by events from the one executor (executor.py) over a fleet of rollout
-workers (the simulator's, in-process ones, Ray's): `plan_step` when a step's samples are known,
+workers (the simulator's, in-process ones, Ray's): `plan_round` when a step's samples are known,
 `on_sample_finished` when a response completes, `on_progress` when a sample reaches a token count
 the scheduler asked to watch, `on_idle` when a worker has nothing left to do, `on_leave` when a
 worker leaves the fleet with samples, and `on_moved` / `on_move_failed` when a move is confirmed or
@@ -27,7 +27,7 @@ from typing import TypedDict
 
 from .costmodel import NO_SPECULATION, IterationProfile, RooflineProfile, SpeculationSpeedup
 from .history import LengthHistory
-from .types import Action, Move, MoveReason, Pipeline, Sample, SampleId, StepPlan
+from .types import Action, Move, MoveReason, Pipeline, RoundPlan, Sample, SampleId
 
 
 class SchedulerOptions(TypedDict, total=False):
@@ -37,7 +37,7 @@ class SchedulerOptions(TypedDict, total=False):
     speculation: SpeculationSpeedup
     staleness: int
     seed: int
-    final_step: int | None
+    final_round: int | None
     history: LengthHistory | None
     learns_lengths: bool
 
@@ -49,7 +49,7 @@ class SchedulingError(RuntimeError):
 @dataclass(slots=True)
 class SampleState:
     sample: Sample
-    step: int | None
+    round_no: int | None
     worker: int | None
     visit: tuple[str, int]
     group: int = -1
@@ -90,7 +90,7 @@ class Scheduler:
         speculation: SpeculationSpeedup = NO_SPECULATION,
         staleness: int = 1,
         seed: int = 0,
-        final_step: int | None = None,
+        final_round: int | None = None,
         history: LengthHistory | None = None,
         learns_lengths: bool = True,
     ) -> None:
@@ -106,7 +106,7 @@ class Scheduler:
         self.speculation = speculation
         self.staleness = staleness
         self.seed = seed
-        self.final_step = final_step
+        self.final_round = final_round
         self.history = LengthHistory() if history is None else history
         self.learns_lengths = learns_lengths
         self.stats = SchedulerStats()
@@ -114,7 +114,7 @@ class Scheduler:
         self._samples: dict[SampleId, SampleState] = {}
         self._deferred: list[SampleId] = []
         self._outstanding: dict[tuple[int, int], int] = defaultdict(int)
-        self._step_left: dict[int, int] = defaultdict(int)
+        self._round_left: dict[int, int] = defaultdict(int)
         self._visit_left: dict[tuple[str, int], int] = defaultdict(int)
         self._visit_lengths: dict[tuple[str, int], list[int]] = defaultdict(list)
 
@@ -127,47 +127,47 @@ class Scheduler:
         """Feed history from outside (e.g. last epoch's dumps when resuming a run)."""
         self.history.observe(prompt_id, lengths)
 
-    def plan_step(self, step: int, samples: Sequence[Sample]) -> StepPlan:
+    def plan_round(self, round_no: int, samples: Sequence[Sample]) -> RoundPlan:
         """Plan a step: the new samples plus any deferred here by inter-step migration."""
-        if step <= self.last_planned:
-            raise SchedulingError(f"step {step}: already planned up to step {self.last_planned}")
+        if round_no <= self.last_planned:
+            raise SchedulingError(f"round {round_no}: already planned up to round {self.last_planned}")
         carried = [self._samples[sid].sample for sid in self._deferred]
         self._deferred = []
         for s in samples:
             if s.sid in self._samples:
                 raise SchedulingError(f"sample {s.sid}: planned twice")
-            visit = (s.prompt_id, step)
-            self._samples[s.sid] = SampleState(sample=s, step=step, worker=None, visit=visit)
+            visit = (s.prompt_id, round_no)
+            self._samples[s.sid] = SampleState(sample=s, round_no=round_no, worker=None, visit=visit)
             self._visit_left[visit] += 1
         for s in carried:
-            self._samples[s.sid].step = step
-        plan = self._plan(step, list(samples), carried)
+            self._samples[s.sid].round_no = round_no
+        plan = self._plan(round_no, list(samples), carried)
         plan.carried = [s.sid for s in carried]
         self._check_plan(plan, samples, carried)
         for w, queue in enumerate(plan.queues):
             for sid in queue:
                 self._samples[sid].worker = w
-                self._outstanding[(w, step)] += 1
-        self._step_left[step] += len(samples) + len(carried)
+                self._outstanding[(w, round_no)] += 1
+        self._round_left[round_no] += len(samples) + len(carried)
         self.stats.planned += len(samples)
-        self.stats.rankings[step] = plan.ranking
-        self.last_planned = step
-        self._forget_before(step - 2)
+        self.stats.rankings[round_no] = plan.ranking
+        self.last_planned = round_no
+        self._forget_before(round_no - 2)
         return plan
 
     def on_sample_finished(self, sid: SampleId, worker: int, output_len: int, now: float) -> list[Action]:
         st = self._state(sid)
         if st.done:
             raise SchedulingError(f"sample {sid}: finished twice")
-        if st.step is None:
+        if st.round_no is None:
             raise SchedulingError(f"sample {sid}: finished while deferred to a later step")
         if st.worker is not None and st.worker != worker:
             raise SchedulingError(f"sample {sid}: finished on worker {worker}, scheduled on {st.worker}")
         st.done = True
         st.worker = worker
         if self.pipeline != "shared":
-            self._outstanding[(worker, st.step)] -= 1
-        self._step_left[st.step] -= 1
+            self._outstanding[(worker, st.round_no)] -= 1
+        self._round_left[st.round_no] -= 1
         self.stats.finished += 1
         self._visit_left[st.visit] -= 1
         self._visit_lengths[st.visit].append(output_len)
@@ -180,7 +180,7 @@ class Scheduler:
 
     def on_progress(self, sid: SampleId, worker: int, generated: int, now: float) -> list[Action]:
         st = self._state(sid)
-        if st.done or st.step is None:
+        if st.done or st.round_no is None:
             return []
         st.sample.generated = generated
         return self._progress(st, worker, generated, now)
@@ -189,7 +189,7 @@ class Scheduler:
         """Shared pipeline: the executor tells which worker pulled a sample."""
         self._state(sid).worker = worker
 
-    def on_idle(self, worker: int, step: int, unfinished: Mapping[int, Sequence[tuple[SampleId, int]]]) -> list[Move]:
+    def on_idle(self, worker: int, round_no: int, unfinished: Mapping[int, Sequence[tuple[SampleId, int]]]) -> list[Move]:
         """Work stealing: `worker` has finished its own samples of `step` (or just joined the fleet)
         and cannot start the next step yet. `unfinished` lists, per other worker, its samples of
         `step` that have not finished, as (sample, tokens generated so far): waiting ones in queue
@@ -199,15 +199,15 @@ class Scheduler:
         stealing."""
         if not unfinished:
             return []
-        moves = self._steal(worker, step, unfinished)
+        moves = self._steal(worker, round_no, unfinished)
         for m in moves:
             st = self._state(m.sid)
             offered = dict(unfinished.get(m.src, ()))
-            if st.done or st.step != step or st.worker != m.src or m.dst != worker or m.sid not in offered:
-                raise SchedulingError(f"sample {m.sid}: cannot be stolen by worker {worker} for step {step}")
+            if st.done or st.round_no != round_no or st.worker != m.src or m.dst != worker or m.sid not in offered:
+                raise SchedulingError(f"sample {m.sid}: cannot be stolen by worker {worker} for round {round_no}")
         return moves
 
-    def on_leave(self, worker: int, step: int, samples: Sequence[tuple[SampleId, int]],
+    def on_leave(self, worker: int, round_no: int, samples: Sequence[tuple[SampleId, int]],
                  live: Sequence[int]) -> list[Move]:
         """`worker` left the fleet (asked to, sent SIGTERM, or died) holding these unfinished samples of
         `step` (with the tokens they keep); `live` are the workers that can take them. Each goes,
@@ -216,7 +216,7 @@ class Scheduler:
         none when no worker is live (the fleet holds them until one joins)."""
         if not live:
             return []
-        load = {w: self.outstanding(w, step) for w in live}
+        load = {w: self.outstanding(w, round_no) for w in live}
         moves = []
         for sid, generated in sorted(samples, key=lambda s: (-s[1], s[0])):
             dst = min(live, key=lambda w: (load[w], w))
@@ -262,32 +262,32 @@ class Scheduler:
             if m.sid not in self._deferred:
                 raise SchedulingError(f"sample {m.sid}: undoing a deferral it does not have")
             self._deferred.remove(m.sid)
-            st.step = st.visit[1]
-            self._step_left[st.step] += 1
+            st.round_no = st.visit[1]
+            self._round_left[st.round_no] += 1
             self.stats.inter_step -= 1
         else:
-            assert st.step is not None
+            assert st.round_no is not None
             if self.pipeline != "shared":
-                self._outstanding[(m.dst, st.step)] -= 1
+                self._outstanding[(m.dst, st.round_no)] -= 1
             self.stats.intra_step -= 1
         st.worker = m.src
         if self.pipeline != "shared":
-            self._outstanding[(m.src, st.step)] += 1
+            self._outstanding[(m.src, st.round_no)] += 1
         self.stats.migrated_samples.discard(m.sid)
         self._move_failed(st, m)
 
     # ------------------------------------------------------------------ queries
-    def outstanding(self, worker: int, step: int) -> int:
+    def outstanding(self, worker: int, round_no: int) -> int:
         """This step's samples on a worker that have not finished (waiting or running)."""
-        return self._outstanding.get((worker, step), 0)
+        return self._outstanding.get((worker, round_no), 0)
 
-    def step_left(self, step: int) -> int:
-        return self._step_left.get(step, 0)
+    def round_left(self, round_no: int) -> int:
+        return self._round_left.get(round_no, 0)
 
     def deferred(self) -> list[SampleId]:
         return list(self._deferred)
 
-    def may_start(self, step: int, trained_through: int, completed_through: int) -> bool:
+    def may_start(self, round_no: int, trained_through: int, completed_through: int) -> bool:
         """Whether rollout of `step` may begin on a worker whose own previous sub-batch is done.
 
         trained_through: the last step whose training finished (its weights are loadable);
@@ -296,15 +296,15 @@ class Scheduler:
         s - 1 - staleness); the barrier pipeline also waits for the previous step's rollout.
         Shared pipelines apply this per sample: a step's samples are released when it holds.
         """
-        if trained_through < step - 1 - self.staleness:
+        if trained_through < round_no - 1 - self.staleness:
             return False
-        return not (self.pipeline == "barrier" and completed_through < step - 1)
+        return not (self.pipeline == "barrier" and completed_through < round_no - 1)
 
-    def inter_step_possible(self) -> bool:
-        return self.final_step is None or self.last_planned < self.final_step
+    def later_round_possible(self) -> bool:
+        return self.final_round is None or self.last_planned < self.final_round
 
     # ------------------------------------------------------------------ policy hooks
-    def _plan(self, step: int, samples: list[Sample], carried: list[Sample]) -> StepPlan:
+    def _plan(self, round_no: int, samples: list[Sample], carried: list[Sample]) -> RoundPlan:
         raise NotImplementedError
 
     def _after_finish(self, st: SampleState, now: float) -> list[Action]:
@@ -313,17 +313,17 @@ class Scheduler:
     def _progress(self, st: SampleState, worker: int, generated: int, now: float) -> list[Action]:
         return []
 
-    def _steal(self, worker: int, step: int, unfinished: Mapping[int, Sequence[tuple[SampleId, int]]]) -> list[Move]:
+    def _steal(self, worker: int, round_no: int, unfinished: Mapping[int, Sequence[tuple[SampleId, int]]]) -> list[Move]:
         return []
 
     def _move_failed(self, st: SampleState, m: Move) -> None:
         """A policy's own books for a move it decided that did not happen."""
 
     # ------------------------------------------------------------------ helpers
-    def _forget_before(self, step: int) -> None:
+    def _forget_before(self, round_no: int) -> None:
         """Drop finished samples of old steps so a long run's books stay small (a late event for one
         of them is then reported as never planned, still an error)."""
-        old = [sid for sid, st in self._samples.items() if st.done and st.step is not None and st.step < step]
+        old = [sid for sid, st in self._samples.items() if st.done and st.round_no is not None and st.round_no < round_no]
         for sid in old:
             del self._samples[sid]
 
@@ -338,7 +338,7 @@ class Scheduler:
         (an outlier's or a rebalance, not a steal or a leaving worker's samples) and the sample is not
         chosen for one again."""
         st = self._state(m.sid)
-        if st.done or st.step is None:
+        if st.done or st.round_no is None:
             raise SchedulingError(f"sample {m.sid}: cannot move a finished or deferred sample")
         if st.worker is not None and st.worker != m.src:
             raise SchedulingError(f"sample {m.sid}: moved from worker {m.src}, scheduled on {st.worker}")
@@ -347,16 +347,16 @@ class Scheduler:
             st.migrated = True
             self.stats.migrated_samples.add(m.sid)
         if self.pipeline != "shared":
-            self._outstanding[(m.src, st.step)] -= 1
+            self._outstanding[(m.src, st.round_no)] -= 1
         if m.dst is None:
-            self._step_left[st.step] -= 1
-            st.step = None
+            self._round_left[st.round_no] -= 1
+            st.round_no = None
             st.worker = None
             self._deferred.append(m.sid)
         else:
             st.worker = m.dst
             if self.pipeline != "shared":
-                self._outstanding[(m.dst, st.step)] += 1
+                self._outstanding[(m.dst, st.round_no)] += 1
 
     def _emit(self, m: Move) -> Move:
         """Book a move this scheduler decided; the executor must carry it out (no `on_moved`)."""
@@ -367,10 +367,10 @@ class Scheduler:
             self.stats.intra_step += 1
         return m
 
-    def _check_plan(self, plan: StepPlan, samples: Sequence[Sample], carried: Sequence[Sample]) -> None:
+    def _check_plan(self, plan: RoundPlan, samples: Sequence[Sample], carried: Sequence[Sample]) -> None:
         if len(plan.queues) != self.workers and not (self.pipeline == "shared" and not plan.queues):
             raise SchedulingError(f"{self.name}: plan has {len(plan.queues)} queues for {self.workers} workers")
         planned = plan.all_samples()
         expected = {s.sid for s in samples} | {s.sid for s in carried}
         if len(planned) != len(expected) or set(planned) != expected:
-            raise SchedulingError(f"{self.name}: step {plan.step} plan does not place every sample exactly once")
+            raise SchedulingError(f"{self.name}: round {plan.round_no} plan does not place every sample exactly once")

@@ -19,7 +19,7 @@ from .base import SampleState, Scheduler, SchedulerOptions, SchedulingError
 from .costmodel import group_decode_time, knee_batch
 from .histopipe import lpt
 from .ranking import FirstEpoch, rank_prompts
-from .types import Action, Rebalance, Sample, SampleId, StepPlan
+from .types import Action, Rebalance, RoundPlan, Sample, SampleId
 
 
 def _shuffled_prompts(samples: list[Sample], seed: int) -> list[Sample]:
@@ -45,9 +45,9 @@ def _chunks(sids: list[SampleId], workers: int) -> list[list[SampleId]]:
 class EqualSplit(Scheduler):
     name = "equal"
 
-    def _plan(self, step: int, samples: list[Sample], carried: list[Sample]) -> StepPlan:
-        order = _shuffled_prompts(samples, self.seed + step) + carried
-        return StepPlan(step=step, queues=_chunks([s.sid for s in order], self.workers), ranking="random")
+    def _plan(self, round_no: int, samples: list[Sample], carried: list[Sample]) -> RoundPlan:
+        order = _shuffled_prompts(samples, self.seed + round_no) + carried
+        return RoundPlan(round_no=round_no, queues=_chunks([s.sid for s in order], self.workers), ranking="random")
 
 
 class LongestFirst(Scheduler):
@@ -55,14 +55,14 @@ class LongestFirst(Scheduler):
 
     name = "lpt"
 
-    def _plan(self, step: int, samples: list[Sample], carried: list[Sample]) -> StepPlan:
+    def _plan(self, round_no: int, samples: list[Sample], carried: list[Sample]) -> RoundPlan:
         weights = []
         for s in samples + carried:
             if s.oracle_len is None:
                 raise SchedulingError("lpt needs the true output lengths (a simulator-only reference policy)")
             weights.append((s.sid, float(s.oracle_len - s.generated)))
         placed = lpt(weights, list(range(self.workers)))
-        return StepPlan(step=step, queues=[placed[w] for w in range(self.workers)], ranking="oracle")
+        return RoundPlan(round_no=round_no, queues=[placed[w] for w in range(self.workers)], ranking="oracle")
 
 
 class SkewAware(Scheduler):
@@ -78,16 +78,16 @@ class SkewAware(Scheduler):
         super().__init__(workers, **kwargs)
         self.first_epoch = first_epoch
 
-    def _plan(self, step: int, samples: list[Sample], carried: list[Sample]) -> StepPlan:
+    def _plan(self, round_no: int, samples: list[Sample], carried: list[Sample]) -> RoundPlan:
         everything = samples + carried
         by_prompt: dict[str, list[Sample]] = {}
         for s in everything:
             by_prompt.setdefault(s.prompt_id, []).append(s)
         input_len = {p: float(np.mean([s.input_len for s in ss])) for p, ss in by_prompt.items()}
-        ranking = rank_prompts(list(by_prompt), input_len, self.history, 1, self.first_epoch, self.seed + step)
+        ranking = rank_prompts(list(by_prompt), input_len, self.history, 1, self.first_epoch, self.seed + round_no)
         if ranking.source != "history" or self.workers < 2:
-            order = _shuffled_prompts(everything, self.seed + step)
-            return StepPlan(step=step, queues=_chunks([s.sid for s in order], self.workers), ranking=ranking.source)
+            order = _shuffled_prompts(everything, self.seed + round_no)
+            return RoundPlan(round_no=round_no, queues=_chunks([s.sid for s in order], self.workers), ranking=ranking.source)
         pred = {s.sid: ranking.keys[s.prompt_id] for s in everything}
         ranked = sorted(everything, key=lambda s: -pred[s.sid])
         lengths = np.array([pred[s.sid] for s in ranked], dtype=np.float64)
@@ -110,7 +110,7 @@ class SkewAware(Scheduler):
             _, cut, n_long = best
             placed = lpt([(s.sid, pred[s.sid]) for s in ranked[:cut]], list(range(n_long)))
             placed.update(lpt([(s.sid, pred[s.sid]) for s in ranked[cut:]], list(range(n_long, self.workers))))
-        return StepPlan(step=step, queues=[placed[w] for w in range(self.workers)], ranking="history")
+        return RoundPlan(round_no=round_no, queues=[placed[w] for w in range(self.workers)], ranking="history")
 
 
 class Reallocate(Scheduler):
@@ -144,23 +144,23 @@ class Reallocate(Scheduler):
         self.cooldown_s = cooldown_s
         self._last_decision = -float("inf")
 
-    def _plan(self, step: int, samples: list[Sample], carried: list[Sample]) -> StepPlan:
-        order = _shuffled_prompts(samples, self.seed + step) + carried
-        return StepPlan(step=step, queues=_chunks([s.sid for s in order], self.workers), ranking="random")
+    def _plan(self, round_no: int, samples: list[Sample], carried: list[Sample]) -> RoundPlan:
+        order = _shuffled_prompts(samples, self.seed + round_no) + carried
+        return RoundPlan(round_no=round_no, queues=_chunks([s.sid for s in order], self.workers), ranking="random")
 
     def _after_finish(self, st: SampleState, now: float) -> list[Action]:
-        if now - self._last_decision < self.cooldown_s or st.step is None:
+        if now - self._last_decision < self.cooldown_s or st.round_no is None:
             return []
-        step = st.step
+        round_no = st.round_no
         thr = self.threshold
-        counts = {w: self.outstanding(w, step) for w in range(self.workers)}
+        counts = {w: self.outstanding(w, round_no) for w in range(self.workers)}
         sources = sorted((w for w, c in counts.items() if c > thr), key=lambda w: -counts[w])
         dests = sorted((w for w, c in counts.items() if c < thr), key=lambda w: counts[w])
         actions: list[Action] = []
         for src, dst in zip(sources, dests, strict=False):
             n = min(counts[src] - thr, thr - counts[dst])
             if n > 0:
-                actions.append(Rebalance(src=src, dst=dst, count=n, step=step))
+                actions.append(Rebalance(src=src, dst=dst, count=n, round_no=round_no))
         if actions:
             self._last_decision = now
         return actions
@@ -177,6 +177,6 @@ class AsyncRollout(Scheduler):
         super().__init__(workers, **kwargs)
         self.interrupt_on_update = interrupt_on_update
 
-    def _plan(self, step: int, samples: list[Sample], carried: list[Sample]) -> StepPlan:
-        order = _shuffled_prompts(samples, self.seed + step) + carried
-        return StepPlan(step=step, queues=[], shared=[s.sid for s in order], ranking="none")
+    def _plan(self, round_no: int, samples: list[Sample], carried: list[Sample]) -> RoundPlan:
+        order = _shuffled_prompts(samples, self.seed + round_no) + carried
+        return RoundPlan(round_no=round_no, queues=[], shared=[s.sid for s in order], ranking="none")

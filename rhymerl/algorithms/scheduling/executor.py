@@ -38,7 +38,7 @@ class Fleet(Protocol):
         """Take `move.sid` off `move.src` with its tokens, to `move.dst` (None: the next step); answer,
         now or later, with Executor.confirmed or Executor.refused."""
 
-    def unfinished(self, worker: int, step: int) -> Sequence[tuple[SampleId, int]]:
+    def unfinished(self, worker: int, round_no: int) -> Sequence[tuple[SampleId, int]]:
         """The samples of `step` on `worker` that have not finished, with the tokens each has
         generated: waiting ones in queue order, then running ones."""
 
@@ -70,33 +70,33 @@ class Executor:
             elif isinstance(a, Move):
                 self._request(a, "migrate")
             elif isinstance(a, Rebalance):
-                for sid, generated in rebalance_choice(self._offered(a.src, a.step), a.count):
+                for sid, generated in rebalance_choice(self._offered(a.src, a.round_no), a.count):
                     self._request(Move(sid=sid, src=a.src, dst=a.dst, generated=generated, recompute=False),
                                   "rebalance")
 
-    def steal(self, idle: int, step: int) -> int:
+    def steal(self, idle: int, round_no: int) -> int:
         """Idle worker `idle` offers to take over unfinished samples of `step` from the others; the
         scheduler picks (on_idle). Returns how many moves were requested."""
         offered = {v: samples for v in range(self.sched.workers) if v != idle
-                   if (samples := self._offered(v, step))}
+                   if (samples := self._offered(v, round_no))}
         if not offered:
             return 0
-        moves = self.sched.on_idle(idle, step, offered)
+        moves = self.sched.on_idle(idle, round_no, offered)
         for m in moves:
             self._request(m, "steal")
         return len(moves)
 
-    def evacuate(self, worker: int, step: int, samples: Sequence[tuple[SampleId, int]], live: Sequence[int]) -> int:
+    def evacuate(self, worker: int, round_no: int, samples: Sequence[tuple[SampleId, int]], live: Sequence[int]) -> int:
         """`worker` left the fleet holding these unfinished samples of `step` (with the tokens they
         keep); the scheduler spreads them over `live` workers. Returns how many moves were requested
         (none without a live worker: the fleet keeps them until one joins)."""
-        moves = self.sched.on_leave(worker, step, [s for s in samples if s[0] not in self.in_flight], live)
+        moves = self.sched.on_leave(worker, round_no, [s for s in samples if s[0] not in self.in_flight], live)
         for m in moves:
             self._request(m, "leave")
         return len(moves)
 
-    def _offered(self, worker: int, step: int) -> list[tuple[SampleId, int]]:
-        return [s for s in self.fleet.unfinished(worker, step) if s[0] not in self.in_flight]
+    def _offered(self, worker: int, round_no: int) -> list[tuple[SampleId, int]]:
+        return [s for s in self.fleet.unfinished(worker, round_no) if s[0] not in self.in_flight]
 
     def _request(self, move: Move, reason: MoveReason) -> None:
         if move.sid in self.in_flight:  # already on its way elsewhere: this one cannot happen

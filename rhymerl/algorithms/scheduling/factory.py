@@ -24,7 +24,7 @@ def make_scheduler(
     speculation: SpeculationSpeedup = NO_SPECULATION,
     max_off_policy: int = 1,
     seed: int = 0,
-    final_step: int | None = None,
+    final_round: int | None = None,
     history: LengthHistory | None = None,
     learns_lengths: bool = True,
 ) -> Scheduler:
@@ -38,7 +38,7 @@ def make_scheduler(
         "speculation": speculation,
         "staleness": max_off_policy,
         "seed": seed,
-        "final_step": final_step,
+        "final_round": final_round,
         "history": history,
         "learns_lengths": learns_lengths,
     }

@@ -30,7 +30,7 @@ from .base import SampleState, Scheduler, SchedulerOptions
 from .costmodel import group_decode_time
 from .ranking import FirstEpoch, equal_share, layout, rank_prompts, step_order
 from .tiering import allocate
-from .types import Action, Move, Sample, SampleId, StepPlan, Watch
+from .types import Action, Move, RoundPlan, Sample, SampleId, Watch
 
 
 @dataclass
@@ -47,7 +47,7 @@ class _Group:
 
 
 @dataclass
-class _StepGroups:
+class _RoundGroups:
     groups: list[_Group] = field(default_factory=list)
     worker_group: dict[int, int] = field(default_factory=dict)
 
@@ -89,7 +89,7 @@ class HistoPipe(Scheduler):
         self.first_epoch = first_epoch
         self.migration = migration if migration is not None else MigrationSpec()
         self.work_stealing = work_stealing
-        self._steps: dict[int, _StepGroups] = {}
+        self._rounds: dict[int, _RoundGroups] = {}
         self._weight: dict[SampleId, float] = {}
         self.last_lambda = self.migration.min_lambda
 
@@ -110,13 +110,13 @@ class HistoPipe(Scheduler):
         q = (np.arange(count, dtype=np.float64) + 0.5) / count
         return np.quantile(hist, q)
 
-    def _plan(self, step: int, samples: list[Sample], carried: list[Sample]) -> StepPlan:
+    def _plan(self, round_no: int, samples: list[Sample], carried: list[Sample]) -> RoundPlan:
         by_prompt: dict[str, list[Sample]] = {}
         for s in samples:
             by_prompt.setdefault(s.prompt_id, []).append(s)
         input_len = {p: float(np.mean([s.input_len for s in ss])) for p, ss in by_prompt.items()}
         k = max(1, min(self.groups, self.workers, len(by_prompt) or 1))
-        ranking = rank_prompts(list(by_prompt), input_len, self.history, k, self.first_epoch, self.seed + step)
+        ranking = rank_prompts(list(by_prompt), input_len, self.history, k, self.first_epoch, self.seed + round_no)
         lam = self.history.growth_lambda(self.migration.growth_percentile, self.migration.min_lambda)
         self.last_lambda = lam
         with_lengths = ranking.source == "history"
@@ -155,10 +155,10 @@ class HistoPipe(Scheduler):
             predicted_times = alloc.predicted
         else:
             counts = equal_share(k, self.workers)
-        ranges = layout(counts, step)
+        ranges = layout(counts, round_no)
 
         queues: list[list[SampleId]] = [[] for _ in range(self.workers)]
-        info = _StepGroups()
+        info = _RoundGroups()
         self._weight.update(weights)
         for g, members in enumerate(group_samples):
             placed = lpt([(s.sid, weights[s.sid]) for s in members], list(ranges[g]))
@@ -180,29 +180,29 @@ class HistoPipe(Scheduler):
             if self.migration.enabled and max_hist is not None:
                 grp.threshold = mig.threshold_tokens(lam, max_hist)
             info.groups.append(grp)
-        self._steps[step] = info
+        self._rounds[round_no] = info
         for g, grp in enumerate(info.groups):
             for sid in grp.members:
                 self._samples[sid].group = g
-        for old in [s for s in self._steps if s < step - 1 and self.step_left(s) == 0]:
-            for grp in self._steps[old].groups:
+        for old in [s for s in self._rounds if s < round_no - 1 and self.round_left(s) == 0]:
+            for grp in self._rounds[old].groups:
                 for sid in grp.members:
                     self._weight.pop(sid, None)
-            del self._steps[old]  # keep the books small: finished steps need no migration state
-        return StepPlan(
-            step=step,
+            del self._rounds[old]  # keep the books small: finished steps need no migration state
+        return RoundPlan(
+            round_no=round_no,
             queues=queues,
             ranking=ranking.source,
-            order=step_order(step),
+            order=step_order(round_no),
             workers_per_group=list(counts),
             predicted_group_time=predicted_times,
         )
 
     # ------------------------------------------------------------------ running
     def _group(self, st: SampleState) -> _Group | None:
-        if st.step is None or st.group < 0:
+        if st.round_no is None or st.group < 0:
             return None
-        info = self._steps.get(st.step)
+        info = self._rounds.get(st.round_no)
         if info is None or st.group >= len(info.groups):
             return None
         return info.groups[st.group]
@@ -221,7 +221,7 @@ class HistoPipe(Scheduler):
         out: list[Action] = []
         for sid in grp.members:
             st = self._samples.get(sid)  # finished samples of old steps may be forgotten already
-            if st is not None and not st.done and not st.migrated and st.step is not None:
+            if st is not None and not st.done and not st.migrated and st.round_no is not None:
                 out.append(Watch(sid, grp.threshold))
         return out
 
@@ -229,14 +229,14 @@ class HistoPipe(Scheduler):
         grp = self._group(st)
         if grp is None or not grp.tail or st.migrated or grp.threshold is None or generated < grp.threshold:
             return []
-        assert st.step is not None
-        info = self._steps[st.step]
+        assert st.round_no is not None
+        info = self._rounds[st.round_no]
         candidates = [
-            mig.Candidate(worker=w, group_rank=g, outstanding=self.outstanding(w, st.step))
+            mig.Candidate(worker=w, group_rank=g, outstanding=self.outstanding(w, st.round_no))
             for w, g in info.worker_group.items()
-            if g != grp.rank and self.outstanding(w, st.step) > 0
+            if g != grp.rank and self.outstanding(w, st.round_no) > 0
         ]
-        inter_ok = self.migration.inter_step and self.inter_step_possible()
+        inter_ok = self.migration.inter_step and self.later_round_possible()
         decision = mig.decide(worker, grp.rank, len(info.groups), candidates, inter_ok)
         if decision.kind == "stay":
             return []
@@ -250,7 +250,7 @@ class HistoPipe(Scheduler):
         if m.dst is None and grp is not None:
             grp.remaining += 1  # it finishes here after all
 
-    def _steal(self, worker: int, step: int, unfinished: Mapping[int, Sequence[tuple[SampleId, int]]]) -> list[Move]:
+    def _steal(self, worker: int, round_no: int, unfinished: Mapping[int, Sequence[tuple[SampleId, int]]]) -> list[Move]:
         """An idle worker takes over half (rounded up) of the unfinished samples of the worker with
         the most predicted work left in the same step (each sample's predicted length less its
         tokens, at least 1; without history every sample counts 1), the cheapest to move first:

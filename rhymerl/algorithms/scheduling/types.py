@@ -37,14 +37,14 @@ class Sample:
 
 
 @dataclass(slots=True)
-class StepPlan:
+class RoundPlan:
     """Where each of a step's samples runs.
 
     queues[w] lists the samples worker w admits, in order; `shared` is the pull queue of the
     `shared` pipeline. Ranking fields are filled by history-aware policies for reporting.
     """
 
-    step: int
+    round_no: int
     queues: list[list[SampleId]]
     shared: list[SampleId] = field(default_factory=list)
     carried: list[SampleId] = field(default_factory=list)
@@ -94,7 +94,7 @@ class Rebalance:
     src: int
     dst: int
     count: int
-    step: int
+    round_no: int
 
 
 Action = Watch | Move | Rebalance

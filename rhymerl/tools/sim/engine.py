@@ -43,7 +43,7 @@ from rhymerl.algorithms.scheduling.costmodel import (
     SpeculationSpeedup,
 )
 from rhymerl.algorithms.scheduling.executor import Executor
-from rhymerl.algorithms.scheduling.types import Move, Sample, SampleId, StepPlan
+from rhymerl.algorithms.scheduling.types import Move, RoundPlan, Sample, SampleId
 from rhymerl.tools.traces.model import Trace
 
 from .metrics import SimResult
@@ -101,7 +101,7 @@ class Simulator:
                 batch.append(Sample(sid=i, prompt_id=trace.prompt_id[i], input_len=inp, oracle_len=out))
                 self.seqs[i] = SimSeq(sid=i, input_len=inp, target=out, step=s, origin=s)
             self.step_samples[s] = batch
-        self.sched.final_step = last
+        self.sched.final_round = last
         n = config.workers
         self.workers = [SimWorker(w, self.first_step - 1) for w in range(n)]
         per_step = np.mean([len(b) for b in self.step_samples.values()])
@@ -111,10 +111,10 @@ class Simulator:
         self.kv_cap = float(kv_cap) if kv_cap is not None else math.inf
         self.events: list[tuple[float, int, int, int]] = []  # (time, seq, kind, arg)
         self._counter = 0
-        self.plans: dict[int, StepPlan] = {}
+        self.plans: dict[int, RoundPlan] = {}
         self.pending: dict[int, list[deque[SimSeq]]] = {}
         """Per step, per worker: planned samples the worker has not taken up yet (it is on an earlier step)."""
-        self.step_left: dict[int, int] = {}
+        self.round_left: dict[int, int] = {}
         self.completed: dict[int, float] = {}
         self.completed_through = self.first_step - 1
         self.trained_through = self.first_step - 1
@@ -354,12 +354,12 @@ class Simulator:
     def _gate(self, step: int) -> bool:
         return step <= self.last_step and self.sched.may_start(step, self.trained_through, self.completed_through)
 
-    def _plan(self, step: int) -> StepPlan:
-        plan = self.sched.plan_step(step, self.step_samples.pop(step))
+    def _plan(self, step: int) -> RoundPlan:
+        plan = self.sched.plan_round(step, self.step_samples.pop(step))
         self.plans[step] = plan
         self.plan_time[step] = self.now
         sids = plan.all_samples()
-        self.step_left[step] = len(sids)
+        self.round_left[step] = len(sids)
         for sid in plan.carried:
             self.limbo.discard(sid)
             self.seqs[sid].step = step
@@ -433,8 +433,8 @@ class Simulator:
         self._push(self.now, 2, 0)
 
     def _sample_left(self, step: int) -> None:
-        self.step_left[step] -= 1
-        if self.step_left[step] == 0:
+        self.round_left[step] -= 1
+        if self.round_left[step] == 0:
             self._complete(step)
 
     # ------------------------------------------------------------------ event loop

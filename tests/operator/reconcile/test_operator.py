@@ -173,6 +173,25 @@ async def test_a_spot_pod_preempted_is_replaced_and_counted_as_a_preemption_neve
     assert "PodPreempted" in event_reasons(kube, "alpha")
 
 
+async def test_a_controller_waiting_for_pods_says_what_it_waits_for_and_the_job_stays_pending_not_failed(
+        kube: Kube) -> None:
+    import kubernetes.client
+
+    from rhymerl.operator.progress import report_message
+
+    api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=str(kube.server.url).rstrip("/")))
+    async with kube.operator():
+        await kube.create_job(NS, "alpha", {"rollout": {"replicas": 2, "max_replicas": 2}})
+        await kube.settle()
+        await kube.cluster.crash(NS, "alpha-train-0")  # no train pod: the controller cannot start the run
+        await kube.settle()
+        await asyncio.to_thread(report_message, api, NS, "alpha", "waiting for pods to join: 1 train")
+        await kube.settle()
+    st = status(kube, "alpha")
+    assert st["progress"]["message"] == "waiting for pods to join: 1 train"
+    assert st["phase"] == "Pending" and kube.condition(NS, "alpha", "Failed")["status"] == "False"
+
+
 async def test_controller_restarts_and_member_pods_rejoining_count_no_crash_and_the_job_stays_running(
         kube: Kube) -> None:
     spec = {"rollout": {"replicas": 2, "max_replicas": 2}, "failure_policy": {"backoff_limit": 1}}
