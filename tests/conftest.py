@@ -10,6 +10,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
+from rhymerl.workers.model.policy import save_model
+from rhymerl.workers.model.tokenizer import CharTokenizer
 from rhymerl.workers.model.transformer import ModelConfig, TinyLlama
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,6 +36,19 @@ def tiny_model() -> TinyLlama:
     cfg = ModelConfig(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                       intermediate_size=64, max_position_embeddings=256)
     return TinyLlama(cfg).eval()
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    """A tiny random model folder with rhymerl's character tokenizer: what a whole run on it needs."""
+    torch.manual_seed(0)
+    tok = CharTokenizer()
+    cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      intermediate_size=64, max_position_embeddings=512)
+    folder = tmp_path / "model"
+    save_model(TinyLlama(cfg), folder)
+    tok.save(folder / "tokenizer.json")
+    return folder
 
 
 @pytest.fixture

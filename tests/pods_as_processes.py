@@ -143,6 +143,7 @@ def _mounted(mounts: dict[str, str], value: str) -> str:
 class Kubelet:
     def __init__(self, pods: list[Pod]) -> None:
         self.pods = pods
+        self.gone: list[Pod] = []  # pods deleted or replaced: whatever they left behind goes at the end
 
     def start(self, pod: Pod) -> None:
         with pod.log.open("ab") as out:
@@ -170,11 +171,20 @@ class Kubelet:
         self.pods.append(pod)
         self.start(pod)
 
+    def replace(self, old: Pod, new: Pod) -> None:
+        """The pod is gone for good (its node lost, or it was deleted) and the StatefulSet made `new`
+        in its place: every process of the old one is killed first, as its node's loss would."""
+        self.kill(old)
+        self.pods.remove(old)
+        self.gone.append(old)
+        self.add(new)
+
     def delete(self, pod: Pod) -> int | None:
         """The pod is deleted (a scale-down, a spot notice, a drain): SIGTERM to its main process,
         SIGKILL to whatever is left after its grace period; it is not restarted. Its exit code."""
         assert pod.proc is not None
         self.pods.remove(pod)
+        self.gone.append(pod)
         pod.proc.send_signal(signal.SIGTERM)
         try:
             code: int | None = pod.proc.wait(pod.grace_s)
@@ -188,7 +198,8 @@ class Kubelet:
 
     def kill(self, pod: Pod) -> None:
         """The container dies at once: every process in it, found as a cgroup would find them (Ray's
-        daemons leave the pod's process group, not its environment)."""
+        daemons leave the pod's process group, not its environment); also what a main process that
+        already died left behind."""
         assert pod.proc is not None
         for pid in processes_of(pod):
             with contextlib.suppress(ProcessLookupError):
@@ -212,7 +223,7 @@ class Kubelet:
             except subprocess.TimeoutExpired:
                 os.killpg(pod.proc.pid, signal.SIGKILL)
                 codes[pod.name] = pod.proc.wait()
-        for pod in self.pods:  # whatever a pod's processes left behind
+        for pod in [*self.pods, *self.gone]:  # whatever a pod's processes left behind
             for pid in processes_of(pod):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)

@@ -209,7 +209,7 @@ def _controller(job: RLJob, registry: CollectorRegistry, endpoints: Endpoints, s
         last: Mapping[str, Any] | None = None
         try:
             for row in run_steps_ray(job, run, resume, torch.get_num_threads(), None, wanted, reporter.say):
-                metrics.update(row, 0)
+                metrics.update(row)
                 last = row.row()
                 print(f"controller: step {row.step} epoch {row.epoch} reward {row.reward_mean:.4f} "
                       f"time {row.time_step_s}s lag {row.policy_lag_max} workers {row.rollout_workers}", flush=True)

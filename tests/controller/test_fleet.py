@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
 
 from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
 from rhymerl.algorithms.scheduling.base import SampleState, Scheduler
@@ -23,9 +22,6 @@ from rhymerl.workers.controller.fleet import RolloutFleet, table_profile
 from rhymerl.workers.controller.history_client import HistoryClient
 from rhymerl.workers.controller.loop import run_steps
 from rhymerl.workers.controller.transport import LocalTransport
-from rhymerl.workers.model.policy import save_model
-from rhymerl.workers.model.tokenizer import CharTokenizer
-from rhymerl.workers.model.transformer import ModelConfig, TinyLlama
 from rhymerl.workers.roles.history_worker import HistoryWorker
 from rhymerl.workers.roles.reward_worker import RewardWorker
 from rhymerl.workers.roles.rollout_worker import RolloutWorker, encode_prompts, load_job_tokenizer
@@ -33,18 +29,6 @@ from rhymerl.workers.roles.samples import ScoredSample
 from rhymerl.workers.roles.train_worker import TrainWorker
 from rhymerl.workers.run_folder.run_dir import RunDir
 from rhymerl.workers.task.prompts import load_prompts
-
-
-@pytest.fixture
-def model_dir(tmp_path: Path) -> Path:
-    torch.manual_seed(0)
-    tok = CharTokenizer()
-    cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      intermediate_size=64, max_position_embeddings=512)
-    folder = tmp_path / "model"
-    save_model(TinyLlama(cfg), folder)
-    tok.save(folder / "tokenizer.json")
-    return folder
 
 
 def _job(model_dir: Path, workers: int = 1, policy: str = "histopipe", length: int = 24, batch: int = 8) -> RLJob:

@@ -12,23 +12,9 @@ import torch
 from rhymerl.api import RLJob, parse_job
 from rhymerl.workers import dumps
 from rhymerl.workers.controller.loop import run_steps
-from rhymerl.workers.model.policy import save_model
-from rhymerl.workers.model.tokenizer import CharTokenizer
-from rhymerl.workers.model.transformer import ModelConfig, TinyLlama, load_model
+from rhymerl.workers.model.transformer import load_model
 from rhymerl.workers.run_folder.run_dir import RunDir, RunDirError
 from rhymerl.workers.run_folder.step_metrics import deterministic
-
-
-@pytest.fixture
-def model_dir(tmp_path: Path) -> Path:
-    torch.manual_seed(0)
-    tok = CharTokenizer()
-    cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      intermediate_size=64, max_position_embeddings=512)
-    folder = tmp_path / "model"
-    save_model(TinyLlama(cfg), folder)
-    tok.save(folder / "tokenizer.json")
-    return folder
 
 
 def _job(model_dir: Path, **algo: object) -> RLJob:

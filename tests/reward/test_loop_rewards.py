@@ -8,14 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
 
 from rhymerl.api import RLJob, parse_job
 from rhymerl.workers import dumps
 from rhymerl.workers.controller.loop import run_steps
-from rhymerl.workers.model.policy import save_model
-from rhymerl.workers.model.tokenizer import CharTokenizer
-from rhymerl.workers.model.transformer import ModelConfig, TinyLlama
 from rhymerl.workers.reward.verifiers import RewardError
 from rhymerl.workers.run_folder.run_dir import RunDir
 
@@ -28,18 +24,6 @@ def score(prompt, response, answer):
         raise ValueError(f"odd length {len(response)}")
     return 1.0
 """
-
-
-@pytest.fixture
-def model_dir(tmp_path: Path) -> Path:
-    torch.manual_seed(0)
-    tok = CharTokenizer()
-    cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      intermediate_size=64, max_position_embeddings=512)
-    folder = tmp_path / "model"
-    save_model(TinyLlama(cfg), folder)
-    tok.save(folder / "tokenizer.json")
-    return folder
 
 
 def _job(model_dir: Path, reward: str) -> RLJob:

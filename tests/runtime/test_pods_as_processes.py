@@ -105,7 +105,10 @@ def test_a_job_runs_across_the_rendered_pods_while_its_fleet_grows_shrinks_loses
 
     def replace(old: Pod) -> Pod:  # the StatefulSet makes a new pod of the same name (its volumes kept)
         new = cluster.pod(old.role, int(old.name.rsplit("-", 1)[1]))
-        kubelet.add(new)
+        if old in kubelet.pods:
+            kubelet.replace(old, new)
+        else:
+            kubelet.add(new)
         return new
 
     kubelet.start_all()
@@ -124,9 +127,7 @@ def test_a_job_runs_across_the_rendered_pods_while_its_fleet_grows_shrinks_loses
         deleting.join(90)
         replace(noticed)
         lost = pod(reached("rollout-worker:3"))  # a rollout worker in the middle of step 3
-        kubelet.kill(lost)  # its node is gone: no notice
-        kubelet.pods.remove(lost)
-        replace(lost)
+        replace(lost)  # its node is gone: no notice, every process of it killed
         go("rollout-worker:3")
         reached("metrics:3")  # step 3 done: back to 2 (the StatefulSet deletes the highest ordinals)
         subprocess.run([rhymerl, "scale", str(run_dir), "--rollout", "2"], check=True, capture_output=True)
@@ -136,8 +137,7 @@ def test_a_job_runs_across_the_rendered_pods_while_its_fleet_grows_shrinks_loses
         # step 4: the controller pod dies (SIGKILL) and its replacement resumes from step 3's checkpoint
         _wait("the controller pod killed", lambda: controller.proc is not None and controller.proc.poll() is not None,
               600, kubelet)
-        kubelet.pods.remove(controller)
-        controller = replace(controller)
+        controller = replace(controller)  # what its Ray head left behind goes with it
         _wait("four steps", lambda: "finished (4 steps)" in controller.output(), 600, kubelet)
         assert controller.get("/readyz")[0] == 200
         status, body = controller.get("/metrics")

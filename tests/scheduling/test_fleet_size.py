@@ -61,10 +61,12 @@ def test_predicted_lengths_spread_a_prompts_last_group_and_stand_in_the_mean_for
     assert predicted_lengths(LengthHistory(), ["x"], 4).size == 0
 
 
-def test_calibration_is_measured_over_predicted() -> None:
-    assert calibration(300.0, np.full(8, 50.0), 10.0, 2, TableProfile.constant(1.0, max_batch=2)) == \
-        pytest.approx(3.0)
-    assert calibration(0.0, np.full(8, 50.0), 10.0, 2, FLAT) == 1.0
+def test_calibration_is_measured_over_predicted_summed_over_a_steps_rounds() -> None:
+    capped = TableProfile.constant(1.0, max_batch=2)
+    # two rounds: 8 samples on 2 workers (100 s predicted), 4 on 4 workers (50 s); 450 s measured
+    rounds = [(300.0, np.full(8, 50.0), 2), (150.0, np.full(4, 50.0), 4)]
+    assert calibration(rounds, 10.0, capped) == pytest.approx(450.0 / 150.0)
+    assert calibration([(0.0, np.full(8, 50.0), 2)], 10.0, FLAT) == 1.0
 
 
 @given(st.lists(st.integers(1, 400), min_size=1, max_size=24), st.integers(1, 6), st.integers(0, 5),

@@ -35,10 +35,10 @@ import numpy as np
 
 from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
 from rhymerl.algorithms.scheduling.base import Scheduler
-from rhymerl.algorithms.scheduling.costmodel import SpeculationSpeedup, TableProfile, group_decode_time
+from rhymerl.algorithms.scheduling.costmodel import SpeculationSpeedup, TableProfile
 from rhymerl.algorithms.scheduling.executor import Executor
 from rhymerl.algorithms.scheduling.factory import make_scheduler
-from rhymerl.algorithms.scheduling.fleet_size import FleetAdvice, predicted_lengths, recommend
+from rhymerl.algorithms.scheduling.fleet_size import FleetAdvice, calibration, predicted_lengths, recommend
 from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.algorithms.scheduling.types import Move, Sample, SampleId
 from rhymerl.api import RLJob
@@ -346,12 +346,10 @@ class RolloutFleet:
         lengths = predicted_lengths(self.sched.history, prompts, g)
         input_len = sum(len(self.encoded[p]) for p in prompts) / max(len(prompts), 1)
         speed = SpeculationSpeedup(tokens_per_pass=max(1.0, tokens_per_pass))
-        measured = predicted = 0.0
-        for r in rounds:
-            done = np.array([s.length for _, summary in r.summaries for s in summary.samples], dtype=np.float64)
-            measured += max(r.ends.values(), default=r.clock0) - r.clock0
-            predicted += group_decode_time(done, input_len, max(1, len(r.workers)), self.sched.profile, speed)
-        k = measured / predicted if measured > 0 and predicted > 0 else 1.0
+        ran = [(max(r.ends.values(), default=r.clock0) - r.clock0,
+                np.array([s.length for _, summary in r.summaries for s in summary.samples], dtype=np.float64),
+                len(r.workers)) for r in rounds]
+        k = calibration(ran, input_len, self.sched.profile, speed)
         pipelined = spec.algorithm.max_off_policy_steps >= 1 and self.transport.concurrent
         return recommend(lengths, input_len, self.sched.profile, (spec.rollout.min_replicas, spec.rollout.max_replicas),
                          speculation=speed, calibration=k, train_s=train_s if pipelined else None)

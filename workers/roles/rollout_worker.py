@@ -257,7 +257,7 @@ class RolloutWorker:
             return True
 
     def _generate_vllm(self, call: RolloutCall, indexes: Mapping[str, HistoryIndex] | None,
-                       busy: _Busy) -> Iterator[Tag | RolloutOutput]:
+                       busy: _Busy) -> Iterator[Tag | RolloutProgress | RolloutOutput]:
         """The call on vLLM: one generate, nothing handed back mid-call, no snapshots (vLLM's
         sampling is not keyed by position, so a lost call is run again whole)."""
         assert self.vllm is not None
@@ -270,6 +270,9 @@ class RolloutWorker:
         finally:
             with self._lock:
                 self._call = None
+        if self._leaving:  # asked to leave (or sent SIGTERM) during the call: nothing to hand back, but say so
+            yield RolloutProgress({})
+            yield ("handback", Handback({}, [], leaving=True))
         yield from self._finish(RolloutOutput(call.samples, results, self.policy_version, busy.seconds(),
                                               bool(indexes), 0),
                                 CallState({}, {s: len(r.response_ids) for s, r in zip(call.samples, results,

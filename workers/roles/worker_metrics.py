@@ -66,11 +66,14 @@ class ControllerMetrics:
                             registry=r)
         self.reward = Gauge("rhymerl_reward_mean", "mean reward of the last step", registry=r)
         self.lag = Gauge("rhymerl_policy_lag", "policy versions the last step's oldest sample lagged", registry=r)
-        self.in_flight = Gauge("rhymerl_rollout_calls_in_flight", "rollout calls started and not collected",
-                               registry=r)
+        self.workers = Gauge("rhymerl_rollout_workers", "rollout workers in the fleet after the last step", registry=r)
+        self.wanted = Gauge("rhymerl_rollout_workers_wanted", "rollout workers the job wants (spec.rollout.replicas)",
+                            registry=r)
+        self.recommended = Gauge("rhymerl_rollout_workers_recommended", "rollout workers the next step wants, from "
+                                 "its predicted work and the measured throughput (an autoscaler's target)", registry=r)
         self.reruns = Counter("rhymerl_worker_reruns", "calls run again after their worker died", registry=r)
 
-    def update(self, m: StepMetrics, in_flight: int) -> None:
+    def update(self, m: StepMetrics) -> None:
         self.step.set(m.step)
         for phase, value in (("rollout", m.time_rollout_s), ("reward", m.time_reward_s),
                              ("train", m.time_train_s), ("step", m.time_step_s),
@@ -86,4 +89,7 @@ class ControllerMetrics:
         if m.policy_lag_max is not None:
             self.lag.set(m.policy_lag_max)
         self.reruns.inc(m.worker_reruns or 0)
-        self.in_flight.set(in_flight)
+        for gauge, value in ((self.workers, m.rollout_workers_live), (self.wanted, m.rollout_workers_wanted),
+                             (self.recommended, m.fleet_recommended)):
+            if value is not None:
+                gauge.set(value)

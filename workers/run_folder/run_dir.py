@@ -44,7 +44,7 @@ EVENTS = "events.log"
 CHECKPOINTS = "checkpoints"
 STATE = "state.json"
 OPTIMIZER = "optimizer.pt"
-EXTRA = "extra.json"  # what a backend keeps beside the loop state (the Ray runtime: groups left open)
+EXTRA = "extra.json"  # what the train worker keeps beside the loop state (groups a checkpoint left open)
 
 
 DATA_DIR_ENV = "RHYMERL_DATA_DIR"

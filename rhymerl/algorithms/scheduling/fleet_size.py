@@ -1,5 +1,6 @@
-"""How many rollout workers the next step wants: a pure policy the operator's autoscaling and any
-HPA/KEDA act on (the controller exports it as `fleet_recommended` and status.progress).
+"""How many rollout workers the next step wants: a pure policy for autoscalers to act on (the
+controller exports it as `fleet_recommended` in metrics.jsonl, the Prometheus gauge
+`rhymerl_rollout_workers_recommended` and status.progress.recommendedRolloutWorkers).
 
 The step's work is predicted from the length history (each prompt's last group, spread over its
 quantiles as HistoPipe predicts; a prompt never seen counts the mean of what was seen) and priced
@@ -75,9 +76,12 @@ def recommend(lengths: np.ndarray, input_len: float, profile: IterationProfile, 
     return FleetAdvice(best, reason, {n: round(t, 4) for n, t in times.items() if lo <= n <= hi})
 
 
-def calibration(measured_s: float, lengths: np.ndarray, input_len: float, workers: int, profile: IterationProfile,
+def calibration(rounds: Sequence[tuple[float, np.ndarray, int]], input_len: float, profile: IterationProfile,
                 speculation: SpeculationSpeedup = NO_SPECULATION) -> float:
-    """Measured over predicted rollout time of a step that ran: how far the cost model is off on
+    """Measured over predicted rollout time of the rounds of a step that ran, each given as (its
+    measured makespan, its responses' lengths, the workers it had): how far the cost model is off on
     this machine (1.0 when either is zero)."""
-    predicted = group_decode_time(lengths, input_len, workers, profile, speculation)
-    return measured_s / predicted if predicted > 0 and measured_s > 0 else 1.0
+    measured = sum(seconds for seconds, _, _ in rounds)
+    predicted = sum(group_decode_time(lengths, input_len, max(1, workers), profile, speculation)
+                    for _, lengths, workers in rounds)
+    return measured / predicted if predicted > 0 and measured > 0 else 1.0

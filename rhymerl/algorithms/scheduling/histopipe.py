@@ -256,9 +256,9 @@ class HistoPipe(Scheduler):
         tokens, at least 1; without history every sample counts 1), the cheapest to move first:
         unstarted ones (the shorter end of a longest-first queue first), then those with the fewest
         tokens, which go on from their tokens. The victim keeps its last started sample (moving its
-        only work would just idle it), so a worker still busy with an earlier step gives all of
-        this step's unstarted samples away, one running alone none. Stolen samples run with the
-        weights they were placed with, on a worker that has them."""
+        only work would just idle it): a worker still busy with an earlier step gives this step's
+        unstarted samples away half at a time, one running a sample alone gives nothing. Stolen
+        samples run with the weights they were placed with, on a worker that has them."""
         if not self.work_stealing:
             return []
         best: tuple[float, int] | None = None
