@@ -13,6 +13,7 @@ import pytest
 from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
 from rhymerl.algorithms.scheduling.base import SampleState, Scheduler
 from rhymerl.algorithms.scheduling.baselines import Reallocate
+from rhymerl.algorithms.scheduling.costmodel import TableProfile
 from rhymerl.algorithms.scheduling.executor import Executor
 from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.algorithms.scheduling.types import Action, Move, RoundPlan, Sample, Watch
@@ -171,8 +172,12 @@ def test_a_worker_asked_to_leave_mid_round_hands_its_samples_back_with_their_tok
 
 def test_a_worker_that_joins_mid_round_takes_started_samples_at_once(model_dir: Path, tmp_path: Path) -> None:
     one, _ = Fleet(_job(model_dir, length=40), tmp_path / "one").round(PROMPTS)
-    # every sample runs at once on the first worker: what the newcomer takes has tokens
+    # every sample runs at once on the first worker: what the newcomer takes has tokens; a pass is
+    # priced in proportion to its batch, so splitting the batch pays (not this machine's measured costs)
     f = Fleet(_job(model_dir, 1, length=40, batch=32), tmp_path / "grow", wanted=_after(20, 1, 2))
+    f.fleet.sched.profile = TableProfile(batch_sizes=(1, 64), context_lens=(0, 100_000),
+                                         seconds=((0.01, 0.01), (0.64, 0.64)), prefill_seconds_per_token=0.0,
+                                         max_batch=64)
     got, rnd = f.round(PROMPTS)
     assert got == one
     assert rnd.counts["stolen"] > 0 and len(rnd.workers) == 2

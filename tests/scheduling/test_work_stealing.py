@@ -58,8 +58,13 @@ def test_steady_state_and_per_step_bounds_are_reported() -> None:
     assert r.steady_gap == pytest.approx(4.0 / 1.875 - 1.0)
 
 
+# a pass costs in proportion to its batch (compute-bound decoding, as on a CPU): a smaller batch finishes sooner
+LINEAR = TableProfile(batch_sizes=(1, 64), context_lens=(0, 100_000), seconds=((0.01, 0.01), (0.64, 0.64)),
+                      prefill_seconds_per_token=0.0, max_batch=64)
+
+
 def test_a_joining_worker_takes_half_of_the_busiest_workers_unfinished_samples_the_cheapest_first() -> None:
-    sched = HistoPipe(1, groups=1, two_tier=False, migration=NO_MIGRATION)
+    sched = HistoPipe(1, groups=1, two_tier=False, migration=NO_MIGRATION, profile=LINEAR)
     plan = sched.plan_round(1, [Sample(i, "p", 10) for i in range(4)])
     assert plan.queues == [[0, 1, 2, 3]]
     joined = sched.add_worker()
@@ -76,6 +81,20 @@ def test_a_joining_worker_takes_half_of_the_busiest_workers_unfinished_samples_t
     assert [(m.sid, m.generated) for m in sched.on_idle(joined, 1, {0: [(2, 3), (3, 9)]})] == [(2, 3)]
     # a worker running its last started sample keeps it
     assert sched.on_idle(joined, 1, {0: [(3, 9)]}) == []
+
+
+def test_started_samples_move_only_where_a_smaller_batch_finishes_sooner() -> None:
+    flat = HistoPipe(1, groups=1, two_tier=False, migration=NO_MIGRATION, profile=TableProfile.constant(0.01))
+    linear = HistoPipe(1, groups=1, two_tier=False, migration=NO_MIGRATION, profile=LINEAR)
+    for sched in (flat, linear):
+        sched.plan_round(1, [Sample(i, "p", 10) for i in range(4)])
+        sched.add_worker()
+    running = {0: [(0, 5), (1, 6), (2, 7), (3, 8)]}
+    # memory-bound: four in a pass cost what one does; splitting them only adds the recompute
+    assert flat.on_idle(1, 1, running) == []
+    assert [m.sid for m in linear.on_idle(1, 1, running)] == [0, 1]
+    # unstarted samples cost no recompute: they move whatever the profile
+    assert [m.sid for m in flat.on_idle(1, 1, {0: [(0, 0), (1, 0), (2, 7)]})] == [1, 0]
 
 
 def test_the_scheduler_refuses_to_steal_a_sample_it_was_not_offered() -> None:

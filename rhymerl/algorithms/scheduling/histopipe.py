@@ -257,8 +257,11 @@ class HistoPipe(Scheduler):
         unstarted ones (the shorter end of a longest-first queue first), then those with the fewest
         tokens, which go on from their tokens. The victim keeps its last started sample (moving its
         only work would just idle it): a worker still busy with an earlier step gives this step's
-        unstarted samples away half at a time, one running a sample alone gives nothing. Stolen
-        samples run with the weights they were placed with, on a worker that has them."""
+        unstarted samples away half at a time, one running a sample alone gives nothing. Started
+        samples move only where the cost model says it pays (`_pays`): where a pass costs about the
+        same whatever the batch (memory-bound decoding) a smaller batch finishes no sooner, and the
+        moved samples' recompute is lost. Stolen samples run with the weights they were placed
+        with, on a worker that has them."""
         if not self.work_stealing:
             return []
         best: tuple[float, int] | None = None
@@ -277,4 +280,25 @@ class HistoPipe(Scheduler):
         take = order[: math.ceil(len(order) / 2)]
         if len(take) == len(order) and any(g > 0 for _, g in order):
             take = [s for s in take if s != max(order, key=lambda s: (s[1], -s[0]))]
+        started = [s for s in take if s[1] > 0]
+        if started and not self._pays(samples, started):
+            take = [s for s in take if s[1] == 0]
         return [Move(sid=sid, src=victim, dst=worker, generated=generated, recompute=True) for sid, generated in take]
+
+    def _pays(self, held: Sequence[tuple[SampleId, int]], moved: Sequence[tuple[SampleId, int]]) -> bool:
+        """Whether moving started samples `moved` off a worker holding `held` shortens the work: a
+        worker's remaining time is its longest remaining sample's passes at the iteration time of
+        its batch; the thief's starts with the prefill of what it recomputes. It pays when the later
+        of the two finishes at least 5% before the victim alone would."""
+        def finish(items: Sequence[tuple[SampleId, int]]) -> float:
+            if not items:
+                return 0.0
+            rest = max(max(self._weight.get(sid, 1.0) - generated, 1.0) for sid, generated in items)
+            ctx = sum(self._samples[sid].sample.input_len + g for sid, g in items) / len(items)
+            passes = rest / self.speculation.tokens_per_pass
+            return passes * self.profile.iteration_time(len(items), ctx) * self.speculation.pass_cost
+
+        gone = {sid for sid, _ in moved}
+        kept = [s for s in held if s[0] not in gone]
+        recompute = self.profile.prefill_time(sum(self._samples[sid].sample.input_len + g for sid, g in moved))
+        return max(finish(kept), recompute + finish(moved)) < 0.95 * finish(held)
