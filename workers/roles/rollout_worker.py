@@ -92,6 +92,9 @@ class RolloutWorker:
             self.model, _ = load_native_policy(spec.model)
             self.engine = TorchEngine(self.model, tok.eos_id, spec.rollout.max_batch_size)
             self.speculation = RolloutSpeculation.for_job(job, self.model, MemoryHistoryStore(), progress)
+        self._busy = _Busy()
+        if self.vllm is None:  # the draft cap prices passes from this worker's own time, not its turns' gaps
+            self.speculation.control.clock = self._busy.now
         self.policy_version = 0
         self.metrics = WorkerMetrics("rollout")
         self._lock = threading.Lock()
@@ -165,10 +168,20 @@ class RolloutWorker:
         network reads tags and keeps items by reference; module samples.Tag). `indexes` None: no
         history drafts this time; `resume`: partial results by sample (a lost call's progress, or
         tokens of samples moved here), continued from their tokens."""
-        busy = _Busy()
-        if self.vllm is not None:
-            yield from self._generate_vllm(call, indexes, busy)
-            return
+        busy = self._busy
+        busy.resume()
+        started = busy.now()
+        try:
+            if self.vllm is not None:
+                yield from self._generate_vllm(call, indexes, busy, started)
+            else:
+                yield from self._generate_torch(call, indexes, resume, busy, started)
+        finally:
+            busy.pause()
+
+    def _generate_torch(self, call: RolloutCall, indexes: Mapping[str, HistoryIndex] | None,
+                        resume: RolloutProgress | None, busy: _Busy,
+                        started: float) -> Iterator[Tag | RolloutProgress | RolloutOutput | None]:
         drafts = self.speculation.drafts_from(indexes or {})
         samples, requests = list(call.samples), list(call.requests)
         results: dict[int, GenResult] = {}
@@ -239,8 +252,8 @@ class RolloutWorker:
                 self._call = None
         kept = [i for i in range(len(requests)) if i not in gone]
         yield from self._finish(RolloutOutput([samples[i] for i in kept], [results[i] for i in kept],
-                                              self.policy_version, busy.seconds(), bool(indexes),
-                                              sum(carried[i] for i in kept)), state())
+                                              self.policy_version, busy.now() - started, bool(indexes),
+                                              sum(carried[i] for i in kept)), state(), busy)
 
     def _requests(self) -> tuple[set[SampleRef], list[tuple[SampleRef, GenRequest, GenResult | None]], bool]:
         with self._lock:
@@ -257,7 +270,7 @@ class RolloutWorker:
             return True
 
     def _generate_vllm(self, call: RolloutCall, indexes: Mapping[str, HistoryIndex] | None,
-                       busy: _Busy) -> Iterator[Tag | RolloutProgress | RolloutOutput]:
+                       busy: _Busy, started: float) -> Iterator[Tag | RolloutProgress | RolloutOutput]:
         """The call on vLLM: one generate, nothing handed back mid-call, no snapshots (vLLM's
         sampling is not keyed by position, so a lost call is run again whole)."""
         assert self.vllm is not None
@@ -271,14 +284,16 @@ class RolloutWorker:
             with self._lock:
                 self._call = None
         if self._leaving:  # asked to leave (or sent SIGTERM) during the call: nothing to hand back, but say so
+            busy.pause()
             yield RolloutProgress({})
             yield ("handback", Handback({}, [], leaving=True))
-        yield from self._finish(RolloutOutput(call.samples, results, self.policy_version, busy.seconds(),
+            busy.resume()
+        yield from self._finish(RolloutOutput(call.samples, results, self.policy_version, busy.now() - started,
                                               bool(indexes), 0),
                                 CallState({}, {s: len(r.response_ids) for s, r in zip(call.samples, results,
-                                                                                      strict=True)}))
+                                                                                      strict=True)}), busy)
 
-    def _finish(self, out: RolloutOutput, state: CallState) -> Iterator[Tag | RolloutOutput]:
+    def _finish(self, out: RolloutOutput, state: CallState, busy: _Busy) -> Iterator[Tag | RolloutOutput]:
         resumed = out.resumed_tokens
         m = self.metrics
         m.tokens.inc(sum(len(r.response_ids) for r in out.results) - resumed)
@@ -287,6 +302,7 @@ class RolloutWorker:
         m.resumed.inc(resumed)
         m.call(out.seconds)
         m.flush()
+        busy.pause()
         yield out
         yield ("output", state)
 
@@ -317,12 +333,13 @@ def _order(s: SampleRef) -> tuple[int, str, int]:
 
 
 class _Busy:
-    """The seconds a call spent working: not those it sat at a yield waiting to be stepped on (in
-    the step loop's process the workers take turns)."""
+    """A clock of the seconds a worker spent working: it stands still while a call sits at a yield
+    waiting to be stepped on (in the step loop's process the workers take turns) and between calls,
+    so a call's duration, and the pass times the draft cap is priced from, are this worker's own."""
 
     def __init__(self) -> None:
         self._total = 0.0
-        self._since: float | None = time.perf_counter()
+        self._since: float | None = None
 
     def pause(self) -> None:
         if self._since is not None:
@@ -330,9 +347,8 @@ class _Busy:
             self._since = None
 
     def resume(self) -> None:
-        self._since = time.perf_counter()
+        if self._since is None:
+            self._since = time.perf_counter()
 
-    def seconds(self) -> float:
-        self.pause()
-        self.resume()
-        return self._total
+    def now(self) -> float:
+        return self._total + (time.perf_counter() - self._since if self._since is not None else 0.0)

@@ -91,6 +91,7 @@ class HistoPipe(Scheduler):
         self.work_stealing = work_stealing
         self._rounds: dict[int, _RoundGroups] = {}
         self._weight: dict[SampleId, float] = {}
+        self._predicted: dict[SampleId, float] = {}  # predicted response lengths, where history gives one
         self.last_lambda = self.migration.min_lambda
 
     @property
@@ -141,6 +142,7 @@ class HistoPipe(Scheduler):
             weights[s.sid] = remaining
             if with_lengths:
                 preds[top] = np.append(preds[top], remaining)
+                self._predicted[s.sid] = s.generated + remaining
         k = len(group_samples)
 
         predicted_times: list[float] = []
@@ -160,6 +162,8 @@ class HistoPipe(Scheduler):
         queues: list[list[SampleId]] = [[] for _ in range(self.workers)]
         info = _RoundGroups()
         self._weight.update(weights)
+        if with_lengths:
+            self._predicted.update({sid: w for sid, w in weights.items() if sid not in self._predicted})
         for g, members in enumerate(group_samples):
             placed = lpt([(s.sid, weights[s.sid]) for s in members], list(ranges[g]))
             for w, sids in placed.items():
@@ -188,6 +192,7 @@ class HistoPipe(Scheduler):
             for grp in self._rounds[old].groups:
                 for sid in grp.members:
                     self._weight.pop(sid, None)
+                    self._predicted.pop(sid, None)
             del self._rounds[old]  # keep the books small: finished steps need no migration state
         return RoundPlan(
             round_no=round_no,
@@ -288,12 +293,20 @@ class HistoPipe(Scheduler):
     def _pays(self, held: Sequence[tuple[SampleId, int]], moved: Sequence[tuple[SampleId, int]]) -> bool:
         """Whether moving started samples `moved` off a worker holding `held` shortens the work: a
         worker's remaining time is its longest remaining sample's passes at the iteration time of
-        its batch; the thief's starts with the prefill of what it recomputes. It pays when the later
-        of the two finishes at least 5% before the victim alone would."""
+        its batch; the thief's starts with the prefill of what it recomputes. A sample's remaining
+        tokens are its predicted length less its tokens; without a prediction (no history), as many
+        again as the longest-running sample of the worker has made (what has run long runs on). It
+        pays when the later of the two finishes at least 5% before the victim alone would."""
+        elapsed = float(max(g for _, g in held))
+
+        def left(sid: SampleId, generated: int) -> float:
+            predicted = self._predicted.get(sid)
+            return max(predicted - generated if predicted is not None else elapsed, 1.0)
+
         def finish(items: Sequence[tuple[SampleId, int]]) -> float:
             if not items:
                 return 0.0
-            rest = max(max(self._weight.get(sid, 1.0) - generated, 1.0) for sid, generated in items)
+            rest = max(left(sid, generated) for sid, generated in items)
             ctx = sum(self._samples[sid].sample.input_len + g for sid, g in items) / len(items)
             passes = rest / self.speculation.tokens_per_pass
             return passes * self.profile.iteration_time(len(items), ctx) * self.speculation.pass_cost
