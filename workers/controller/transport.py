@@ -191,7 +191,9 @@ class LocalTransport:
         item = next(source)
         kind, value = next(source)
         stream.handle.clock += time.perf_counter() - t0
-        if kind == "output":
+        if kind == "output":  # the call's end: its generator (and the KV cache in its frame) goes now
+            source.close()
+            stream.source = None
             stream.handle.queue.remove(stream)
             self._head(stream.handle)
         return Report(stream, kind, value, item)

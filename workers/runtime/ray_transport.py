@@ -132,6 +132,8 @@ class RayTransport:
             if isinstance(exc.cause, ray.exceptions.ObjectLostError):
                 raise ResultLost(stream, why(exc)) from exc
             raise exc.as_instanceof_cause() from None  # type: ignore[no-untyped-call]
+        if kind == "output":
+            stream.source = None  # nothing more comes: the stream's references go
         return Report(stream, str(kind), value, item)
 
     def keep(self, item: Any) -> Any:
