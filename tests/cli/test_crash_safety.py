@@ -124,9 +124,11 @@ def test_two_resumes_of_one_folder_run_one_at_a_time_and_count_every_step_once(t
 def test_interrupting_a_run_says_where_it_stands_and_how_to_resume(tmp_path: Path) -> None:
     out = tmp_path / "run"
     # 24 steps: the interrupt lands mid-run even when a loaded machine wakes this loop late
+    # SIGINT restored: a suite started in the background by a shell inherits it ignored, and an
+    # ignored SIGINT never becomes KeyboardInterrupt
     proc = subprocess.Popen([str(SCRIPT), "run", str(REPO / "examples" / "quickstart.yaml"), "--out", str(out),
                              *TINY, "--set", "algorithm.epochs=6"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 300
     while not RunDir(out).checkpoint_dirs() if out.is_dir() else True:
         assert time.monotonic() < deadline and proc.poll() is None
