@@ -444,20 +444,17 @@ class RolloutFleet:
                          report_every=(STATE_PASSES if concurrent else 1) if watched and self.releasable else None,
                          snapshot_every=SNAPSHOT_PASSES if concurrent and self.releasable else None)
         call.tokens = {s: call.resumed.get(s, 0) for s in call.samples}
-        call.stream = self.transport.stream(m.handle, call.id, rc, call.indexes, self._merged(call))
+        call.stream = self.transport.stream(m.handle, call.id, rc, call.indexes, self._progress(call.resume_of))
         self.by_stream[id(call.stream)] = call
 
-    def _merged(self, call: Call) -> Any:
-        """What the call resumes from: one object of every sample's tokens so far (None: all afresh)."""
-        sources = {id(r): r for r in call.resume_of.values() if r is not None}
-        if not sources:
-            return None
-        if len(sources) == 1 and all(r is not None for r in call.resume_of.values()):
-            return next(iter(sources.values()))
-        merged: dict[SampleRef, Any] = {}
-        for r in sources.values():
-            merged |= self.transport.get(r).results
-        return RolloutProgress({s: merged[s] for s in call.samples if s in merged})
+    def _progress(self, resume: Mapping[SampleRef, Any]) -> Any:
+        """One object of these samples' tokens so far, each from the source it resumes from (None:
+        all afresh). A single source goes as it is (a worker takes the samples it names)."""
+        sources = {id(r): r for r in resume.values() if r is not None}
+        if len(sources) <= 1:
+            return next(iter(sources.values()), None)
+        got = {k: self.transport.get(r).results for k, r in sources.items()}
+        return RolloutProgress({s: got[id(r)][s] for s, r in resume.items() if r is not None and s in got[id(r)]})
 
     # ------------------------------------------------------------------ following a round
     def collect(self, rnd: Round) -> list[tuple[CallSummary, Any]]:
@@ -616,9 +613,7 @@ class RolloutFleet:
                 self.transport.catch_up(dst.handle, src.handle)  # an idle worker cannot start it earlier
             resume = {s: self.parked[s].resume for s in part}
             tokens = {s: self.parked[s].tokens for s in part}
-            if running and self.releasable and self._admit(running[0], part, resume, tokens):
-                pass
-            else:
+            if not (running and self.releasable and self._admit(running[0], part, resume, tokens)):
                 self._open(dst, rnd, part, p0.indexes, p0.version, resume, tokens)
             for s in part:
                 del self.parked[s]
@@ -626,13 +621,9 @@ class RolloutFleet:
     def _admit(self, call: Call, samples: list[SampleRef], resume: dict[SampleRef, Any],
                tokens: dict[SampleRef, int]) -> bool:
         requests = [self.parked[s].request for s in samples]
-        sources = {id(r): r for r in resume.values() if r is not None}
-        partials = next(iter(sources.values())) if len(sources) == 1 else \
-            (RolloutProgress({s: self.transport.get(r).results[s] for s, r in resume.items() if r is not None})
-             if sources else None)
         try:
             ok = self.transport.get(self.transport.call(call.member.handle, "admit", call.id, samples, requests,
-                                                        partials), timeout=ADMIT_WAIT_S)
+                                                        self._progress(resume)), timeout=ADMIT_WAIT_S)
         except (WorkerGone, TimeoutError, ResultLost):
             return False
         if ok:
@@ -645,7 +636,7 @@ class RolloutFleet:
 
     def _steal_for_idle(self, rnd: Round) -> None:
         for m in self._live():
-            if m.joined and not m.leaving and m.slot >= 0 and not self._active(m) and m.id in rnd.workers:
+            if not m.leaving and m.slot >= 0 and not self._active(m) and m.id in rnd.workers:
                 self.executor.steal(m.slot, rnd.no)
 
     def forget(self, samples: Sequence[SampleRef]) -> None:
@@ -704,14 +695,14 @@ class RolloutFleet:
             c.ended = True
             self.reruns += 1
             rnd = c.round
-            for s in c.samples:
+            for s, request in zip(c.samples, c.requests, strict=True):
                 if (move := self.moving.pop(s, None)) is not None:
                     self.executor.refused(move.sid)
                 self.losses[s] += 1
                 if self.losses[s] > RERUNS:
                     raise WorkerLost(f"step {rnd.step}: sample {s.index} of prompt {s.prompt_id} lost its rollout "
                                      f"worker {self.losses[s]} times (last: {why})")
-                self.parked[s] = Parked(c.requests[c.samples.index(s)], c.resume_of.get(s), c.resumed.get(s, 0),
+                self.parked[s] = Parked(request, c.resume_of.get(s), c.resumed.get(s, 0),
                                         c.version, c.indexes, rnd, m.slot)
             self.note(f"step {rnd.step}: rollout worker {m.id} died ({why or 'no notice'}); its {len(c.samples)} "
                       f"samples go on elsewhere from the tokens they had (policy version {c.version})")

@@ -166,8 +166,7 @@ class LocalTransport:
 
     def stream(self, handle: Any, call_id: int, *args: Any) -> Stream:
         self._opened += 1
-        stream = Stream(handle, call_id, None, self._opened)
-        stream.source = (args, None)  # the generator is made when its turn comes (calls before it ran)
+        stream = Stream(handle, call_id, (args, None), self._opened)  # the generator: made when its turn comes
         handle.queue.append(stream)
         return stream
 

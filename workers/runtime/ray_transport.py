@@ -73,17 +73,10 @@ class RayTransport:
 
     def get(self, result: Any, timeout: float | None = None) -> Any:
         try:
-            return ray.get(result, timeout=timeout)
+            with _worker_errors():
+                return ray.get(result, timeout=timeout)
         except ray.exceptions.GetTimeoutError:
             raise TimeoutError(f"no answer within {timeout}s") from None
-        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as exc:
-            raise WorkerGone(why(exc)) from exc
-        except ray.exceptions.ObjectLostError as exc:
-            raise ResultLost(why(exc)) from exc
-        except ray.exceptions.RayTaskError as exc:
-            if isinstance(exc.cause, ray.exceptions.ObjectLostError):
-                raise ResultLost(why(exc)) from exc
-            raise exc.as_instanceof_cause() from None  # type: ignore[no-untyped-call]
 
     def done(self, result: Any) -> bool:
         return bool(ray.wait([result], timeout=0)[0])
@@ -115,7 +108,7 @@ class RayTransport:
             return None
         stream = by_gen[id(ready[0])]
         items: Iterator[Any] = stream.source[1]
-        try:
+        with _worker_errors(stream):
             item = next(items, None)
             if item is None:
                 raise WorkerGone(stream, "the rollout stream ended without its output")
@@ -124,14 +117,6 @@ class RayTransport:
                 ray.get(item)  # the call's error, if it raised one
                 raise WorkerGone(stream, "the rollout stream ended early")
             kind, value = ray.get(tag)
-        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as exc:
-            raise WorkerGone(stream, why(exc)) from exc
-        except ray.exceptions.ObjectLostError as exc:
-            raise ResultLost(stream, why(exc)) from exc
-        except ray.exceptions.RayTaskError as exc:
-            if isinstance(exc.cause, ray.exceptions.ObjectLostError):
-                raise ResultLost(stream, why(exc)) from exc
-            raise exc.as_instanceof_cause() from None  # type: ignore[no-untyped-call]
         if kind == "output":
             stream.source = None  # nothing more comes: the stream's references go
         return Report(stream, str(kind), value, item)
@@ -154,6 +139,22 @@ class RayTransport:
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@contextlib.contextmanager
+def _worker_errors(*about: Any) -> Iterator[None]:
+    """Ray's errors as the transport's: a dead worker WorkerGone, a lost object ResultLost (each
+    with `about` first in its args), a worker's own error raised as itself."""
+    try:
+        yield
+    except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as exc:
+        raise WorkerGone(*about, why(exc)) from exc
+    except ray.exceptions.ObjectLostError as exc:
+        raise ResultLost(*about, why(exc)) from exc
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, ray.exceptions.ObjectLostError):
+            raise ResultLost(*about, why(exc)) from exc
+        raise exc.as_instanceof_cause() from None  # type: ignore[no-untyped-call]
 
 
 def why(exc: BaseException) -> str:
