@@ -95,3 +95,21 @@ def token_logprobs_and_entropy(logits: Tensor, tokens: Tensor) -> tuple[Tensor, 
     logp = logp_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy
+
+
+def importance_ratios(old_logp: Tensor, behaviour_logp: Tensor, mask: Tensor, level: str) -> Tensor:
+    """pi_old / mu per token [B, T]: the trainer's old policy over the behaviour policy the rollout
+    engine drew each token from (off-policy correction, veRL's `rollout_is`). `level` token: each
+    token's own ratio; sequence: the product over the response, the same for each of its tokens.
+    Padding (mask 0) gets 1."""
+    log_ratio = (old_logp - behaviour_logp) * mask
+    if level == "sequence":
+        log_ratio = log_ratio.sum(dim=1, keepdim=True).expand_as(mask)
+    elif level != "token":
+        raise ValueError(f"importance level: unknown level {level!r}")
+    return torch.where(mask > 0, torch.exp(log_ratio.clamp(max=80.0)), torch.ones_like(mask))
+
+
+def truncated(ratios: Tensor, cap: float) -> Tensor:
+    """Truncated importance weights (TIS): the ratios, at most `cap`, with no gradient."""
+    return ratios.detach().clamp(max=cap)

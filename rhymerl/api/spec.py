@@ -130,6 +130,16 @@ class AlgorithmSpec(Strict):
         "synchronous (0 used); the ray backend overlaps the rollout of step n+1 with the training of step n when "
         ">= 1 (a lag of one version)"
     )
+    off_policy_correction: Literal["auto", "none", "token", "sequence"] = Field(
+        "auto", description="truncated importance sampling (TIS) on the rollout engine's behaviour "
+        "log-probabilities: each token's policy-gradient term weighted by min(pi_old / mu, importance_cap), mu the "
+        "distribution the token was drawn from (after temperature and top-p); token: a ratio per token, sequence: "
+        "the product over the response; auto: token when rollout.engine is vllm or rollout runs ahead of training "
+        "(max_off_policy_steps >= 1 on the ray backend or a cluster), else none (the torch engine at off-policy 0 "
+        "samples from the trainer's own weights: the ratio is 1)"
+    )
+    importance_cap: float = Field(2.0, ge=1.0, le=1e4, description="the largest importance weight (TIS's C; "
+                                  "veRL's rollout_is_threshold)")
     dynamic_sampling: DynamicSamplingSpec | None = Field(None, description="default: enabled for dapo")
     overlong: OverlongSpec = Field(default_factory=OverlongSpec)
 
@@ -147,6 +157,14 @@ class AlgorithmSpec(Strict):
         if self.mini_batch_size is not None and self.mini_batch_size > self.group_size * self.prompts_per_step:
             raise ValueError("mini_batch_size: larger than the batch (group_size * prompts_per_step)")
         return self
+
+
+def importance_level(spec: RLJobSpec, pipelined: bool) -> Literal["none", "token", "sequence"]:
+    """algorithm.off_policy_correction with `auto` resolved; `pipelined`: rollout runs ahead of training."""
+    chosen = spec.algorithm.off_policy_correction
+    if chosen != "auto":
+        return chosen
+    return "token" if spec.rollout.engine == "vllm" or pipelined else "none"
 
 
 class Resources(Strict):

@@ -181,6 +181,7 @@ def rollout(
     engine: Annotated[str, typer.Option("--engine", help="torch (the methods above, outputs checked identical) or "
                                         "vllm (none, ngram, suffix, history, history-aimd; --batch-sizes job only)")
                       ] = "torch",
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda[:N] (--engine torch)")] = "cpu",
 ) -> None:
     """Speculative vs plain rollout on a run's prompts and weights: time, tokens/s, identical outputs."""
     from rich.console import Console
@@ -199,7 +200,7 @@ def rollout(
     if unknown:
         raise OptionError(f"--methods: unknown {', '.join(unknown)}; known: {', '.join(METHODS)}")
     sizes = tuple(b.strip() if b.strip() == "job" else _batch_size(b) for b in batch_sizes.split(","))
-    main(RolloutBenchConfig(run, sizes, chosen, repeats), writable_folder(out) if out else None, Console())
+    main(RolloutBenchConfig(run, sizes, chosen, repeats, device), writable_folder(out) if out else None, Console())
 
 
 def _rollout_vllm(run: Path, methods: str | None, repeats: int, out: Path | None, console: Any) -> None:

@@ -28,6 +28,7 @@ from rhymerl.errors import UserError
 from rhymerl.workers.controller.loop import local_backend, run_steps
 from rhymerl.workers.controller.preflight import check_memory, preflight
 from rhymerl.workers.controller.stopping import RunStopped
+from rhymerl.workers.controller.train_role import train_ranks
 from rhymerl.workers.reward.verifiers import load_user_function
 from rhymerl.workers.rollout.verify_cost import cache_dir
 from rhymerl.workers.rollout.vllm_engine import vllm_installed
@@ -83,6 +84,16 @@ def check_local(job: RLJob) -> None:
         if rollout.replicas > 1 and job.spec.backend == "local":
             problems.append(SpecProblem("spec.rollout.replicas", "the vllm engine runs one replica per process; "
                                         "several replicas need backend: ray (or the torch engine)"))
+    import torch
+
+    gpus = {"spec.train.resources.gpu": job.spec.train.resources.gpu,
+            "spec.rollout.gpus_per_replica": rollout.gpus_per_replica}
+    for field, n in gpus.items():
+        if n and not torch.cuda.is_available():
+            problems.append(SpecProblem(field, f"{n}: this machine has no CUDA GPU (0 runs on the CPU)"))
+    if (ranks := train_ranks(job)) > 1 and job.spec.backend == "local":
+        problems.append(SpecProblem("spec.train.replicas", f"{ranks} train ranks run as processes of their own: "
+                                    "set backend: ray (the local backend trains in this process, with one rank)"))
     if job.spec.rollout.replicas > 1 and job.spec.scheduling.policy == "lpt":
         problems.append(SpecProblem("spec.scheduling.policy", "lpt places samples by their true lengths, which only "
                                     "a simulator knows; choose histopipe, equal, skew-aware, realloc or async"))

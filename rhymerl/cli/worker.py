@@ -37,6 +37,7 @@ from rhymerl.errors import UserError
 from rhymerl.workers.roles.rollout_worker import NODE_DIR_ENV, PID_SUFFIX
 from rhymerl.workers.roles.worker_metrics import METRICS_DIR_ENV, ControllerMetrics
 from rhymerl.workers.runtime import node
+from rhymerl.workers.runtime.cluster import role_units
 from rhymerl.workers.runtime.endpoints import Endpoints
 
 JOIN_TIMEOUT_S = 900.0  # the controller's own head must answer its own driver within this
@@ -104,7 +105,7 @@ def _member(job: RLJob, role: Role, endpoints: Endpoints, scratch: Path) -> int:
                 said = time.monotonic()
             stopping.wait(1.0)
             continue
-        ray_node = node.join(address, role, log, _object_store_bytes())
+        ray_node = node.join(address, role, log, _object_store_bytes(), role_units(job, role))
         try:
             if _started(ray_node, log, stopping):
                 failed = 0
@@ -177,8 +178,6 @@ def _object_store_bytes() -> int | None:
 
 
 def _controller(job: RLJob, registry: CollectorRegistry, endpoints: Endpoints, scratch: Path) -> int:
-    import torch
-
     from rhymerl.workers.controller.scale import ScaleFile
     from rhymerl.workers.controller.stopping import RunStopped
     from rhymerl.workers.run_folder.run_dir import RunDir, pod_run_dir
@@ -208,7 +207,7 @@ def _controller(job: RLJob, registry: CollectorRegistry, endpoints: Endpoints, s
         wanted = reporter.wanted() or ScaleFile(run.path, job)
         last: Mapping[str, Any] | None = None
         try:
-            for row in run_steps_ray(job, run, resume, torch.get_num_threads(), None, wanted, reporter.say):
+            for row in run_steps_ray(job, run, resume, None, None, wanted, reporter.say):
                 metrics.update(row)
                 last = row.row()
                 print(f"controller: step {row.step} epoch {row.epoch} reward {row.reward_mean:.4f} "

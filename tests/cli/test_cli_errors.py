@@ -145,3 +145,16 @@ def test_bench_option_values_are_user_errors_not_tracebacks(tmp_path: Path) -> N
     res = rhymerl("bench", "rollout", "--run", str(tmp_path), "--engine", "vllm", "--methods", "history-paper")
     assert res.returncode == 2
     assert res.stderr.startswith("error: --methods: unknown history-paper; known with --engine vllm: none, ngram")
+
+
+def test_run_refuses_train_ranks_and_gpus_this_machine_cannot_give_before_the_run_folder_exists(
+        tmp_path: Path) -> None:
+    ranks = write(tmp_path / "ranks.yaml", HEAD + "spec:\n  train: {replicas: 2}\n")
+    res = rhymerl("run", str(ranks), "--out", str(tmp_path / "run"))
+    assert res.returncode == 2, res.stderr
+    assert "spec.train.replicas: 2 train ranks run as processes of their own: set backend: ray" in res.stderr
+    gpus = write(tmp_path / "gpus.yaml", HEAD + "spec:\n  backend: ray\n  train: {resources: {gpu: 1}}\n")
+    res = rhymerl("run", str(gpus), "--out", str(tmp_path / "run"))
+    assert res.returncode == 2, res.stderr
+    assert "spec.train.resources.gpu: 1: this machine has no CUDA GPU" in res.stderr
+    assert not (tmp_path / "run").exists()

@@ -56,6 +56,21 @@ def test_a_run_writes_one_dump_per_step_with_every_prompt_each_epoch(model_dir: 
     assert len(RunDir(tmp_path / "run").checkpoint_dirs()) == 2
 
 
+def test_the_torch_engine_samples_from_the_trainers_distribution_so_importance_ratios_are_one(
+        model_dir: Path, tmp_path: Path) -> None:
+    """Off-policy 0 on the torch engine: every token's behaviour log-probability is the trainer's
+    own (float rounding apart: the engine's cached forward is not the trainer's full one), and
+    `auto` leaves the correction off. At temperature 0.7 and top_p 0.9 the ratio is the nucleus
+    mass at most: below 1 where top-p cut something, never above."""
+    job = _job(model_dir)
+    rows = _run(job, tmp_path / "run")
+    assert all(abs(float(str(r["is_ratio_mean"])) - 1.0) < 1e-4 and float(str(r["is_ratio_max"])) < 1 + 1e-4
+               and float(str(r["rollout_logprob_diff_max"])) < 1e-4 for r in rows)
+    job.spec.rollout.temperature, job.spec.rollout.top_p = 0.7, 0.9
+    nucleus = _run(job, tmp_path / "nucleus", steps=1)[0]
+    assert float(str(nucleus["is_ratio_max"])) < 1 + 1e-4 and float(str(nucleus["is_ratio_mean"])) < 0.999
+
+
 def test_a_resumed_run_ends_exactly_where_an_uninterrupted_one_does(model_dir: Path, tmp_path: Path) -> None:
     job = _job(model_dir)
     full = _run(job, tmp_path / "full")

@@ -21,7 +21,7 @@ def naive_generate(model: TinyLlama, prompt: list[int], sample_id: int, p: Sampl
         for pos in range(p.max_response_length):
             logits = model(torch.tensor([prompt + out]))[0, -1]
             tok = int(sample_tokens(logits[None], p.seed, torch.tensor([sample_id]), torch.tensor([pos]),
-                                    p.temperature, p.top_p))
+                                    p.temperature, p.top_p)[0])
             out.append(tok)
             if tok == EOS:
                 break
@@ -114,7 +114,7 @@ def test_position_keyed_sampling_follows_the_softmax_distribution() -> None:
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
     n = 30_000
     ids = torch.arange(n)
-    tokens = sample_tokens(logits.expand(n, -1), 123, ids, torch.full((n,), 7), temperature=1.0)
+    tokens, _ = sample_tokens(logits.expand(n, -1), 123, ids, torch.full((n,), 7), temperature=1.0)
     observed = torch.bincount(tokens, minlength=6).double()
     expected = torch.softmax(logits.double(), -1) * n
     assert chisquare(observed.numpy(), expected.numpy()).pvalue > 1e-3
@@ -123,14 +123,28 @@ def test_position_keyed_sampling_follows_the_softmax_distribution() -> None:
 def test_top_p_never_samples_outside_the_nucleus() -> None:
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
     n = 5_000
-    tokens = sample_tokens(logits.expand(n, -1), 0, torch.arange(n), torch.zeros(n, dtype=torch.long), 1.0, 0.75)
+    tokens, logprobs = sample_tokens(logits.expand(n, -1), 0, torch.arange(n), torch.zeros(n, dtype=torch.long),
+                                     1.0, 0.75)
     assert set(tokens.tolist()) == {0, 1}
+    # drawn from the nucleus renormalised: 0.5 / 0.8 and 0.3 / 0.8
+    expected = torch.log(torch.tensor([0.5 / 0.8, 0.3 / 0.8], dtype=torch.float64))[tokens]
+    assert torch.allclose(logprobs, expected, atol=1e-9)
+
+
+def test_sampled_log_probabilities_are_the_tempered_softmax_of_the_drawn_token() -> None:
+    logits = torch.randn(4, 9, dtype=torch.float64)
+    ids, pos = torch.arange(4), torch.zeros(4, dtype=torch.long)
+    tokens, logprobs = sample_tokens(logits, 3, ids, pos, 0.7)
+    assert torch.allclose(logprobs, torch.log_softmax(logits / 0.7, -1)[torch.arange(4), tokens])
+    greedy, greedy_logprobs = sample_tokens(logits, 3, ids, pos, 0.0)
+    assert torch.equal(greedy, logits.argmax(-1))
+    assert torch.allclose(greedy_logprobs, torch.log_softmax(logits, -1)[torch.arange(4), greedy])
 
 
 def test_the_same_key_always_draws_the_same_token() -> None:
     logits = torch.randn(3, 50)
     ids, pos = torch.tensor([5, 6, 7]), torch.tensor([0, 9, 100])
-    assert torch.equal(sample_tokens(logits, 4, ids, pos, 1.0), sample_tokens(logits, 4, ids, pos, 1.0))
+    assert torch.equal(sample_tokens(logits, 4, ids, pos, 1.0)[0], sample_tokens(logits, 4, ids, pos, 1.0)[0])
 
 
 class OracleDrafts:

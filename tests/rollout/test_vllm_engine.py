@@ -18,7 +18,7 @@ pytest.importorskip("vllm")
 from scipy.stats import chisquare
 
 from rhymerl.algorithms.drafting.index import HistoryIndex
-from rhymerl.api.spec import ModelSpec, SpeculationSpec
+from rhymerl.api.spec import AlgorithmSpec, ModelSpec, SpeculationSpec
 from rhymerl.workers.model.folder import ModelConfig, model_dir
 from rhymerl.workers.model.policy import save_model
 from rhymerl.workers.model.registry import load_policy
@@ -27,7 +27,7 @@ from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.rollout.vllm_engine import VllmEngine, VllmSettings
-from rhymerl.workers.train.logprob_gap import logprob_gap
+from rhymerl.workers.train.trainer import Trainer, TrainSample
 
 pytestmark = pytest.mark.slow
 TINY = model_dir("builtin:tiny-arith")
@@ -150,11 +150,13 @@ def test_loaded_weights_move_vllms_log_probabilities_onto_the_trainers(plain_eng
     model, _ = load_policy(ModelSpec())
     prompts = _prompts(tok, 4)
 
+    trainer = Trainer(model, AlgorithmSpec(), temperature=1.0)
+
     def gap() -> float:
         results = plain_engine.generate(_requests(prompts, 2, 7), SamplingParams(1.0, 1.0, 0, 100), tok.eos_id)
-        measured = logprob_gap(model, [(prompts[i // 2], r) for i, r in enumerate(results)])
-        assert measured is not None
-        return measured[1]
+        ours = trainer.logprobs([TrainSample(prompts[i // 2], r.response_ids, 0.0) for i, r in enumerate(results)])
+        return max(float((mine.double() - torch.tensor(r.logprobs, dtype=torch.float64)).abs().max())
+                   for mine, r in zip(ours, results, strict=True) if r.logprobs)
 
     assert gap() < 1e-3  # the same weights on both sides
     with torch.no_grad():

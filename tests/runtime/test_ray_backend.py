@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rhymerl.workers import dumps
 from rhymerl.workers.run_folder.step_metrics import deterministic
@@ -334,3 +335,31 @@ def test_a_run_resumed_from_a_checkpoint_that_left_deferred_groups_open_trains_e
     assert [m["step"] for m in metrics(out)] == [1, 2, 3, 4, 5, 6]
     if not any(opened):
         pytest.skip("no outlier was deferred past the checkpoint this time (timing): nothing resumed open")
+
+
+def test_two_train_ranks_train_what_one_does_and_their_checkpoint_resumes_on_one_rank(
+        in_process: Path, tmp_path: Path) -> None:
+    """Data-parallel training on two gloo ranks: the one-rank gradient, so the same losses to float
+    rounding and, sampling from weights equal to rounding, the same tokens; killed at step 3, the
+    run resumes from the two ranks' checkpoint on one rank (its saved spec edited: checkpoints
+    hold whole weights and optimiser state, whatever the rank count) and ends where the one-rank
+    run does."""
+    out = tmp_path / "run"
+    res = run(out, [*TINY, *RAY, "train.replicas=2"], {"RHYMERL_CRASH_AT": "train:3"})
+    assert res.returncode != 0
+    ours, theirs = metrics(out), metrics(in_process)
+    assert [m["step"] for m in ours] == [1, 2]
+    assert [s for s in samples(out) if s[0] == 1] == [s for s in samples(in_process) if s[0] == 1]
+    for a, b in zip(ours, theirs, strict=False):
+        assert float(str(a["loss"])) == pytest.approx(float(str(b["loss"])), abs=1e-5)
+    saved = yaml.safe_load((out / "spec.yaml").read_text())
+    assert saved["spec"]["train"]["replicas"] == 2
+    saved["spec"]["train"]["replicas"] = 1
+    (out / "spec.yaml").write_text(yaml.safe_dump(saved))
+    res = run(out, [], resume=True)
+    assert res.returncode == 0, res.stderr
+    assert [m["step"] for m in metrics(out)] == [1, 2, 3, 4]
+    assert len(samples(out)) == 4 * 4 * 2  # every sample once
+    for a, b in zip(metrics(out), theirs, strict=True):
+        assert float(str(a["loss"])) == pytest.approx(float(str(b["loss"])), abs=1e-4)
+        assert a["reward_mean"] == b["reward_mean"]

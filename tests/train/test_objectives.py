@@ -92,3 +92,15 @@ def test_token_logprobs_and_entropy_of_a_uniform_distribution() -> None:
     logp, ent = obj.token_logprobs_and_entropy(torch.zeros(1, 2, 4), torch.tensor([[0, 3]]))
     assert logp[0].tolist() == pytest.approx([-math.log(4)] * 2)
     assert ent[0].tolist() == pytest.approx([math.log(4)] * 2)
+
+
+def test_importance_ratios_per_token_and_per_sequence_by_hand() -> None:
+    old = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]])
+    behaviour = torch.tensor([[-1.5, -1.0, 9.0], [-0.5, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    token = obj.importance_ratios(old, behaviour, mask, "token")
+    assert torch.allclose(token, torch.tensor([[math.exp(0.5), math.exp(-1.0), 1.0], [1.0, 1.0, 1.0]]))
+    sequence = obj.importance_ratios(old, behaviour, mask, "sequence")
+    assert torch.allclose(sequence, torch.tensor([[math.exp(-0.5), math.exp(-0.5), 1.0], [1.0, 1.0, 1.0]]))
+    capped = obj.truncated(torch.tensor([0.5, 3.0], requires_grad=True), 2.0)
+    assert capped.tolist() == [0.5, 2.0] and not capped.requires_grad

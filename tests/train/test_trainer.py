@@ -1,7 +1,10 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import math
 
+import pytest
 import torch
 
 from rhymerl.api.spec import AlgorithmSpec
@@ -59,3 +62,53 @@ def test_kl_to_the_reference_is_reported_after_the_first_update(tiny_model: Tiny
     stats = trainer.step(_samples())
     assert stats["kl"] > 0
     assert 0 <= stats["pg_clipfrac"] <= 1
+
+
+def _with_behaviour(samples: list[TrainSample], logprobs: list[torch.Tensor]) -> list[TrainSample]:
+    return [dataclasses.replace(s, behaviour_logprobs=lp.tolist()) for s, lp in zip(samples, logprobs, strict=True)]
+
+
+def test_behaviour_log_probabilities_of_the_trainers_own_weights_give_ratios_of_one(tiny_model: TinyLlama) -> None:
+    algo = AlgorithmSpec(group_size=2, prompts_per_step=3, lr=1e-2)
+    samples = _samples()
+    own = Trainer(copy.deepcopy(tiny_model), algo, temperature=1.0).logprobs(samples)
+    stats = Trainer(copy.deepcopy(tiny_model), algo, temperature=1.0, correction="token").step(
+        _with_behaviour(samples, own))
+    assert stats["is_ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert stats["is_ratio_max"] == pytest.approx(1.0, abs=1e-6)
+    assert stats["is_capped_frac"] == 0.0
+    assert stats["rollout_logprob_diff_max"] < 1e-6
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_a_truncated_importance_weight_scales_its_samples_policy_gradient(tiny_model: TinyLlama, level: str) -> None:
+    """One update, old policy = current (ratio 1 in the clip): each token's loss is -A * w. A sample
+    whose behaviour probabilities are 4x lower than the trainer's (ratio 4, over the cap of 2) counts
+    twice; one 2x higher (ratio 1/2 per token) half at token level, 2^-n at sequence level."""
+    algo = AlgorithmSpec(group_size=2, prompts_per_step=3, lr=1e-2, loss_agg_mode="seq-mean-token-mean",
+                         importance_cap=2.0)
+    samples = _samples()
+    own = Trainer(copy.deepcopy(tiny_model), algo, temperature=1.0).logprobs(samples)
+    shifted = [lp - math.log(4.0) if i == 0 else lp + math.log(2.0) if i == 1 else lp for i, lp in enumerate(own)]
+    plain = Trainer(copy.deepcopy(tiny_model), algo, temperature=1.0).step(samples)["loss"]
+    stats = Trainer(copy.deepcopy(tiny_model), algo, temperature=1.0, correction=level).step(
+        _with_behaviour(samples, shifted))
+    n1 = len(samples[1].response_ids)
+    weights = [2.0, 0.5 if level == "token" else 0.5 ** n1, 1.0, 1.0, 1.0, 1.0]
+    expected = sum(-s.advantage * w for s, w in zip(samples, weights, strict=True)) / len(samples)
+    assert plain == pytest.approx(sum(-s.advantage for s in samples) / len(samples), abs=1e-6)
+    assert stats["loss"] == pytest.approx(expected, abs=1e-5)
+    tokens = sum(len(s.response_ids) for s in samples)
+    assert stats["is_capped_frac"] == pytest.approx(len(samples[0].response_ids) / tokens)
+    assert stats["is_ratio_max"] == pytest.approx(4.0, rel=1e-5)
+
+
+def test_without_correction_the_ratios_are_measured_and_the_loss_is_unweighted(tiny_model: TinyLlama) -> None:
+    algo = AlgorithmSpec(group_size=2, prompts_per_step=3, lr=1e-2)
+    samples = _samples()
+    own = Trainer(copy.deepcopy(tiny_model), algo, temperature=1.0).logprobs(samples)
+    stats = Trainer(copy.deepcopy(tiny_model), algo, temperature=1.0).step(
+        _with_behaviour(samples, [lp - math.log(4.0) for lp in own]))
+    assert stats["loss"] == pytest.approx(sum(-s.advantage for s in samples) / len(samples), abs=1e-6)
+    assert stats["is_ratio_mean"] == pytest.approx(4.0, rel=1e-5)
+    assert stats["is_capped_frac"] == 1.0

@@ -26,6 +26,7 @@ from rhymerl.workers.controller.fleet import RolloutFleet, Round
 from rhymerl.workers.controller.history_client import HistoryClient
 from rhymerl.workers.controller.scale import ScaleFile
 from rhymerl.workers.controller.stopping import GracefulStop
+from rhymerl.workers.controller.train_role import TrainRole, train_ranks
 from rhymerl.workers.controller.transport import LocalTransport, Transport
 from rhymerl.workers.reward.outcome import check_failures
 from rhymerl.workers.roles.groups import GroupSummary
@@ -55,7 +56,7 @@ class Backend:
 
 @dataclass
 class Roles:
-    train: Any
+    train: TrainRole
     reward: list[Any]
     history: HistoryClient
     fleet: RolloutFleet
@@ -73,28 +74,31 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False, backend: Backend | 
     backend = backend or local_backend(job, run)
     t = backend.transport
     spec = job.spec
-    train = t.start("train", TrainWorker, job, backend.train_run, backend.threads)
+    pipelined = spec.algorithm.max_off_policy_steps >= 1 and t.concurrent
+    train = TrainRole(t, lambda rank, world: t.start("train", TrainWorker, job, backend.train_run, backend.threads,
+                                                     pipelined, rank, world), train_ranks(job))
     n_reward = spec.reward.replicas if spec.reward.function is not None else 1
     reward = [t.start("reward" if spec.reward.function is not None else "controller", RewardWorker, job)
               for _ in range(n_reward)]
     roles: Roles | None = None
     try:
-        state, again = t.get(t.call(train, "restore")) if resume else (LoopState(), [])
+        state, again = train.get(train.call("restore")) if resume else (LoopState(), [])
         if resume:
             run.cut_back(state.step)  # the loop's own records, where they are not the train worker's
-        history = HistoryClient(t, lambda: t.start("history", HistoryWorker, job, _Fill(t, train)), run.note)
+        history = HistoryClient(t, lambda: t.start("history", HistoryWorker, job, _Fill(t, train.lead)), run.note)
         lengths = LengthHistory()
-        for pid, ls in t.get(t.call(train, "lengths")):
+        for pid, ls in t.get(t.call(train.lead, "lengths")):
             lengths.observe(pid, ls)
-        encoded = encode_prompts(load_job_tokenizer(job), load_prompts(spec.data))
+        prompts = load_prompts(spec.data)
+        encoded = encode_prompts(load_job_tokenizer(job), prompts)
         fleet = RolloutFleet(job, t, history, lengths, encoded, reward,
                              lambda: t.start("rollout", RolloutWorker, job, backend.threads, backend.profile_progress,
                                              backend.notice),
                              backend.wanted, run.note, backend.say,
                              first_round=sum(m.gen_rounds for m in run.step_metrics()))
         roles = Roles(train, reward, history, fleet)
-        fleet.start(state.policy_version, t.call(train, "weights"))
-        yield from _steps(job, run, t, roles, BatchSampler(job, fleet, load_prompts(spec.data), lengths, again),
+        fleet.start(state.policy_version, t.call(train.lead, "weights"))
+        yield from _steps(job, run, t, roles, BatchSampler(job, fleet, prompts, lengths, again),
                           state)
     finally:
         if roles is not None:
@@ -103,7 +107,7 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False, backend: Backend | 
                 t.stop(roles.history.handle)
         for w in reward:
             t.stop(w)
-        t.stop(train)
+        train.stop()
 
 
 class _Fill:
@@ -133,12 +137,12 @@ def _steps(job: RLJob, run: RunDir, t: Transport, roles: Roles, sampler: BatchSa
             state.policy_version += 1 if batch.kept else 0
             done = replace(state)  # the epoch the step's samples belong to, before any rollover
             t_train = time.perf_counter()
-            stats_result, weights = t.call(roles.train, "step", done, batch.layout, batch.kept, *scored, returns=2)
+            stats_result, weights = roles.train.call("step", done, batch.layout, batch.kept, *scored, returns=2)
             roles.history.record(done.step, done, batch.layout, *scored)
             if state.cursor >= prompts:
                 state.epoch, state.cursor = state.epoch + 1, 0
             sampler.run_ahead(state)
-            stats: dict[str, float] = dict(t.get(stats_result))
+            stats: dict[str, float] = dict(roles.train.get(stats_result))
             train_wait = time.perf_counter() - t_train
             if batch.kept:
                 roles.fleet.publish(state.policy_version, weights)
@@ -155,11 +159,11 @@ def _steps(job: RLJob, run: RunDir, t: Transport, roles: Roles, sampler: BatchSa
             faults.point("metrics", state.step)
             saved = state.step % spec.checkpoint.every_steps == 0 or state.epoch > algo.epochs
             if saved:
-                t.get(t.call(roles.train, "save", replace(state), sampler.open_groups()))
+                roles.train.get(roles.train.call("save", replace(state), sampler.open_groups()))
             yield metrics
             if stop.requested and state.epoch <= algo.epochs:
                 if not saved:
-                    t.get(t.call(roles.train, "save", replace(state), sampler.open_groups()))
+                    roles.train.get(roles.train.call("save", replace(state), sampler.open_groups()))
                 stop.check(state.step)
 
 

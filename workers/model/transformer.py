@@ -232,6 +232,13 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """The block on whole sequences (training's path: a module call, which FSDP2 hooks to gather
+        the block's weights)."""
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        result: Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return result
+
 
 class TinyLlama(PolicyModel):
     rope_cos: Tensor
@@ -289,8 +296,7 @@ class TinyLlama(PolicyModel):
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         cos, sin = self._rope(positions, x.dtype)
         for layer in self.blocks:
-            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = layer(x, cos, sin)
         return self._logits(x)
 
     def prefill(self, tokens: Tensor, slots: Tensor, cache: KVCache, rows: Tensor | None = None) -> Tensor:

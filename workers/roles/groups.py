@@ -99,15 +99,17 @@ def score_samples(job: RLJob, scorer: Scorer, tok: Tokenizer, samples: Sequence[
     return outcomes
 
 
-def training_samples(kept: list[Group], job: RLJob, step: int) -> list[TrainSample]:
-    """GRPO group-relative advantages of the (shaped) rewards, one training sample per response."""
+def training_samples(kept: list[Group], job: RLJob, step: int, current: int) -> list[TrainSample]:
+    """GRPO group-relative advantages of the (shaped) rewards, one training sample per response,
+    with the engine's behaviour log-probabilities; `current`: the policy version being trained."""
     if not kept:
         return []
     algo = job.spec.algorithm
     rewards = torch.tensor([r for g in kept for r in shaped_rewards(g, job)], dtype=torch.float64)
     adv = obj.group_advantages(rewards, algo.group_size, algo.norm_adv_by_std)
     return [TrainSample(g.prompt_ids, r.response_ids, float(adv[i * algo.group_size + k]),
-                        f"step {step}: prompt {g.prompt.prompt_id} sample {k}")
+                        f"step {step}: prompt {g.prompt.prompt_id} sample {k}", r.logprobs,
+                        g.policy_version == current)
             for i, g in enumerate(kept) for k, r in enumerate(g.results)]
 
 

@@ -46,6 +46,7 @@ from rhymerl.workers.roles.samples import (
     SampleRef,
     Tag,
 )
+from rhymerl.workers.roles.threads import apply_threads
 from rhymerl.workers.roles.worker_metrics import WorkerMetrics
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, TorchEngine
 from rhymerl.workers.rollout.speculation import RolloutSpeculation, reachable_batches
@@ -73,10 +74,9 @@ class RolloutWorker:
 
     def __init__(self, job: RLJob, threads: int | None = None, progress: Progress | None = None,
                  notice: bool = False) -> None:
-        """threads: torch's intra-op threads (None: leave the process's setting); `progress` follows
+        """threads: torch's intra-op threads (None: the pod's CPU limit on a pod, else the process's setting); `progress` follows
         the verify-cost profile's measurement; `notice`: take SIGTERM as a notice to leave (a Ray actor)."""
-        if threads is not None:
-            torch.set_num_threads(threads)
+        apply_threads(threads)
         spec = job.spec
         self.job = job
         tok = load_job_tokenizer(job)

@@ -4,55 +4,109 @@ weights to the rollout fleet."""
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from rhymerl.api import RLJob
+from rhymerl.api.spec import importance_level
 from rhymerl.workers import dumps, faults
 from rhymerl.workers.model.registry import load_policy
 from rhymerl.workers.roles.groups import StepLayout, records, training_samples
 from rhymerl.workers.roles.rollout_worker import Weights, encode_prompts
 from rhymerl.workers.roles.samples import GroupKey, ScoredSample
+from rhymerl.workers.roles.threads import apply_threads
 from rhymerl.workers.roles.worker_metrics import WorkerMetrics
 from rhymerl.workers.run_folder.run_dir import LoopState, RunDir, pod_run_dir
 from rhymerl.workers.task.prompts import load_prompts
-from rhymerl.workers.train.logprob_gap import logprob_gap
-from rhymerl.workers.train.trainer import Trainer
+from rhymerl.workers.train import ranks
+from rhymerl.workers.train.ranks import Ranks
+from rhymerl.workers.train.trainer import Trainer, new_optimizer
 
 OPEN_GROUPS = "open_groups"  # a checkpoint's record of groups it left open
 
 
 class TrainWorker:
-    def __init__(self, job: RLJob, run: RunDir | str | None, threads: int | None = None) -> None:
+    """One rank of the train role. With one rank it is the whole role; with several (workers/train/
+    ranks.py) every rank trains its share of each step, and rank 0 alone keeps the run folder
+    (dumps, checkpoints), holds a whole copy of the weights to hand out and save, and answers the
+    step loop's questions. Collective calls (every rank, together): `join`, `restore`, `step`,
+    `save`; the others are rank 0's."""
+
+    def __init__(self, job: RLJob, run: RunDir | str | None, threads: int | None = None,
+                 pipelined: bool = False, rank: int = 0, world: int = 1) -> None:
         """run: the run folder (the step loop's own in its process, or its path on this machine);
         None on a pod: the run folder on the pod's own data volume. threads: torch's intra-op
-        threads (None: leave the process's setting)."""
-        if threads is not None:
-            torch.set_num_threads(threads)
+        threads (None: the pod's CPU limit on a pod, else the process's setting). pipelined: rollout runs ahead of training
+        (what `off_policy_correction: auto` decides on). rank, world: this rank among the train
+        role's ranks (several: `join` them before anything else)."""
+        apply_threads(threads)
         torch.manual_seed(job.spec.rollout.seed)
         spec = job.spec
         self.job = job
+        self.ranks = Ranks(rank, world)
+        self.pipelined = pipelined
         self.run = run if isinstance(run, RunDir) else RunDir(Path(run) if run else pod_run_dir())
-        self.run.path.mkdir(parents=True, exist_ok=True)
-        self.model, tok = load_policy(spec.model)
-        self.trainer = Trainer(self.model, spec.algorithm, spec.rollout.temperature)
+        if rank == 0:
+            self.run.path.mkdir(parents=True, exist_ok=True)
+        device = "cuda" if spec.train.resources.gpu and torch.cuda.is_available() else "cpu"
+        self.model, tok = load_policy(spec.model, device)
+        # rank 0's whole copy of the weights (and an optimiser over it, to save and restore in the
+        # one-rank format); with one rank, the model itself
+        self.whole = copy.deepcopy(self.model).cpu() if self.ranks.many and rank == 0 else self.model
+        self.trainer: Trainer | None = None if self.ranks.many else self._trainer()
+        self.whole_optimizer = self.trainer.optimizer if self.trainer else None
         self.prompts = {p.prompt_id: p for p in load_prompts(spec.data)}
         self.encoded = encode_prompts(tok, list(self.prompts.values()))
         self.metrics = WorkerMetrics("train")
+        self._store: Any = None
+
+    def _trainer(self) -> Trainer:
+        spec = self.job.spec
+        return Trainer(self.model, spec.algorithm, spec.rollout.temperature,
+                       correction=importance_level(spec, self.pipelined), ranks=self.ranks)
 
     def ping(self) -> int:
         return os.getpid()
 
-    def restore(self) -> tuple[LoopState, list[GroupKey]]:
+    def listen(self) -> tuple[str, int]:
+        """Rank 0: open the ranks' rendezvous; where the others find it."""
+        self._store, host, port = ranks.listen()
+        return host, port
+
+    def join(self, host: str, port: int) -> None:
+        """Join the ranks' process group and shard the model over them (collective)."""
+        ranks.join(self.ranks, host, port, self._store)
+        self.trainer = self._trainer()
+        if self.ranks.rank == 0:
+            self.whole_optimizer = new_optimizer(self.whole, self.job.spec.algorithm)
+
+    def _active(self) -> Trainer:
+        if self.trainer is None:
+            raise RuntimeError(f"train rank {self.ranks.rank} of {self.ranks.world}: not joined to the others")
+        return self.trainer
+
+    def restore(self) -> tuple[LoopState, list[GroupKey]] | None:
         """Weights and optimiser of the newest intact checkpoint; metrics and dumps cut back to it.
         Also the groups that checkpoint left open (an outlier of theirs was deferred past it): the
-        resumed run generates them again, whole."""
-        state = self.run.restore(self.model, self.trainer.optimizer)
-        return state, [(int(e), str(p)) for e, p in self.run.checkpoint_extra(state.step).get(OPEN_GROUPS, [])]
+        resumed run generates them again, whole. Rank 0 reads; every rank loads (None elsewhere)."""
+        trainer = self._active()
+        found = None
+        if self.ranks.rank == 0:
+            assert self.whole_optimizer is not None
+            state = self.run.restore(self.whole, self.whole_optimizer)
+            extra = self.run.checkpoint_extra(state.step).get(OPEN_GROUPS, [])
+            found = state, [(int(e), str(p)) for e, p in extra]
+        if self.ranks.many:
+            whole = self.ranks.rank == 0 and self.whole_optimizer is not None
+            ranks.load_full_state(self.model, trainer.optimizer, self.whole.state_dict() if whole else {},
+                                  self.whole_optimizer.state_dict() if whole and self.whole_optimizer else {})
+        return found
 
     def history_records(self) -> list[dumps.RolloutRecord]:
         """Every dumped response (what a history worker starting mid-run refills its store from)."""
@@ -66,30 +120,36 @@ class TrainWorker:
         return [(pid, ls) for (_, pid), ls in groups.items()]
 
     def weights(self) -> Weights:
-        """Copies under Hugging Face names; a tied output layer is the embedding's copy, not a second one."""
+        """Copies under Hugging Face names, on the CPU; a tied output layer is the embedding's copy,
+        not a second one. Rank 0."""
         copies: dict[int, torch.Tensor] = {}
-        return {k: copies.setdefault(v.data_ptr(), v.detach().clone()) for k, v in self.model.hf_state_dict().items()}
+        return {k: copies.setdefault(v.data_ptr(), v.detach().cpu().clone())
+                for k, v in self.whole.hf_state_dict().items()}
 
     def step(self, state: LoopState, layout: StepLayout, kept: list[GroupKey],
              *scored: list[ScoredSample]) -> tuple[dict[str, float], Weights | None]:
         """Train on the kept groups of the step, then dump every group. `state` is the loop's state
-        after the step. Returns the statistics and, if the weights changed, the new weights."""
+        after the step. Returns the statistics and, if the weights changed, the new weights (rank
+        0; the other ranks return no weights)."""
+        trainer = self._active()
+        lead = self.ranks.rank == 0
         groups = layout.assemble(scored, self.prompts, self.encoded, self.job.spec.algorithm.group_size)
         wanted = set(kept)
+        # the weights this step starts from: the policy version before its update
         samples = training_samples([grp for grp in groups if (grp.epoch, grp.prompt.prompt_id) in wanted], self.job,
-                                   state.step)
-        # the rollout engine's log-probabilities against these weights, on the samples they generated
-        current = state.policy_version - (1 if samples else 0)
-        gap = logprob_gap(self.model, [(grp.prompt_ids, r) for grp in groups if grp.policy_version == current
-                                       for r in grp.results])
+                                   state.step, state.policy_version - 1)
         t0 = time.perf_counter()
-        stats = self.trainer.step(samples) if samples else {}
+        stats = trainer.step(samples) if samples else {}
+        if samples and self.ranks.many:
+            whole, _ = ranks.full_state(self.model, None)
+            if lead:
+                self.whole.load_state_dict(whole)
         stats["time_train_s"] = time.perf_counter() - t0
-        if gap is not None:
-            stats["rollout_logprob_diff_mean"], stats["rollout_logprob_diff_max"] = gap
-        if samples and (self.trainer.skipped_samples or self.trainer.skipped_updates):
-            self.run.note(f"step {state.step}: on_nonfinite=skip left out {len(self.trainer.skipped_samples)} "
-                          f"sample(s) {self.trainer.skipped_samples} and {self.trainer.skipped_updates} update(s) "
+        if not lead:
+            return stats, None
+        if samples and (trainer.skipped_samples or trainer.skipped_updates):
+            self.run.note(f"step {state.step}: on_nonfinite=skip left out {len(trainer.skipped_samples)} "
+                          f"sample(s) {trainer.skipped_samples} and {trainer.skipped_updates} update(s) "
                           "with a nan/inf value")
         dumps.write_step(self.run.path, state.step, list(records(groups, state)))
         faults.point("dump", state.step)
@@ -97,7 +157,17 @@ class TrainWorker:
         self.metrics.flush()
         return stats, (self.weights() if samples else None)
 
-    def save(self, state: LoopState, open_groups: Sequence[GroupKey] = ()) -> str:
-        return str(self.run.save_checkpoint(state, self.model, self.trainer.optimizer,
+    def save(self, state: LoopState, open_groups: Sequence[GroupKey] = ()) -> str | None:
+        """Write a checkpoint (collective: rank 0 gathers the whole state and writes it; None elsewhere)."""
+        trainer = self._active()
+        if self.ranks.many:
+            whole, optimizer_state = ranks.full_state(self.model, trainer.optimizer)
+            if self.ranks.rank != 0:
+                return None
+            assert self.whole_optimizer is not None
+            self.whole.load_state_dict(whole)
+            self.whole_optimizer.load_state_dict(optimizer_state)
+        assert self.whole_optimizer is not None
+        return str(self.run.save_checkpoint(state, self.whole, self.whole_optimizer,
                                             self.job.spec.checkpoint.keep_last,
                                             {OPEN_GROUPS: [list(k) for k in open_groups]}))

@@ -55,7 +55,8 @@ class GenResult:
     drafted: int = 0
     accepted: int = 0
     logprobs: list[float] | None = None
-    """The engine's log-probability of each response token (vLLM; the torch engine keeps none)."""
+    """Each response token's log-probability under the distribution it was drawn from (after
+    temperature and top-p: the behaviour policy); None where an engine could not report every one."""
 
 
 class DraftSource(Protocol):
@@ -146,12 +147,14 @@ class TorchEngine:
         positions = done[:, None] + torch.arange(width, device=self.device)[None, :]
         # only the real cells are sampled; padding gets -1, which no draft token equals
         target = torch.full((rows, width), -1, dtype=torch.int64, device=self.device)
-        target[real] = sample_tokens(logits[real], params.seed, b.sample_ids[:rows, None].expand(-1, width)[real],
-                                     positions[real], params.temperature, params.top_p)
+        behaviour = torch.zeros((rows, width), dtype=torch.float64, device=self.device)
+        target[real], behaviour[real] = sample_tokens(
+            logits[real], params.seed, b.sample_ids[:rows, None].expand(-1, width)[real], positions[real],
+            params.temperature, params.top_p)
         # accepted prefix: leading positions where the draft equals the target sampled before it
         match = (tokens[:, 1:] == target[:, :-1]).to(torch.int64)
         accepted_all = match.cumprod(dim=1).sum(dim=1) if width > 1 else torch.zeros(rows, dtype=torch.int64)
-        target_rows, accepted_rows = target.tolist(), accepted_all.tolist()
+        target_rows, accepted_rows, behaviour_rows = target.tolist(), accepted_all.tolist(), behaviour.tolist()
         grow = [0] * rows
         last = b.last[:rows].tolist()
         settled: list[tuple[int, int, int, list[int]]] = []
@@ -162,7 +165,7 @@ class TorchEngine:
             res.drafted += draft_len[s]
             res.accepted += a
             grow[s] = 1 + a  # the fed token plus the accepted draft stay cached; the rest is rolled back
-            kept = emit(s, target_rows[s][: a + 1])
+            kept = emit(s, target_rows[s][: a + 1], behaviour_rows[s][: a + 1])
             last[s] = kept[-1]
             if b.owner[s] >= 0:
                 settled.append((s, draft_len[s], a, kept))
@@ -229,7 +232,8 @@ class EngineSession:
     def progress(self) -> dict[int, GenResult]:
         """Copies of every waiting or running request's partial result: what resumes them (`add`)
         if this session is lost."""
-        return {k: replace(r, response_ids=list(r.response_ids)) for k, r in self._results.items()}
+        return {k: replace(r, response_ids=list(r.response_ids), logprobs=None if r.logprobs is None else list(r.logprobs))
+                for k, r in self._results.items()}
 
     # ------------------------------------------------------------------ changes
     def add(self, key: int, request: GenRequest, resume: GenResult | None = None, *, first: bool = False) -> None:
@@ -241,6 +245,8 @@ class EngineSession:
             raise ValueError(f"key {key}: prompt of {len(request.prompt_ids)} tokens exceeds the session's "
                              f"{self.max_prompt_len}")
         res = resume if resume is not None else GenResult()
+        if res.logprobs is None and not res.response_ids:
+            res.logprobs = []
         ids = res.response_ids
         if ids and (ids[-1] == self.engine.eos_id or len(ids) >= self.params.max_response_length):
             raise ValueError(f"key {key}: cannot resume a finished response")
@@ -291,8 +297,9 @@ class EngineSession:
         return done
 
     # ------------------------------------------------------------------ internals
-    def _emit(self, slot: int, tokens: list[int]) -> list[int]:
-        """Append sampled tokens to the slot's response; stop at EOS or the length limit."""
+    def _emit(self, slot: int, tokens: list[int], logprobs: list[float]) -> list[int]:
+        """Append sampled tokens (and their log-probabilities) to the slot's response; stop at EOS
+        or the length limit."""
         b, eos, limit = self._b, self.engine.eos_id, self.params.max_response_length
         key = b.owner[slot]
         res = self._results[key]
@@ -301,6 +308,10 @@ class EngineSession:
         if eos in kept:
             kept = kept[: kept.index(eos) + 1]
             res.finish_reason = "stop"
+        if res.logprobs is not None and len(res.logprobs) == len(res.response_ids):
+            res.logprobs += logprobs[: len(kept)]
+        else:  # resumed from tokens whose log-probabilities nobody kept
+            res.logprobs = None
         res.response_ids += kept
         if kept[-1] == eos or len(res.response_ids) >= limit:
             b.owner[slot] = -1
@@ -345,20 +356,20 @@ class EngineSession:
         ends = ends[rows]
         sids = torch.tensor([self._requests[k].sample_id for _, k in taken], device=device)
         positions = torch.tensor([len(self._results[k].response_ids) for _, k in taken], device=device)
-        first = sample_tokens(logits, params.seed, sids, positions, params.temperature, params.top_p)
+        first, first_logprobs = sample_tokens(logits, params.seed, sids, positions, params.temperature, params.top_p)
         b.lens[slots], b.last[slots], b.sample_ids[slots] = ends + 1, first, sids
         b.rows = max(b.rows, max(s for s, _ in taken) + 1)
-        for (slot, key), tok in zip(taken, first.tolist(), strict=True):
+        for (slot, key), tok, logprob in zip(taken, first.tolist(), first_logprobs.tolist(), strict=True):
             b.owner[slot] = key
             res = self._results[key]
             prefix = list(res.response_ids)
             res.forward_passes += 1
             if drafts is not None:
                 drafts.begin(slot, self._requests[key])
-            kept = self._emit(slot, [tok])
+            kept = self._emit(slot, [tok], [logprob])
             if drafts is not None and b.owner[slot] >= 0:
                 drafts.settle([slot], [0], [0], [prefix + kept])
 
 
 class _Emit(Protocol):
-    def __call__(self, slot: int, tokens: list[int]) -> list[int]: ...
+    def __call__(self, slot: int, tokens: list[int], logprobs: list[float]) -> list[int]: ...

@@ -42,10 +42,16 @@ def uniform_noise(seed: int, sample_ids: Tensor, positions: Tensor, vocab: int) 
 
 
 def sample_tokens(logits: Tensor, seed: int, sample_ids: Tensor, positions: Tensor,
-                  temperature: float, top_p: float = 1.0) -> Tensor:
-    """Draw one token per row of logits [..., V]; sample_ids and positions have the leading shape."""
+                  temperature: float, top_p: float = 1.0) -> tuple[Tensor, Tensor]:
+    """Draw one token per row of logits [..., V]; sample_ids and positions have the leading shape.
+
+    Returns the tokens and each one's log-probability under the distribution it was drawn from
+    (after temperature and top-p: the behaviour policy that off-policy correction divides by).
+    Greedy decoding (temperature 0) draws from no distribution: its log-probabilities are those
+    of the untempered softmax, what the trainer computes at temperature 0."""
     if temperature == 0.0:
-        return logits.argmax(-1)
+        tokens = logits.argmax(-1)
+        return tokens, torch.log_softmax(logits.double(), dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     scores = logits.double() / temperature
     logp = torch.log_softmax(scores, dim=-1)
     if top_p < 1.0:
@@ -53,6 +59,7 @@ def sample_tokens(logits: Tensor, seed: int, sample_ids: Tensor, positions: Tens
         cum = sorted_lp.exp().cumsum(-1)
         drop_sorted = (cum - sorted_lp.exp()) >= top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logp = logp.masked_fill(drop, float("-inf"))
+        logp = torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)  # the nucleus, renormalised
     gumbel = -torch.log(-torch.log(uniform_noise(seed, sample_ids, positions, logits.shape[-1])))
-    return (logp + gumbel).argmax(-1)
+    tokens = (logp + gumbel).argmax(-1)
+    return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

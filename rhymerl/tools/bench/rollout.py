@@ -57,6 +57,7 @@ class RolloutBenchConfig:
     batch_sizes: tuple[int | str, ...] = (JOB, 16, 64, 256)
     methods: tuple[str, ...] = METHODS
     repeats: int = 1
+    device: str = "cpu"
 
 
 @dataclass
@@ -108,7 +109,8 @@ def _sources(method: str, spec: SpeculationSpec, store: dict[bool, MemoryHistory
 
 def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str, Any]], CostProfile]:
     w = load_run_workload(cfg.run)
-    job, model, tok, reqs, params, per_step = w.job, w.native, w.tokenizer, w.requests, w.params, w.per_step
+    job, tok, reqs, params, per_step = w.job, w.tokenizer, w.requests, w.params, w.per_step
+    model = w.native.to(cfg.device)
     store = {weighted: MemoryHistoryStore(reward_weighted=weighted) for weighted in (True, False)}
     for s in store.values():
         s.update(r for r in w.records if r.epoch == w.last_epoch)
@@ -117,15 +119,16 @@ def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str,
     # up to the largest batch a workload runs at
     grid = {b for b in (1, 4, 16, 64, 128, 256) if b < max(sizes)} | set(sizes)
     profile = measure(model, batches=tuple(sorted(grid)))
-    console.print(f"policy {w.checkpoint}, history from epoch {w.last_epoch}, {len(reqs)} samples, "
-                  f"torch threads {torch.get_num_threads()}")
+    where = torch.cuda.get_device_name(cfg.device) if cfg.device.startswith("cuda") else \
+        f"torch threads {torch.get_num_threads()}"
+    console.print(f"policy {w.checkpoint}, history from epoch {w.last_epoch}, {len(reqs)} samples, {where}")
     out: list[dict[str, Any]] = []
     for batch in cfg.batch_sizes:
         if batch == JOB:  # the job's rollout: each step's prompts x group_size, decoded together
-            engine = TorchEngine(model, tok.eos_id, max_batch_size=job.spec.rollout.max_batch_size)
+            engine = TorchEngine(model, tok.eos_id, max_batch_size=job.spec.rollout.max_batch_size, device=cfg.device)
             chunks = w.steps()
         else:  # one pool of all samples, continuously batched at `batch`
-            engine = TorchEngine(model, tok.eos_id, max_batch_size=int(batch))
+            engine = TorchEngine(model, tok.eos_id, max_batch_size=int(batch), device=cfg.device)
             chunks = [reqs]
         times: dict[str, list[float]] = {m: [] for m in cfg.methods}
         last: dict[str, tuple[list[GenResult], dict[int, int]]] = {}

@@ -1,0 +1,45 @@
+"""How many threads a role worker computes with.
+
+On one machine the step loop says (every worker as many as its own process, so the arithmetic,
+and the tokens, are the in-process run's). On a Kubernetes pod each worker takes its own pod's CPU
+limit: not the controller pod's count, and not what the process would pick itself (torch counts
+the node's cores, and Ray sets OMP_NUM_THREADS=1 in a worker that reserved no CPU, as ours do).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import torch
+
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def cpu_limit(cgroup: Path = CGROUP) -> int | None:
+    """This container's CPU limit, rounded up (cgroup v2 cpu.max, else v1's CFS quota), at most the
+    CPUs this process may run on; None without a limit."""
+    quota = period = None
+    try:
+        text = (cgroup / "cpu.max").read_text().split()
+        if text and text[0] != "max":
+            quota, period = float(text[0]), float(text[1])
+    except (OSError, ValueError, IndexError):
+        try:
+            q = float((cgroup / "cpu" / "cpu.cfs_quota_us").read_text())
+            if q > 0:
+                quota, period = q, float((cgroup / "cpu" / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            pass
+    if quota is None or not period:
+        return None
+    return max(1, min(math.ceil(quota / period), len(os.sched_getaffinity(0))))
+
+
+def apply_threads(threads: int | None) -> None:
+    """torch's intra-op threads: `threads`; None: the pod's CPU limit on Kubernetes, else the
+    process's own setting."""
+    n = threads if threads is not None else cpu_limit() if "KUBERNETES_SERVICE_HOST" in os.environ else None
+    if n is not None:
+        torch.set_num_threads(n)
