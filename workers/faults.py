@@ -5,7 +5,8 @@ working on step STEP: no `finally`, no flush, no exit handler runs, exactly as w
 OOM killer or a spot reclaim takes a pod. Without the variable a point costs one dict lookup. The
 points (docs/formats.md, "Crash safety"): rollout, train, dump, metrics, checkpoint-files,
 checkpoint-manifest, checkpoint-renamed; and, in the distributed runtime's role workers,
-rollout-worker, reward-worker, history-worker (workers/roles/).
+rollout-worker, reward-worker, history-worker, weight-receive (its STEP the policy version a
+rollout worker is about to receive over a broadcast) (workers/roles/).
 
 A worker that is restarted after such a crash (Ray restarts actors) would reach the same point
 again; with `RHYMERL_CRASH_ONCE_DIR` set, each point fires once: a marker file in that folder,

@@ -348,6 +348,12 @@ class RolloutSpec(Placement):
     min_replicas: Replicas = 1
     max_replicas: Replicas = 1
     gpus_per_replica: NonNegInt = Field(0, le=64, description="tensor-parallel GPUs per rollout replica (at most 64)")
+    weight_sync: Literal["collective", "object-store"] = Field(
+        "collective", description="how a new policy version reaches rollout workers that are processes of their own "
+        "(the ray backend, a cluster): collective, a torch.distributed broadcast from the train worker beside the "
+        "calls they run, the object store's copy only where a broadcast fails; object-store, Ray's object store "
+        "alone. The local backend hands them over in its process"
+    )
     temperature: float = Field(1.0, ge=0.0, description="0 means greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: Seed = Field(0, description="sampling seed; a token depends only on (seed, sample id, position, logits)")

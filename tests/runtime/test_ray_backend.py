@@ -363,3 +363,32 @@ def test_two_train_ranks_train_what_one_does_and_their_checkpoint_resumes_on_one
     for a, b in zip(metrics(out), theirs, strict=True):
         assert float(str(a["loss"])) == pytest.approx(float(str(b["loss"])), abs=1e-4)
         assert a["reward_mean"] == b["reward_mean"]
+
+
+def test_a_rollout_worker_killed_as_a_weight_broadcast_starts_costs_a_fallback_not_a_sample(
+        in_process: Path, tmp_path: Path) -> None:
+    """Weights go by broadcast (rollout.weight_sync: collective, the default): tokens equal the
+    in-process run's only if every version arrives bit for bit. One of two rollout workers dies as
+    version 1's broadcast starts, the fleet's group still forming: the other, held until the
+    group's timeout, loads the object store's copy (`weight_fallbacks`, a note), the dead one's
+    samples resume elsewhere, nothing is lost."""
+    out = tmp_path / "run"
+    once = tmp_path / "once"
+    once.mkdir()
+    res = run(out, [*TINY, *RAY, "rollout.replicas=2", "rollout.max_replicas=2"],
+              {"RHYMERL_CRASH_AT": "weight-receive:1", "RHYMERL_CRASH_ONCE_DIR": str(once),
+               "RHYMERL_WEIGHT_SYNC_TIMEOUT_S": "10"})
+    assert res.returncode == 0, res.stderr
+    assert (once / "weight-receive-1").exists()  # the worker did die there
+    assert samples(out) == samples(in_process)
+    rows = metrics(out)
+    assert sum(int(str(m["weight_fallbacks"])) for m in rows) >= 1
+    assert "took the object store's" in (out / "events.log").read_text()
+
+
+def test_without_a_broadcast_the_object_store_alone_carries_the_weights(in_process: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    res = run(out, [*TINY, *RAY, "rollout.weight_sync=object-store"])
+    assert res.returncode == 0, res.stderr
+    assert samples(out) == samples(in_process)
+    assert all(m["weight_fallbacks"] == 0 for m in metrics(out))

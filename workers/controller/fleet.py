@@ -44,6 +44,7 @@ from rhymerl.algorithms.scheduling.types import Move, Sample, SampleId
 from rhymerl.api import RLJob
 from rhymerl.workers.controller.history_client import HistoryClient
 from rhymerl.workers.controller.transport import ResultLost, Stream, Transport, WorkerGone
+from rhymerl.workers.controller.weight_broadcast import WeightBroadcast
 from rhymerl.workers.roles.samples import (
     CallState,
     CallSummary,
@@ -52,6 +53,7 @@ from rhymerl.workers.roles.samples import (
     RolloutProgress,
     SampleRef,
 )
+from rhymerl.workers.roles.weight_sync import STAGED_WAIT_S
 from rhymerl.workers.rollout.engine import GenRequest
 from rhymerl.workers.rollout.sampling import sample_key
 
@@ -155,10 +157,11 @@ class RolloutFleet:
     def __init__(self, job: RLJob, transport: Transport, history: HistoryClient, lengths: LengthHistory,
                  encoded: dict[str, list[int]], reward: list[Any], start_worker: Callable[[], Any],
                  wanted: Callable[[], int], note: Callable[[str], None], say: Callable[[str], None],
-                 first_round: int = 0) -> None:
+                 first_round: int = 0, broadcast: WeightBroadcast | None = None) -> None:
         """start_worker: a new rollout worker's handle; wanted: how many workers the job wants now;
         note: an event for the run's log; say: what the fleet is doing, for a status line;
-        first_round: rounds planned before (a resumed run numbers its rounds on)."""
+        first_round: rounds planned before (a resumed run numbers its rounds on); broadcast: how
+        published versions travel besides the object store (None: through it alone)."""
         self.job, self.transport, self.history = job, transport, history
         self.encoded, self.reward, self.start_worker = encoded, reward, start_worker
         self.wanted, self.note, self.say = wanted, note, say
@@ -170,6 +173,7 @@ class RolloutFleet:
         self.rounds = first_round
         self.version = 0
         self.weights: dict[int, Any] = {}  # policy version -> its weights (those still in use)
+        self.broadcast = broadcast
         self.sched: Scheduler = make_scheduler(spec.scheduling, 1, seed=spec.rollout.seed,
                                                max_off_policy=spec.algorithm.max_off_policy_steps,
                                                history=lengths, learns_lengths=False)
@@ -197,6 +201,8 @@ class RolloutFleet:
         """Bring the fleet up to the wanted size with the run's current weights; the scheduler's cost
         model from the first worker's measured pass times."""
         self.version, self.weights = version, {version: weights}
+        if self.broadcast is not None:
+            self.broadcast.publish(version, [])
         self.reconcile(wait=True)
         self._started = True
         self._last_count = (self.live_count(), max(1, self.wanted()))
@@ -235,7 +241,7 @@ class RolloutFleet:
             try:
                 ready = self.transport.ready(m.handle)
             except WorkerGone:
-                self.members.remove(m)
+                self._remove(m)
                 self.note("a rollout worker died while it started")
                 continue
             if ready:
@@ -262,9 +268,14 @@ class RolloutFleet:
         elif not self._calls_of(m):  # outputs of its calls are scored first (collect stops it then)
             self._stop(m)
 
-    def _stop(self, m: Member) -> None:
+    def _remove(self, m: Member) -> None:
         if m in self.members:
             self.members.remove(m)
+        if self.broadcast is not None:
+            self.broadcast.forget(m.id)
+
+    def _stop(self, m: Member) -> None:
+        self._remove(m)
         self.transport.stop(m.handle)
 
     def _capacity_now(self) -> int | None:
@@ -315,25 +326,42 @@ class RolloutFleet:
         for old in [v for v in self.weights if v not in in_use]:
             del self.weights[old]
         self.version = version
+        if self.broadcast is not None:
+            self.broadcast.publish(version, [(m.id, m.handle) for m in self._live()])
         for m in self._live():
             if not any(not c.ended for c in self._calls_of(m)):
                 self._load(m, version)
 
     def _load(self, m: Member, version: int) -> None:
         if m.version != version:
-            m.loads.append(self.transport.call(m.handle, "load_weights", version, self.weights[version]))
+            weights = self.weights[version]
+            if self.broadcast is not None and self.broadcast.carries(version):
+                self.broadcast.ensure(version, m.id, m.handle)
+                weights = self.transport.deferred(weights)
+            m.loads.append(self.transport.call(m.handle, "load_weights", version, weights))
             m.version = version
 
-    def weight_sync_s(self) -> float:
-        """The longest weight load of any worker since the last call (they load in parallel)."""
-        seconds = 0.0
+    def weight_sync(self) -> tuple[float, int]:
+        """The longest weight load of any worker since the last call (they load in parallel), and
+        how many loads found no broadcast copy and took the object store's (said in the run's log)."""
+        if self.broadcast is not None:
+            broke = self.broadcast.failed
+            self.broadcast.seconds()
+            if self.broadcast.failed > broke:
+                self.note(f"{self.broadcast.failed - broke} weight broadcast(s) broke (a receiver gone); the other "
+                          "receivers' copies arrived or their loads take the object store's")
+        seconds, fell_back = 0.0, 0
         for m in self._live():
             for r in m.loads:
                 if self.transport.done(r):
                     with contextlib.suppress(WorkerGone, ResultLost):
-                        seconds = max(seconds, float(self.transport.get(r)))
+                        took, missed = self.transport.get(r)
+                        seconds, fell_back = max(seconds, float(took)), fell_back + bool(missed)
             m.loads = [r for r in m.loads if not self.transport.done(r)]
-        return seconds
+        if fell_back:
+            self.note(f"{fell_back} weight load(s) found no broadcast copy within "
+                      f"{STAGED_WAIT_S:.0f}s and took the object store's")
+        return seconds, fell_back
 
     def recommend(self, prompts: Sequence[str], rounds: Sequence[Round], train_s: float,
                   tokens_per_pass: float) -> FleetAdvice:
@@ -688,8 +716,7 @@ class RolloutFleet:
         """The worker of `call` died: every call of it that had not ended is resumed elsewhere from
         the tokens its samples had at their last snapshot."""
         m = call.member
-        if m in self.members:
-            self.members.remove(m)
+        self._remove(m)
         self.transport.stop(m.handle)
         for c in [c for c in self.by_stream.values() if c.member is m and not c.ended]:
             c.ended = True

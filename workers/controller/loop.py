@@ -28,6 +28,7 @@ from rhymerl.workers.controller.scale import ScaleFile
 from rhymerl.workers.controller.stopping import GracefulStop
 from rhymerl.workers.controller.train_role import TrainRole, train_ranks
 from rhymerl.workers.controller.transport import LocalTransport, Transport
+from rhymerl.workers.controller.weight_broadcast import WeightBroadcast
 from rhymerl.workers.reward.outcome import check_failures
 from rhymerl.workers.roles.groups import GroupSummary
 from rhymerl.workers.roles.history_worker import HistoryWorker
@@ -91,13 +92,16 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False, backend: Backend | 
             lengths.observe(pid, ls)
         prompts = load_prompts(spec.data)
         encoded = encode_prompts(load_job_tokenizer(job), prompts)
+        broadcast = None
+        if t.concurrent and spec.rollout.weight_sync == "collective":
+            broadcast = WeightBroadcast(t, train.lead, t.get(t.call(train.lead, "weight_channel")))
         fleet = RolloutFleet(job, t, history, lengths, encoded, reward,
                              lambda: t.start("rollout", RolloutWorker, job, backend.threads, backend.profile_progress,
                                              backend.notice),
                              backend.wanted, run.note, backend.say,
-                             first_round=sum(m.gen_rounds for m in run.step_metrics()))
+                             first_round=sum(m.gen_rounds for m in run.step_metrics()), broadcast=broadcast)
         roles = Roles(train, reward, history, fleet)
-        fleet.start(state.policy_version, t.call(train.lead, "weights"))
+        fleet.start(state.policy_version, t.call(train.lead, "weights", state.policy_version))
         yield from _steps(job, run, t, roles, BatchSampler(job, fleet, prompts, lengths, again),
                           state)
     finally:
@@ -181,6 +185,7 @@ def step_metrics(state: LoopState, batch: Batch, train_stats: dict[str, float], 
     gap = {k: stats.pop(k) for k in ("rollout_logprob_diff_mean", "rollout_logprob_diff_max") if k in stats}
     history = [r.history_ok for r in rounds if r.history_ok is not None]
     reruns, fleet.reruns = fleet.reruns, 0
+    sync_s, fallbacks = fleet.weight_sync()
     return StepMetrics(
         step=state.step,
         epoch=state.epoch,
@@ -204,7 +209,8 @@ def step_metrics(state: LoopState, batch: Batch, train_stats: dict[str, float], 
         **fleet_metrics(rounds, fleet.live_count(), fleet.wanted()),
         **gap,
         time_step_s=round(step_s, 3),
-        weight_sync_s=round(fleet.weight_sync_s(), 4),
+        weight_sync_s=round(sync_s, 4),
+        weight_fallbacks=fallbacks,
         time_wait_rollout_s=round(batch.waited_s, 3),
         time_wait_train_s=round(train_wait_s, 3),
         policy_lag_max=lag,

@@ -88,6 +88,10 @@ class Transport(Protocol):
     def keep(self, item: Any) -> Any:
         """`item` made to outlive the worker that made it (a leaving worker's handback)."""
 
+    def deferred(self, result: Any) -> Any:
+        """A result passed on to a worker unresolved: the worker resolves it (`.get()`) only if it
+        needs it. In this process: the value itself."""
+
     def clock(self, handle: Any) -> float:
         """Seconds on the worker's clock (comparable between workers)."""
 
@@ -207,6 +211,9 @@ class LocalTransport:
 
     def keep(self, item: Any) -> Any:
         return item
+
+    def deferred(self, result: Any) -> Any:
+        return result
 
     def clock(self, handle: Any) -> float:
         return float(handle.clock)

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import torch
 
@@ -47,6 +47,7 @@ from rhymerl.workers.roles.samples import (
     Tag,
 )
 from rhymerl.workers.roles.threads import apply_threads
+from rhymerl.workers.roles.weight_sync import STAGED_WAIT_S, Group, Layout, WeightReceiver
 from rhymerl.workers.roles.worker_metrics import WorkerMetrics
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, TorchEngine
 from rhymerl.workers.rollout.speculation import RolloutSpeculation, reachable_batches
@@ -67,10 +68,19 @@ def load_job_tokenizer(job: RLJob) -> Tokenizer:
     return load_tokenizer(model_dir(job.spec.model.path))
 
 
+class Deferred(Protocol):
+    """A reference to weights held elsewhere, resolved only when asked."""
+
+    def get(self) -> Weights: ...
+
+
 class RolloutWorker:
-    CONCURRENCY_GROUPS: ClassVar[dict[str, int]] = {"control": 1}
+    CONCURRENCY_GROUPS: ClassVar[dict[str, int]] = {"control": 1, "weights": 1}
     CONTROL: ClassVar[frozenset[str]] = frozenset({"release", "admit", "leave"})
     """Methods that reach a running call (they run beside it, in the control group, on Ray)."""
+    WEIGHTS: ClassVar[frozenset[str]] = frozenset({"receive_weights"})
+    """Receiving a published version over a broadcast, beside a running call (the weights group)."""
+
 
     def __init__(self, job: RLJob, threads: int | None = None, progress: Progress | None = None,
                  notice: bool = False) -> None:
@@ -97,6 +107,7 @@ class RolloutWorker:
             self.speculation.control.clock = self._busy.now
         self.policy_version = 0
         self.metrics = WorkerMetrics("rollout")
+        self.receiver = WeightReceiver()
         self._lock = threading.Lock()
         self._call: int | None = None  # the running call's id
         self._release: set[SampleRef] = set()  # samples the step loop asked the running call to hand back
@@ -148,9 +159,21 @@ class RolloutWorker:
         return os.getpid(), self._leaving
 
     # ------------------------------------------------------------------ weights
-    def load_weights(self, version: int, weights: Weights) -> float:
-        """Load a policy version in place; the seconds it took."""
+    def receive_weights(self, version: int, group: Group, rank: int, layout: Layout) -> None:
+        """Receive a policy version over a broadcast into a staging copy (`load_weights` takes it)."""
+        self.receiver.receive(version, group, rank, layout)
+
+    def load_weights(self, version: int, weights: Weights | Deferred) -> tuple[float, bool]:
+        """Load a policy version in place; the seconds it took, and whether a broadcast meant to
+        bring it failed. `weights`: the tensors, or a reference to them (the object store's copy)
+        while the version comes over a broadcast: the broadcast's copy once it arrived, else, after
+        STAGED_WAIT_S, the reference's."""
         t0 = time.perf_counter()
+        fell_back = False
+        if not isinstance(weights, Mapping):
+            staged = self.receiver.take(version, STAGED_WAIT_S)
+            fell_back = staged is None
+            weights = staged if staged is not None else weights.get()
         if self.vllm is not None:
             self.vllm.load_weights(weights)
         else:
@@ -159,7 +182,7 @@ class RolloutWorker:
         self.policy_version = version
         self.metrics.policy.set(version)
         self.metrics.flush()
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, fell_back
 
     # ------------------------------------------------------------------ calls
     def generate(self, call: RolloutCall, indexes: Mapping[str, HistoryIndex] | None,

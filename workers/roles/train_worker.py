@@ -9,7 +9,7 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -21,6 +21,7 @@ from rhymerl.workers.roles.groups import StepLayout, records, training_samples
 from rhymerl.workers.roles.rollout_worker import Weights, encode_prompts
 from rhymerl.workers.roles.samples import GroupKey, ScoredSample
 from rhymerl.workers.roles.threads import apply_threads
+from rhymerl.workers.roles.weight_sync import Group, Layout, WeightSender
 from rhymerl.workers.roles.worker_metrics import WorkerMetrics
 from rhymerl.workers.run_folder.run_dir import LoopState, RunDir, pod_run_dir
 from rhymerl.workers.task.prompts import load_prompts
@@ -36,7 +37,13 @@ class TrainWorker:
     ranks.py) every rank trains its share of each step, and rank 0 alone keeps the run folder
     (dumps, checkpoints), holds a whole copy of the weights to hand out and save, and answers the
     step loop's questions. Collective calls (every rank, together): `join`, `restore`, `step`,
-    `save`; the others are rank 0's."""
+    `save`; the others are rank 0's. Rank 0 also sends published weights to rollout workers over a
+    broadcast (`weight_channel`, `send_weights`: workers/roles/weight_sync.py), beside its other
+    calls on Ray (the `weights` concurrency group), from a copy no update touches."""
+
+    CONCURRENCY_GROUPS: ClassVar[dict[str, int]] = {"weights": 1}
+    WEIGHTS: ClassVar[frozenset[str]] = frozenset({"weight_channel", "send_weights"})
+    KEEP_VERSIONS = 2  # published versions kept to send (a joiner may start on the one before)
 
     def __init__(self, job: RLJob, run: RunDir | str | None, threads: int | None = None,
                  pipelined: bool = False, rank: int = 0, world: int = 1) -> None:
@@ -65,6 +72,8 @@ class TrainWorker:
         self.encoded = encode_prompts(tok, list(self.prompts.values()))
         self.metrics = WorkerMetrics("train")
         self._store: Any = None
+        self.published: dict[int, Weights] = {}  # policy version -> its weights, as handed out
+        self.sender: WeightSender | None = None
 
     def _trainer(self) -> Trainer:
         spec = self.job.spec
@@ -119,12 +128,32 @@ class TrainWorker:
             groups.setdefault((rec.step, rec.prompt_id), []).append(len(rec.response_ids))
         return [(pid, ls) for (_, pid), ls in groups.items()]
 
-    def weights(self) -> Weights:
+    def weights(self, version: int | None = None) -> Weights:
         """Copies under Hugging Face names, on the CPU; a tied output layer is the embedding's copy,
-        not a second one. Rank 0."""
+        not a second one. Rank 0. With `version`: also kept as that version's, to send."""
         copies: dict[int, torch.Tensor] = {}
-        return {k: copies.setdefault(v.data_ptr(), v.detach().cpu().clone())
-                for k, v in self.whole.hf_state_dict().items()}
+        weights = {k: copies.setdefault(v.detach().data_ptr(), v.detach().cpu().clone())
+                   for k, v in self.whole.hf_state_dict().items()}
+        if version is not None:
+            self.published = {v: w for v, w in self.published.items() if v > version - self.KEEP_VERSIONS}
+            self.published[version] = weights
+        return weights
+
+    def weight_channel(self) -> tuple[str, int, Layout]:
+        """Rank 0: open the store weight transfers meet at; where it is, and what a transfer carries."""
+        if self.sender is None:
+            self.sender = WeightSender()
+        return self.sender.host, self.sender.port, Layout.of(self.weights())
+
+    def send_weights(self, version: int, group: Group) -> float:
+        """Broadcast a published version to a group of rollout workers; the seconds it took."""
+        weights = self.published.get(version)
+        if self.sender is None or weights is None:
+            raise RuntimeError(f"policy version {version}: not among the versions kept to send "
+                               f"({sorted(self.published)}) or no weight channel open")
+        t0 = time.perf_counter()
+        self.sender.send(group, weights)
+        return time.perf_counter() - t0
 
     def step(self, state: LoopState, layout: StepLayout, kept: list[GroupKey],
              *scored: list[ScoredSample]) -> tuple[dict[str, float], Weights | None]:
@@ -155,7 +184,7 @@ class TrainWorker:
         faults.point("dump", state.step)
         self.metrics.call(stats["time_train_s"])
         self.metrics.flush()
-        return stats, (self.weights() if samples else None)
+        return stats, (self.weights(state.policy_version) if samples else None)
 
     def save(self, state: LoopState, open_groups: Sequence[GroupKey] = ()) -> str | None:
         """Write a checkpoint (collective: rank 0 gathers the whole state and writes it; None elsewhere)."""

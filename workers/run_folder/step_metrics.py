@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 MEASURED = frozenset({"spec_rate", "spec_acceptance", "tokens_per_pass", "rollout_busy_s", "rollout_makespan_s",
-                      "rollout_bubble", "weight_sync_s", "fleet_recommended", "rollout_logprob_diff_mean",
+                      "rollout_bubble", "weight_sync_s", "weight_fallbacks", "fleet_recommended", "rollout_logprob_diff_mean",
                       "rollout_logprob_diff_max", "is_ratio_mean", "is_ratio_max", "is_capped_frac"})
 """Fields measured with a clock, following from choices made on measured costs (the draft cap), or
 float rounding that depends on which rows the engine batched together (the behaviour
@@ -75,6 +75,7 @@ class StepMetrics(BaseModel):
     fleet_recommended: int | None = None  # rollout workers the next step wants (scheduling/fleet_size.py)
     time_step_s: float | None = None  # wall clock of the whole step (before writing its metrics)
     weight_sync_s: float | None = None  # the longest load of the trainer's weights into a rollout worker
+    weight_fallbacks: int | None = None  # loads that found no broadcast copy and took the object store's
     # the engine's behaviour log-probabilities against the trainer's (trained samples)
     rollout_logprob_diff_mean: float | None = None  # |trainer - rollout| log-probability, samples of no lag
     rollout_logprob_diff_max: float | None = None

@@ -28,6 +28,7 @@ from rhymerl.workers.controller.loop import Backend, run_steps
 from rhymerl.workers.controller.scale import ScaleFile
 from rhymerl.workers.controller.transport import Report, ResultLost, Stream, WorkerGone
 from rhymerl.workers.roles.rollout_worker import RolloutWorker
+from rhymerl.workers.roles.train_worker import TrainWorker
 from rhymerl.workers.run_folder.run_dir import RunDir
 from rhymerl.workers.run_folder.step_metrics import StepMetrics
 from rhymerl.workers.runtime.cluster import local_ray, role_capacity, role_gpus, spawn
@@ -67,6 +68,8 @@ class RayTransport:
         options: dict[str, Any] = {"num_returns": returns}
         if method in RolloutWorker.CONTROL:
             options["concurrency_group"] = "control"
+        elif method in RolloutWorker.WEIGHTS | TrainWorker.WEIGHTS:
+            options["concurrency_group"] = "weights"
         refs = getattr(handle, method).options(**options).remote(*args)
         return tuple(refs) if returns > 1 else refs
 
@@ -126,6 +129,9 @@ class RayTransport:
     def keep(self, item: Any) -> Any:
         return ray.put(ray.get(item))
 
+    def deferred(self, result: Any) -> Any:
+        return _Deferred(result)
+
     def clock(self, handle: Any) -> float:
         return time.monotonic()
 
@@ -138,6 +144,17 @@ class RayTransport:
     def capacity(self, role: Role) -> int | None:
         """The units of the role's resource in the cluster: one per pod of the role that joined."""
         return role_capacity()[role]
+
+
+class _Deferred:
+    """An object reference a worker resolves only if it needs it (Ray resolves a reference passed
+    as an argument before the call, this one it leaves alone)."""
+
+    def __init__(self, ref: Any) -> None:
+        self.ref = ref
+
+    def get(self) -> Any:
+        return ray.get(self.ref)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

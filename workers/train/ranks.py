@@ -121,7 +121,7 @@ def share(sizes: list[int], rows: list[int], ranks: Ranks) -> list[int]:
 
 def listen() -> tuple[Store, str, int]:
     """Rank 0's rendezvous: a TCPStore on a free port of this host, and where the others reach it."""
-    host = _host_address()
+    host = host_address()
     store = TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
     return store, host, store.port
 
@@ -140,7 +140,7 @@ def leave() -> None:
         dist.destroy_process_group()
 
 
-def _host_address() -> str:
+def host_address() -> str:
     """This host's address as other hosts reach it (the pod IP on a cluster)."""
     try:
         import ray

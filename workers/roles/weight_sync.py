@@ -1,0 +1,194 @@
+"""Weights from the trainer to rollout workers over a torch.distributed broadcast.
+
+Ray's object store moves a policy version by serialising it (PolicyTrace measured 0.015 GB/s
+across nodes); a collective moves the raw bytes once per receiver link. The train worker (rank 0
+of the train role) opens a TCPStore on a free port once (`WeightSender`); for each transfer the
+step loop names a group (an id, the receivers, their ranks 1..n) and every member joins it, the
+sender broadcasting, the receivers receiving. Groups are stateless process groups
+(`ProcessGroupGloo` over a prefix of the one store), so the rollout fleet can change between
+transfers: a group whose members did not change is used again, a new member set makes a new one,
+and a worker that joins mid-run gets the current version through a group of its own.
+
+Tensors travel in buckets of at most BUCKET_BYTES, one dtype each, flattened: few messages, and a
+receiver holds at most one bucket beyond the weights it builds. Gloo over TCP, CPU tensors on both
+ends (what the rollout workers load from); NCCL into GPU-resident weights is not built yet.
+
+A receiver stages what it received (`WeightReceiver.staged`); the worker loads it at its next
+call boundary, so a transfer overlaps the call it runs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
+
+from rhymerl.workers import faults
+from rhymerl.workers.train.ranks import host_address
+
+BUCKET_BYTES = 64 << 20
+TIMEOUT_ENV = "RHYMERL_WEIGHT_SYNC_TIMEOUT_S"
+TIMEOUT = datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "120")))
+"""How long a member waits for the others to join a group or finish a broadcast (a member that
+died before it joined holds the others this long)."""
+STAGED_WAIT_S = TIMEOUT.total_seconds() / 2
+"""How long a load waits for a broadcast version before it takes the object store's copy."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a transfer carries: each distinct tensor's name, shape and dtype, in order, and the
+    names that share another's tensor (a tied output layer)."""
+
+    tensors: tuple[tuple[str, tuple[int, ...], str], ...]
+    aliases: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, weights: Mapping[str, Tensor]) -> Layout:
+        seen: dict[int, str] = {}
+        tensors, aliases = [], []
+        for name, t in weights.items():
+            first = seen.setdefault(t.data_ptr(), name)
+            if first != name:
+                aliases.append((name, first))
+            else:
+                tensors.append((name, tuple(t.shape), str(t.dtype).removeprefix("torch.")))
+        return cls(tuple(tensors), tuple(aliases))
+
+    def buckets(self) -> list[list[int]]:
+        """Indexes of the tensors each bucket carries (one dtype, at most BUCKET_BYTES unless one tensor is larger)."""
+        out: list[list[int]] = []
+        size, dtype = 0, ""
+        for i, (_, shape, dt) in enumerate(self.tensors):
+            n = _numel(shape) * getattr(torch, dt).itemsize
+            if not out or dt != dtype or size + n > BUCKET_BYTES:
+                out.append([])
+                size, dtype = 0, dt
+            out[-1].append(i)
+            size += n
+        return out
+
+
+@dataclass(frozen=True)
+class Group:
+    """One transfer's members: the sender's store, the group's id, how many members (rank 0 sends)."""
+
+    host: str
+    port: int
+    group_id: str
+    size: int
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+class _Groups:
+    """This process's process groups by id, made when first named; the KEEP newest are kept (a
+    fleet's group is used again while its members stay, a joiner's once)."""
+
+    KEEP = 4
+
+
+    def __init__(self) -> None:
+        self._stores: dict[tuple[str, int], Any] = {}
+        self._groups: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def get(self, group: Group, rank: int, store: Any = None) -> Any:
+        with self._lock:
+            pg = self._groups.get(group.group_id)
+            if pg is None:
+                key = (group.host, group.port)
+                if store is None:
+                    store = self._stores.get(key) or TCPStore(group.host, group.port, is_master=False, timeout=TIMEOUT)
+                    self._stores[key] = store
+                pg = dist.ProcessGroupGloo(PrefixStore(f"weights/{group.group_id}", store), rank, group.size, TIMEOUT)
+                self._groups[group.group_id] = pg
+                for old in list(self._groups)[: -self.KEEP]:
+                    del self._groups[old]
+            return pg
+
+
+def _broadcast(pg: Any, t: Tensor) -> None:
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    pg.broadcast([t], opts).wait()
+
+
+class WeightSender:
+    """The train worker's side: a store for every transfer's rendezvous, and the broadcasts."""
+
+    def __init__(self) -> None:
+        self.host = host_address()
+        self.store = TCPStore(self.host, 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
+        self._groups = _Groups()
+
+    @property
+    def port(self) -> int:
+        return int(self.store.port)
+
+    def send(self, group: Group, weights: Mapping[str, Tensor]) -> None:
+        pg = self._groups.get(group, 0, self.store)
+        layout = Layout.of(weights)
+        tensors = [weights[name] for name, _, _ in layout.tensors]
+        for bucket in layout.buckets():
+            flat = torch.cat([tensors[i].detach().reshape(-1).cpu() for i in bucket])
+            _broadcast(pg, flat)
+
+
+class WeightReceiver:
+    """A rollout worker's side: receive a version into a staging copy; `take` it at a call boundary."""
+
+    def __init__(self) -> None:
+        self._groups = _Groups()
+        self._staged: dict[int, dict[str, Tensor]] = {}
+        self._arrived: dict[int, threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def _event(self, version: int) -> threading.Event:
+        with self._lock:
+            return self._arrived.setdefault(version, threading.Event())
+
+    def receive(self, version: int, group: Group, rank: int, layout: Layout) -> None:
+        faults.point("weight-receive", version)
+        pg = self._groups.get(group, rank)
+        out: dict[str, Tensor] = {}
+        for bucket in layout.buckets():
+            specs = [layout.tensors[i] for i in bucket]
+            dtype = getattr(torch, specs[0][2])
+            flat = torch.empty(sum(_numel(shape) for _, shape, _ in specs), dtype=dtype)
+            _broadcast(pg, flat)
+            offset = 0
+            for name, shape, _ in specs:
+                n = _numel(shape)
+                out[name] = flat[offset: offset + n].view(shape)
+                offset += n
+        for alias, name in layout.aliases:
+            out[alias] = out[name]
+        with self._lock:
+            self._staged[version] = out
+        self._event(version).set()
+
+    def take(self, version: int, timeout: float) -> dict[str, Tensor] | None:
+        """The staged weights of `version` once they arrived (None if not within `timeout`); staged
+        versions up to it are dropped."""
+        if not self._event(version).wait(timeout):
+            return None
+        with self._lock:
+            weights = self._staged.get(version)
+            for v in [v for v in self._staged if v <= version]:
+                del self._staged[v]
+                self._arrived.pop(v, None)
+            return weights
