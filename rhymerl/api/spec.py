@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from rhymerl.api.k8s_values import (
+    Dns1123Label,
+    Dns1123Subdomain,
+    ImageRef,
+    LabelValue,
+    QualifiedName,
+    quantity,
+)
 
 GROUP = "rhymerl.io"
 VERSION = "v1alpha1"
@@ -31,7 +40,8 @@ MAX_JOB_NAME = 52 - len("-controller")
 Replicas = Annotated[int, Field(gt=0, le=MAX_REPLICAS, description=f"at most {MAX_REPLICAS}")]
 Seed = Annotated[int, Field(ge=0, le=2**32 - 1, description="0 to 2**32-1 (sampling keys use 32 bits)")]
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
-Quantity = Annotated[str | int, Field(description="Kubernetes quantity, e.g. '500m', '2Gi' or 4")]
+Quantity = Annotated[str | int, AfterValidator(quantity), Field(description="Kubernetes quantity, e.g. '500m', '2Gi' "
+                                                                            "or 4")]
 
 
 class Strict(BaseModel):
@@ -174,14 +184,15 @@ class Resources(Strict):
 
 
 MAX_SCHEDULING_ITEMS = 32  # node selector labels or tolerations of one role: CEL cost bounds need a cap
-NodeSelector = Annotated[dict[str, str], Field(max_length=MAX_SCHEDULING_ITEMS, description="node labels a pod "
+NodeSelector = Annotated[dict[QualifiedName, LabelValue], Field(max_length=MAX_SCHEDULING_ITEMS, description="node labels a pod "
                                                f"requires (at most {MAX_SCHEDULING_ITEMS})")]
 
 
 class Toleration(Strict):
     """A Kubernetes toleration, in the spec's snake_case (the pod gets camelCase)."""
 
-    key: str | None = Field(None, max_length=316, description="taint key; omitted with operator Exists: every taint")
+    key: QualifiedName | None = Field(None, max_length=316, description="taint key; omitted with operator Exists: "
+                                      "every taint")
     operator: Literal["Equal", "Exists"] = "Equal"
     value: str | None = Field(None, max_length=63, description="taint value (operator Equal only)")
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(None, description="omitted: "
@@ -205,7 +216,7 @@ class TopologySpread(Strict):
 
     enabled: bool = Field(True, description="false: no spread constraint")
     max_skew: PositiveInt = Field(1, le=1024, description="largest difference in pod count between two domains")
-    topology_key: str = Field("kubernetes.io/hostname", min_length=1, max_length=316,
+    topology_key: QualifiedName = Field("kubernetes.io/hostname", min_length=1, max_length=316,
                               description="node label that names a domain, e.g. topology.kubernetes.io/zone")
     when_unsatisfiable: Literal["ScheduleAnyway", "DoNotSchedule"] = Field(
         "ScheduleAnyway", description="ScheduleAnyway: a preference; DoNotSchedule: a pod stays Pending rather "
@@ -433,7 +444,7 @@ class StorageSpec(Strict):
     what lets a suspended or restarted job resume."""
 
     size: Quantity = "20Gi"
-    storage_class: str | None = Field(None, max_length=253, description="default: the cluster's default "
+    storage_class: Dns1123Subdomain | None = Field(None, max_length=253, description="default: the cluster's default "
                                       "StorageClass")
     keep_on_delete: bool = Field(True, description="keep the claims when the RLJob is deleted (delete them by "
                                  "hand); false: deleted with it")
@@ -452,13 +463,13 @@ class FailurePolicySpec(Strict):
 
 
 class ImagesSpec(Strict):
-    controller: str = "ghcr.io/rhymerl/worker-cpu:0.1.0"
-    rollout: str = "ghcr.io/rhymerl/worker-gpu:0.1.0"
-    train: str = "ghcr.io/rhymerl/worker-gpu:0.1.0"
-    reward: str = "ghcr.io/rhymerl/worker-cpu:0.1.0"
-    history: str = "ghcr.io/rhymerl/worker-cpu:0.1.0"
+    controller: ImageRef = "ghcr.io/rhymerl/worker-cpu:0.1.0"
+    rollout: ImageRef = "ghcr.io/rhymerl/worker-gpu:0.1.0"
+    train: ImageRef = "ghcr.io/rhymerl/worker-gpu:0.1.0"
+    reward: ImageRef = "ghcr.io/rhymerl/worker-cpu:0.1.0"
+    history: ImageRef = "ghcr.io/rhymerl/worker-cpu:0.1.0"
     pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
-    pull_secrets: list[Annotated[str, Field(max_length=253)]] = Field(
+    pull_secrets: list[Annotated[Dns1123Subdomain, Field(max_length=253)]] = Field(
         default_factory=list, max_length=16, description="imagePullSecrets of every pod (Secrets in the job's "
         "namespace)"
     )
@@ -499,9 +510,9 @@ class Metadata(Strict):
         description=f"a DNS-1035 label of at most {MAX_JOB_NAME} characters: it names the job's Services and "
         "StatefulSets",
     )
-    namespace: str | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
+    namespace: Dns1123Label | None = None
+    labels: dict[QualifiedName, LabelValue] = Field(default_factory=dict)
+    annotations: dict[QualifiedName, str] = Field(default_factory=dict)
 
 
 class RLJob(Strict):

@@ -1,0 +1,87 @@
+"""Kubernetes' own rules for the values an RLJob hands to the API server, checked when the spec is
+read: what `kubectl apply` of the rendered objects would refuse (or a kubelet fail to pull) is a
+spec error naming the field and its line, not a broken job later.
+
+Each rule mirrors Kubernetes' apimachinery (k8s.io/apimachinery/pkg/util/validation and
+pkg/api/resource) or, for images, the distribution reference grammar the container runtimes
+parse; every message names the rule.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator
+
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS1123_LABEL = re.compile(rf"^{_LABEL}$")
+DNS1123_SUBDOMAIN = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
+_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
+QUALIFIED_NAME = re.compile(rf"^{_NAME}$")
+LABEL_VALUE = re.compile(rf"^({_NAME})?$")
+QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*"
+_DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[0-9a-fA-F:]+\])"
+IMAGE = re.compile(rf"^(?:{_DOMAIN}(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*"
+                   r"(?::[\w][\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$")
+
+
+def dns1123_label(value: str) -> str:
+    if len(value) > 63 or not DNS1123_LABEL.match(value):
+        raise ValueError(f"{value!r} is not a DNS-1123 label: at most 63 lowercase letters, digits and '-', starting "
+                         "and ending with a letter or digit (Kubernetes' IsDNS1123Label)")
+    return value
+
+
+def dns1123_subdomain(value: str) -> str:
+    if len(value) > 253 or not DNS1123_SUBDOMAIN.match(value):
+        raise ValueError(f"{value!r} is not a DNS-1123 subdomain: at most 253 characters of dot-separated lowercase "
+                         "labels of letters, digits and '-' (Kubernetes' IsDNS1123Subdomain)")
+    return value
+
+
+def qualified_name(value: str) -> str:
+    """A label, annotation, node-selector or taint key: an optional DNS-1123 subdomain prefix and '/',
+    then a name of at most 63 characters."""
+    prefix, slash, name = value.rpartition("/")
+    if (slash and (not prefix or len(prefix) > 253 or not DNS1123_SUBDOMAIN.match(prefix))) \
+            or len(name) > 63 or not QUALIFIED_NAME.match(name):
+        raise ValueError(f"{value!r} is not a qualified name: an optional DNS-1123 subdomain prefix and '/', then at "
+                         "most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit "
+                         "(Kubernetes' IsQualifiedName)")
+    return value
+
+
+def label_value(value: str) -> str:
+    if len(value) > 63 or not LABEL_VALUE.match(value):
+        raise ValueError(f"{value!r} is not a label value: empty, or at most 63 letters, digits, '-', '_' or '.', "
+                         "starting and ending with a letter or digit (Kubernetes' IsValidLabelValue)")
+    return value
+
+
+def quantity(value: str | int) -> str | int:
+    """A non-negative resource quantity: a number and an optional SI (m, k, M, G...), binary (Ki, Mi,
+    Gi...) or exponent (e3) suffix, no space."""
+    if isinstance(value, bool) or (isinstance(value, int) and value < 0):
+        raise ValueError(f"{value!r} is not a non-negative quantity (Kubernetes' resource.Quantity)")
+    if isinstance(value, str) and not QUANTITY.match(value):
+        raise ValueError(f"{value!r} is not a non-negative quantity such as '500m', '4', '64Gi' or '1e9': a number "
+                         "and one of the suffixes n u m k M G T P E, Ki Mi Gi Ti Pi Ei or e<N>, nothing between "
+                         "them (Kubernetes' resource.Quantity; 'GB' is not a suffix, 'G' or 'Gi' is)")
+    return value
+
+
+def image(value: str) -> str:
+    if len(value) > 4096 or not IMAGE.match(value):
+        raise ValueError(f"{value!r} is not an image reference: [registry[:port]/]repository[:tag][@digest], the "
+                         "repository lowercase, no spaces (the distribution reference grammar the container "
+                         "runtimes parse)")
+    return value
+
+
+Dns1123Label = Annotated[str, AfterValidator(dns1123_label)]
+Dns1123Subdomain = Annotated[str, AfterValidator(dns1123_subdomain)]
+QualifiedName = Annotated[str, AfterValidator(qualified_name)]
+LabelValue = Annotated[str, AfterValidator(label_value)]
+ImageRef = Annotated[str, AfterValidator(image)]
