@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from rhymerl.api import SpecError, parse_job
-from rhymerl.api.k8s_values import dns1123_label, dns1123_subdomain, image, label_value, qualified_name, quantity
+from rhymerl.api.k8s_values import (
+    dns1123_label,
+    dns1123_subdomain,
+    image,
+    label_value,
+    qualified_name,
+    quantity,
+)
 
 HEAD = "apiVersion: rhymerl.io/v1alpha1\nkind: RLJob\n"
 
