@@ -24,11 +24,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from rhymerl.api import RLJob
 from rhymerl.api.load import SpecError, SpecProblem
+from rhymerl.api.roles import train_ranks
 from rhymerl.errors import UserError
 from rhymerl.workers.controller.loop import local_backend, run_steps
 from rhymerl.workers.controller.preflight import check_memory, preflight
 from rhymerl.workers.controller.stopping import RunStopped
-from rhymerl.workers.controller.train_role import train_ranks
 from rhymerl.workers.reward.verifiers import load_user_function
 from rhymerl.workers.rollout.verify_cost import cache_dir
 from rhymerl.workers.rollout.vllm_engine import vllm_installed

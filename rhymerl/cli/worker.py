@@ -32,12 +32,11 @@ from prometheus_client import CollectorRegistry
 
 from rhymerl.api import RLJob
 from rhymerl.api.load import load_job
-from rhymerl.api.roles import REJOIN_EXIT_CODE, ROLES, Role
+from rhymerl.api.roles import REJOIN_EXIT_CODE, ROLES, Role, workers_per_pod
 from rhymerl.errors import UserError
 from rhymerl.workers.roles.rollout_worker import NODE_DIR_ENV, PID_SUFFIX
 from rhymerl.workers.roles.worker_metrics import METRICS_DIR_ENV, ControllerMetrics
 from rhymerl.workers.runtime import node
-from rhymerl.workers.runtime.cluster import role_units
 from rhymerl.workers.runtime.endpoints import Endpoints
 
 JOIN_TIMEOUT_S = 900.0  # the controller's own head must answer its own driver within this
@@ -105,7 +104,9 @@ def _member(job: RLJob, role: Role, endpoints: Endpoints, scratch: Path) -> int:
                 said = time.monotonic()
             stopping.wait(1.0)
             continue
-        ray_node = node.join(address, role, log, _object_store_bytes(), role_units(job, role))
+        # a StatefulSet's pod of ordinal 0 keeps its volume, the run's checkpoints, across restarts
+        lead = role == "train" and os.environ.get("RHYMERL_POD_NAME", "").rpartition("-")[2] == "0"
+        ray_node = node.join(address, role, log, _object_store_bytes(), workers_per_pod(job, role), lead)
         try:
             if _started(ray_node, log, stopping):
                 failed = 0

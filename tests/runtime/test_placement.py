@@ -6,10 +6,10 @@ import os
 from pathlib import Path
 
 from rhymerl.api import parse_job
-from rhymerl.workers.controller.train_role import train_ranks
+from rhymerl.api.roles import train_ranks, workers_per_pod
 from rhymerl.workers.roles.threads import cpu_limit
 from rhymerl.workers.rollout.vllm_engine import job_settings
-from rhymerl.workers.runtime.cluster import role_gpus, role_resources, role_units
+from rhymerl.workers.runtime.cluster import role_gpus, role_resources
 from rhymerl.workers.runtime.node import wanted_roles
 
 GPU_JOB = """
@@ -25,8 +25,9 @@ spec:
 def test_train_pods_host_one_rank_per_gpu_and_workers_reserve_their_gpus() -> None:
     job = parse_job(GPU_JOB)
     assert train_ranks(job) == 16
-    assert role_units(job, "train") == 8 and role_units(job, "rollout") == 1
+    assert workers_per_pod(job, "train") == 8 and workers_per_pod(job, "rollout") == 1
     assert role_resources("train", 8) == {"rhymerl_train": 8.0}
+    assert role_resources("train", 8, lead=True) == {"rhymerl_train": 8.0, "rhymerl_train_lead": 1.0}
     assert role_gpus(job)["train"] == 1.0 and role_gpus(job)["rollout"] == 4.0 and role_gpus(job)["reward"] == 0.0
     assert wanted_roles(job)["train"] == 16  # the run starts once every rank has its pod
     assert job_settings(job, 100).tensor_parallel_size == 4
@@ -34,7 +35,7 @@ def test_train_pods_host_one_rank_per_gpu_and_workers_reserve_their_gpus() -> No
 
 def test_a_job_without_gpus_trains_one_rank_per_pod_and_reserves_none() -> None:
     job = parse_job("apiVersion: rhymerl.io/v1alpha1\nkind: RLJob\nspec: {train: {replicas: 3}}\n")
-    assert train_ranks(job) == 3 and role_units(job, "train") == 1
+    assert train_ranks(job) == 3 and workers_per_pod(job, "train") == 1
     assert set(role_gpus(job).values()) == {0.0}
     assert job_settings(job, 100).tensor_parallel_size == 1
 

@@ -3,7 +3,10 @@ to what the sender holds, in buckets, with tied tensors, as the fleet changes be
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import threading
+import time
 
 import pytest
 import torch
@@ -40,10 +43,9 @@ def test_receivers_stage_bit_identical_weights_through_buckets_and_new_groups(mo
     assert all(len({layout.tensors[i][2] for i in b}) == 1 for b in layout.buckets())
     sender = WeightSender()
     a, b, c = WeightReceiver(), WeightReceiver(), WeightReceiver()
-    fleet = Group(sender.host, sender.port, "fleet-1", 3)
-    for version in (1, 2):  # the same members: the same group, used again
+    for version in (1, 2):  # a group per transfer
         weights = _weights(version)
-        _transfer(sender, [a, b], fleet, version, weights)
+        _transfer(sender, [a, b], Group(sender.host, sender.port, f"fleet-{version}", 3), version, weights)
         for r in (a, b):
             got = r.take(version, timeout=1)
             assert got is not None and got.keys() == weights.keys()
@@ -53,10 +55,32 @@ def test_receivers_stage_bit_identical_weights_through_buckets_and_new_groups(mo
     _transfer(sender, [c], Group(sender.host, sender.port, "join-1", 2), 2, _weights(2))
     got = c.take(2, timeout=1)
     assert got is not None and torch.equal(got["layer.1.w"], _weights(2)["layer.1.w"])
-    _transfer(sender, [a, b, c], Group(sender.host, sender.port, "fleet-2", 4), 3, _weights(3))
+    _transfer(sender, [a, b, c], Group(sender.host, sender.port, "fleet-3", 4), 3, _weights(3))
     assert all(torch.equal(r.take(3, timeout=1)["layer.0.w"], _weights(3)["layer.0.w"])  # type: ignore[index]
                for r in (a, b, c))
 
 
 def test_a_version_that_never_arrives_is_none_after_the_wait() -> None:
     assert WeightReceiver().take(7, timeout=0.01) is None
+
+
+def test_a_transfer_that_fails_wakes_the_load_waiting_for_it_and_a_late_one_is_not_kept(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(weight_sync, "TIMEOUT", datetime.timedelta(seconds=1))
+    sender = WeightSender()
+    a = WeightReceiver()
+    never_complete = Group(sender.host, sender.port, "fleet-1", 3)  # rank 2 never comes, nor the sender
+    failed = threading.Thread(target=lambda: _swallow(a.receive, 1, never_complete, 1, Layout.of(_weights(1))))
+    failed.start()
+    started = time.monotonic()
+    assert a.take(1, timeout=60) is None  # woken by the failure, not by the 60 s
+    assert time.monotonic() - started < 30
+    failed.join()
+    # version 1 came late, after the load moved past it: nothing is staged for it
+    _transfer(sender, [a], Group(sender.host, sender.port, "one-2", 2), 1, _weights(1))
+    assert a.take(1, timeout=0.01) is None
+
+
+def _swallow(fn: object, *args: object) -> None:
+    with contextlib.suppress(RuntimeError):
+        fn(*args)  # type: ignore[operator]

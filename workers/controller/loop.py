@@ -20,13 +20,14 @@ from typing import Any
 
 from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.api import RLJob
+from rhymerl.api.roles import train_ranks
 from rhymerl.workers import dumps, faults
 from rhymerl.workers.controller.batches import Batch, BatchSampler
 from rhymerl.workers.controller.fleet import RolloutFleet, Round
 from rhymerl.workers.controller.history_client import HistoryClient
 from rhymerl.workers.controller.scale import ScaleFile
 from rhymerl.workers.controller.stopping import GracefulStop
-from rhymerl.workers.controller.train_role import TrainRole, train_ranks
+from rhymerl.workers.controller.train_role import TrainRole
 from rhymerl.workers.controller.transport import LocalTransport, Transport
 from rhymerl.workers.controller.weight_broadcast import WeightBroadcast
 from rhymerl.workers.reward.outcome import check_failures
@@ -77,7 +78,7 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False, backend: Backend | 
     spec = job.spec
     pipelined = spec.algorithm.max_off_policy_steps >= 1 and t.concurrent
     train = TrainRole(t, lambda rank, world: t.start("train", TrainWorker, job, backend.train_run, backend.threads,
-                                                     pipelined, rank, world), train_ranks(job))
+                                                     pipelined, rank, world, lead=rank == 0), train_ranks(job))
     n_reward = spec.reward.replicas if spec.reward.function is not None else 1
     reward = [t.start("reward" if spec.reward.function is not None else "controller", RewardWorker, job)
               for _ in range(n_reward)]

@@ -12,17 +12,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rhymerl.api import RLJob
 from rhymerl.errors import UserError
 from rhymerl.workers.controller.transport import Transport
 
 POLL_S = 0.05
-
-
-def train_ranks(job: RLJob) -> int:
-    """Ranks of the train role: one per GPU of each train pod, or one per pod without GPUs."""
-    train = job.spec.train
-    return train.replicas * max(train.resources.gpu, 1)
 
 
 class TrainRole:

@@ -52,8 +52,9 @@ class Transport(Protocol):
     concurrent: bool
     """Role workers run beside each other (scoring overlaps rollout, rollout may run ahead of training)."""
 
-    def start(self, role: Role, cls: type, *args: Any) -> Any:
-        """A new worker of `role` (an instance of `cls` built with `args`); its handle."""
+    def start(self, role: Role, cls: type, *args: Any, lead: bool = False) -> Any:
+        """A new worker of `role` (an instance of `cls` built with `args`); its handle. `lead`: on
+        the role's lead pod (the train pod whose volume holds the run's checkpoints)."""
 
     def ready(self, handle: Any) -> bool:
         """Whether a worker being started answers yet (raises WorkerGone if it died starting)."""
@@ -133,7 +134,7 @@ class LocalTransport:
     _opened: int = 0
     _turn: int = 0  # where the round-robin over workers resumes
 
-    def start(self, role: Role, cls: type, *args: Any) -> Any:
+    def start(self, role: Role, cls: type, *args: Any, lead: bool = False) -> Any:
         return _Local(cls(*args))
 
     def ready(self, handle: Any) -> bool:

@@ -3,8 +3,8 @@
 `rollout.weight_sync: collective` (the default where workers are processes of their own): at each
 publish the fleet's live workers receive the new version together, in one group with the train
 worker (rank 0), beside the calls they run (workers/roles/weight_sync.py); a worker that needs a
-version it was not sent (it joined, or a call of its starts on an older version) gets it through a
-group of its own before it loads. The object store keeps every version as before, and a worker
+version it was not sent, or no longer holds (it joined, or a call of its starts on an older
+version than it loaded last), gets it through a group of its own before it loads. The object store keeps every version as before, and a worker
 loads its copy where a broadcast failed (after RolloutWorker.STAGED_WAIT_S): a lost transfer
 costs time, never a wrong or a missing version. Versions older than the train worker keeps
 (TrainWorker.KEEP_VERSIONS) go through the object store.
@@ -31,31 +31,28 @@ class WeightBroadcast:
         self.t, self.trainer = t, trainer
         self.host, self.port, self.layout = channel
         self.ids = itertools.count(1)
-        self.fleet_group: tuple[tuple[int, ...], Group] | None = None
         self.latest = -1
         self.sent: dict[int, set[int]] = defaultdict(set)  # worker id -> versions sent its way
         self.sends: list[Any] = []  # the train worker's results, each a transfer's seconds
         self.failed = 0  # transfers whose sender failed (their receivers loaded the object store's copy)
 
     def publish(self, version: int, workers: Sequence[tuple[int, Any]]) -> None:
-        """A new version to every live worker (id, handle) at once: one group while they stay the same."""
+        """A new version to every live worker (id, handle) at once, in one group."""
         self.latest = max(self.latest, version)
-        if not workers:
-            return
-        ids = tuple(sorted(w for w, _ in workers))
-        if self.fleet_group is None or self.fleet_group[0] != ids:
-            self.fleet_group = (ids, Group(self.host, self.port, f"fleet-{next(self.ids)}", len(ids) + 1))
-        rank = {w: i + 1 for i, w in enumerate(ids)}
-        self._send(version, self.fleet_group[1], [(rank[w], w, h) for w, h in workers])
+        if workers:
+            group = Group(self.host, self.port, f"fleet-{next(self.ids)}", len(workers) + 1)
+            self._send(version, group, [(rank + 1, w, h) for rank, (w, h) in enumerate(workers)])
 
     def carries(self, version: int) -> bool:
         """Whether `version` goes by broadcast (the train worker still keeps it)."""
         return version > self.latest - TrainWorker.KEEP_VERSIONS
 
     def ensure(self, version: int, worker: int, handle: Any) -> None:
-        """Before a worker loads `version`: sent to it alone, unless already on its way."""
+        """Before a worker loads `version`: sent to it alone, unless already on its way. The load
+        takes it and drops whatever it staged up to it, so those count as not sent from then on."""
         if version not in self.sent[worker]:
             self._send(version, Group(self.host, self.port, f"one-{next(self.ids)}", 2), [(1, worker, handle)])
+        self.sent[worker] = {v for v in self.sent[worker] if v > version}
 
     def forget(self, worker: int) -> None:
         self.sent.pop(worker, None)

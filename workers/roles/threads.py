@@ -1,7 +1,7 @@
 """How many threads a role worker computes with.
 
 On one machine the step loop says (every worker as many as its own process, so the arithmetic,
-and the tokens, are the in-process run's). On a Kubernetes pod each worker takes its own pod's CPU
+and the tokens, are the in-process run's). On a job's pod each worker takes its own pod's CPU
 limit: not the controller pod's count, and not what the process would pick itself (torch counts
 the node's cores, and Ray sets OMP_NUM_THREADS=1 in a worker that reserved no CPU, as ours do).
 """
@@ -37,9 +37,15 @@ def cpu_limit(cgroup: Path = CGROUP) -> int | None:
     return max(1, min(math.ceil(quota / period), len(os.sched_getaffinity(0))))
 
 
-def apply_threads(threads: int | None) -> None:
-    """torch's intra-op threads: `threads`; None: the pod's CPU limit on Kubernetes, else the
-    process's own setting."""
-    n = threads if threads is not None else cpu_limit() if "KUBERNETES_SERVICE_HOST" in os.environ else None
+POD_ENV = "RHYMERL_ROLE"
+"""Set in every pod of a job (operator/manifests/roles.py), inherited by the Ray workers it hosts."""
+
+
+def apply_threads(threads: int | None, share: int = 1) -> None:
+    """torch's intra-op threads: `threads`; None: on a job's pod its CPU limit (the CPUs the
+    process may run on without one) over the `share` workers of the pod, elsewhere the process's
+    own setting."""
+    n = threads if threads is not None else \
+        max(1, (cpu_limit() or len(os.sched_getaffinity(0))) // share) if POD_ENV in os.environ else None
     if n is not None:
         torch.set_num_threads(n)

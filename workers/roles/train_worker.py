@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import os
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any, ClassVar
 import torch
 
 from rhymerl.api import RLJob
+from rhymerl.api.roles import workers_per_pod
 from rhymerl.api.spec import importance_level
 from rhymerl.workers import dumps, faults
 from rhymerl.workers.model.registry import load_policy
@@ -43,7 +45,8 @@ class TrainWorker:
 
     CONCURRENCY_GROUPS: ClassVar[dict[str, int]] = {"weights": 1}
     WEIGHTS: ClassVar[frozenset[str]] = frozenset({"weight_channel", "send_weights"})
-    KEEP_VERSIONS = 2  # published versions kept to send (a joiner may start on the one before)
+    KEEP_VERSIONS = 2  # published versions the step loop may ask to send (a joiner may start on the one before)
+    PUBLISH_WAIT_S = 60.0  # how long a send waits for its version to be handed out (start-up: `weights` runs beside)
 
     def __init__(self, job: RLJob, run: RunDir | str | None, threads: int | None = None,
                  pipelined: bool = False, rank: int = 0, world: int = 1) -> None:
@@ -52,7 +55,7 @@ class TrainWorker:
         threads (None: the pod's CPU limit on a pod, else the process's setting). pipelined: rollout runs ahead of training
         (what `off_policy_correction: auto` decides on). rank, world: this rank among the train
         role's ranks (several: `join` them before anything else)."""
-        apply_threads(threads)
+        apply_threads(threads, share=workers_per_pod(job, "train"))  # a pod's ranks share its CPUs
         torch.manual_seed(job.spec.rollout.seed)
         spec = job.spec
         self.job = job
@@ -61,11 +64,11 @@ class TrainWorker:
         self.run = run if isinstance(run, RunDir) else RunDir(Path(run) if run else pod_run_dir())
         if rank == 0:
             self.run.path.mkdir(parents=True, exist_ok=True)
-        device = "cuda" if spec.train.resources.gpu and torch.cuda.is_available() else "cpu"
-        self.model, tok = load_policy(spec.model, device)
+        self.device = "cuda" if spec.train.resources.gpu and torch.cuda.is_available() else "cpu"
+        self.model, tok = load_policy(spec.model)  # on the CPU: the trainer shards it, then moves it
         # rank 0's whole copy of the weights (and an optimiser over it, to save and restore in the
         # one-rank format); with one rank, the model itself
-        self.whole = copy.deepcopy(self.model).cpu() if self.ranks.many and rank == 0 else self.model
+        self.whole = copy.deepcopy(self.model) if self.ranks.many and rank == 0 else self.model
         self.trainer: Trainer | None = None if self.ranks.many else self._trainer()
         self.whole_optimizer = self.trainer.optimizer if self.trainer else None
         self.prompts = {p.prompt_id: p for p in load_prompts(spec.data)}
@@ -73,12 +76,13 @@ class TrainWorker:
         self.metrics = WorkerMetrics("train")
         self._store: Any = None
         self.published: dict[int, Weights] = {}  # policy version -> its weights, as handed out
+        self._handed_out = threading.Condition()
         self.sender: WeightSender | None = None
 
     def _trainer(self) -> Trainer:
         spec = self.job.spec
         return Trainer(self.model, spec.algorithm, spec.rollout.temperature,
-                       correction=importance_level(spec, self.pipelined), ranks=self.ranks)
+                       correction=importance_level(spec, self.pipelined), ranks=self.ranks, device=self.device)
 
     def ping(self) -> int:
         return os.getpid()
@@ -135,8 +139,10 @@ class TrainWorker:
         weights = {k: copies.setdefault(v.detach().data_ptr(), v.detach().cpu().clone())
                    for k, v in self.whole.hf_state_dict().items()}
         if version is not None:
-            self.published = {v: w for v, w in self.published.items() if v > version - self.KEEP_VERSIONS}
-            self.published[version] = weights
+            with self._handed_out:  # one more than the step loop asks for: it learns of a version after this
+                self.published = {v: w for v, w in self.published.items() if v > version - self.KEEP_VERSIONS - 1}
+                self.published[version] = weights
+                self._handed_out.notify_all()
         return weights
 
     def weight_channel(self) -> tuple[str, int, Layout]:
@@ -147,7 +153,9 @@ class TrainWorker:
 
     def send_weights(self, version: int, group: Group) -> float:
         """Broadcast a published version to a group of rollout workers; the seconds it took."""
-        weights = self.published.get(version)
+        with self._handed_out:
+            self._handed_out.wait_for(lambda: version in self.published, self.PUBLISH_WAIT_S)
+            weights = self.published.get(version)
         if self.sender is None or weights is None:
             raise RuntimeError(f"policy version {version}: not among the versions kept to send "
                                f"({sorted(self.published)}) or no weight channel open")

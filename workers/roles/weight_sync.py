@@ -5,9 +5,9 @@ across nodes); a collective moves the raw bytes once per receiver link. The trai
 of the train role) opens a TCPStore on a free port once (`WeightSender`); for each transfer the
 step loop names a group (an id, the receivers, their ranks 1..n) and every member joins it, the
 sender broadcasting, the receivers receiving. Groups are stateless process groups
-(`ProcessGroupGloo` over a prefix of the one store), so the rollout fleet can change between
-transfers: a group whose members did not change is used again, a new member set makes a new one,
-and a worker that joins mid-run gets the current version through a group of its own.
+(`ProcessGroupGloo` over a prefix of the one store), one per transfer, so the rollout fleet can
+change between transfers and a failed transfer leaves nothing behind; a worker that joins mid-run
+gets the current version through a group of its own.
 
 Tensors travel in buckets of at most BUCKET_BYTES, one dtype each, flattened: few messages, and a
 receiver holds at most one bucket beyond the weights it builds. Gloo over TCP, CPU tensors on both
@@ -79,7 +79,8 @@ class Layout:
 
 @dataclass(frozen=True)
 class Group:
-    """One transfer's members: the sender's store, the group's id, how many members (rank 0 sends)."""
+    """One transfer's members: the sender's store, the group's id (one transfer's, never used again),
+    how many members (rank 0 sends)."""
 
     host: str
     port: int
@@ -95,30 +96,21 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 class _Groups:
-    """This process's process groups by id, made when first named; the KEEP newest are kept (a
-    fleet's group is used again while its members stay, a joiner's once)."""
-
-    KEEP = 4
-
+    """Process groups over the sender's store, one per transfer: a fresh group costs a rendezvous
+    (milliseconds over gloo) and nothing of a failed transfer (a member gone, a half-made group)
+    can reach the next one. The connection to each store is kept."""
 
     def __init__(self) -> None:
         self._stores: dict[tuple[str, int], Any] = {}
-        self._groups: dict[str, Any] = {}
         self._lock = threading.Lock()
 
-    def get(self, group: Group, rank: int, store: Any = None) -> Any:
+    def open(self, group: Group, rank: int, store: Any = None) -> Any:
         with self._lock:
-            pg = self._groups.get(group.group_id)
-            if pg is None:
-                key = (group.host, group.port)
-                if store is None:
-                    store = self._stores.get(key) or TCPStore(group.host, group.port, is_master=False, timeout=TIMEOUT)
-                    self._stores[key] = store
-                pg = dist.ProcessGroupGloo(PrefixStore(f"weights/{group.group_id}", store), rank, group.size, TIMEOUT)
-                self._groups[group.group_id] = pg
-                for old in list(self._groups)[: -self.KEEP]:
-                    del self._groups[old]
-            return pg
+            key = (group.host, group.port)
+            if store is None:
+                store = self._stores.get(key) or TCPStore(group.host, group.port, is_master=False, timeout=TIMEOUT)
+                self._stores[key] = store
+        return dist.ProcessGroupGloo(PrefixStore(f"weights/{group.group_id}", store), rank, group.size, TIMEOUT)
 
 
 def _broadcast(pg: Any, t: Tensor) -> None:
@@ -140,7 +132,7 @@ class WeightSender:
         return int(self.store.port)
 
     def send(self, group: Group, weights: Mapping[str, Tensor]) -> None:
-        pg = self._groups.get(group, 0, self.store)
+        pg = self._groups.open(group, 0, self.store)
         layout = Layout.of(weights)
         tensors = [weights[name] for name, _, _ in layout.tensors]
         for bucket in layout.buckets():
@@ -153,17 +145,33 @@ class WeightReceiver:
 
     def __init__(self) -> None:
         self._groups = _Groups()
-        self._staged: dict[int, dict[str, Tensor]] = {}
+        self._staged: dict[int, dict[str, Tensor] | None] = {}  # None: the transfer failed
         self._arrived: dict[int, threading.Event] = {}
+        self._taken = -1  # the newest version a load took
         self._lock = threading.Lock()
+
+    def _event_locked(self, version: int) -> threading.Event:
+        return self._arrived.setdefault(version, threading.Event())
 
     def _event(self, version: int) -> threading.Event:
         with self._lock:
-            return self._arrived.setdefault(version, threading.Event())
+            return self._event_locked(version)
 
     def receive(self, version: int, group: Group, rank: int, layout: Layout) -> None:
+        """Receive `version` into a staging copy; a failed transfer wakes a load waiting for it at once."""
         faults.point("weight-receive", version)
-        pg = self._groups.get(group, rank)
+        out: dict[str, Tensor] | None = None
+        try:
+            out = self._receive(group, rank, layout)
+        finally:
+            with self._lock:
+                if version > self._taken:  # else the worker moved past it: nothing waits for it
+                    if out is not None or version not in self._staged:
+                        self._staged[version] = out
+                    self._event_locked(version).set()
+
+    def _receive(self, group: Group, rank: int, layout: Layout) -> dict[str, Tensor]:
+        pg = self._groups.open(group, rank)
         out: dict[str, Tensor] = {}
         for bucket in layout.buckets():
             specs = [layout.tensors[i] for i in bucket]
@@ -177,18 +185,18 @@ class WeightReceiver:
                 offset += n
         for alias, name in layout.aliases:
             out[alias] = out[name]
-        with self._lock:
-            self._staged[version] = out
-        self._event(version).set()
+        return out
 
     def take(self, version: int, timeout: float) -> dict[str, Tensor] | None:
-        """The staged weights of `version` once they arrived (None if not within `timeout`); staged
-        versions up to it are dropped."""
-        if not self._event(version).wait(timeout):
-            return None
+        """The staged weights of `version` once they arrived (None if their transfer failed, or
+        nothing came within `timeout`); staged versions up to it are dropped (a version that comes
+        after is a new transfer)."""
+        arrived = self._event(version).wait(timeout)
         with self._lock:
-            weights = self._staged.get(version)
+            weights = self._staged.get(version) if arrived else None
+            self._taken = max(self._taken, version)
             for v in [v for v in self._staged if v <= version]:
                 del self._staged[v]
-                self._arrived.pop(v, None)
+            for v in [v for v in self._arrived if v <= version]:
+                del self._arrived[v]
             return weights

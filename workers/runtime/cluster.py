@@ -35,14 +35,16 @@ def role_resource(role: Role) -> str:
     return f"rhymerl_{role}"
 
 
-def role_resources(role: Role, units: int = 1) -> dict[str, float]:
-    """What a pod of `role` advertises when it joins (`ray start --resources`): `units` workers of it."""
-    return {role_resource(role): float(units)}
+def lead_resource(role: Role) -> str:
+    """Held by the one pod of a role whose worker must run there: the train pod of ordinal 0, whose
+    data volume holds the run's checkpoints (its rank 0 writes and reads them)."""
+    return f"rhymerl_{role}_lead"
 
 
-def role_units(job: RLJob, role: Role) -> int:
-    """Workers of `role` one pod hosts: a train pod one rank per GPU (one without GPUs), the others one."""
-    return max(job.spec.train.resources.gpu, 1) if role == "train" else 1
+def role_resources(role: Role, units: int = 1, lead: bool = False) -> dict[str, float]:
+    """What a pod of `role` advertises when it joins (`ray start --resources`): `units` workers of it,
+    and the role's lead resource on the lead pod."""
+    return {role_resource(role): float(units), **({lead_resource(role): 1.0} if lead else {})}
 
 
 def role_gpus(job: RLJob) -> dict[Role, float]:
@@ -60,7 +62,9 @@ def local_ray(job_name: str) -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
-    ray.init(address="local", num_cpus=os.cpu_count() or 1, resources={role_resource(r): LOCAL_ROLE_UNITS for r in ROLES},
+    units = {role_resource(r): float(LOCAL_ROLE_UNITS) for r in ROLES} | \
+        {lead_resource(r): float(LOCAL_ROLE_UNITS) for r in ROLES}
+    ray.init(address="local", num_cpus=os.cpu_count() or 1, resources=units,
              namespace=NAMESPACE, include_dashboard=False, configure_logging=False, log_to_driver=True,
              runtime_env={"env_vars": {"RHYMERL_JOB": job_name}})
     try:
@@ -69,12 +73,13 @@ def local_ray(job_name: str) -> Iterator[None]:
         ray.shutdown()
 
 
-def spawn(cls: type, role: Role, *args: Any, gpus: float = 0.0) -> Any:
-    """Start one worker of `role` (a `cls` actor) where that role's resource is, with `gpus` GPUs
-    of that pod (Ray sets its CUDA_VISIBLE_DEVICES to them)."""
+def spawn(cls: type, role: Role, *args: Any, gpus: float = 0.0, lead: bool = False) -> Any:
+    """Start one worker of `role` (a `cls` actor) where that role's resource is (with `lead`: on the
+    role's lead pod), with `gpus` GPUs of that pod (Ray sets its CUDA_VISIBLE_DEVICES to them)."""
     groups = getattr(cls, "CONCURRENCY_GROUPS", None)  # methods that run beside the ordered ones
     remote: Any = ray.remote(concurrency_groups=groups)(cls) if groups else ray.remote(cls)  # type: ignore[call-overload]
-    actor: Any = remote.options(num_cpus=0, num_gpus=gpus, resources={role_resource(role): 1},
+    resources = {role_resource(role): 1.0, **({lead_resource(role): 1.0} if lead else {})}
+    actor: Any = remote.options(num_cpus=0, num_gpus=gpus, resources=resources,
                                 max_restarts=RESTARTS[role], max_task_retries=0, max_concurrency=1)
     return actor.remote(*args)
 

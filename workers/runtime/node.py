@@ -21,9 +21,8 @@ from pathlib import Path
 import ray
 
 from rhymerl.api import RLJob
-from rhymerl.api.roles import ROLES, Role
+from rhymerl.api.roles import ROLES, Role, train_ranks
 from rhymerl.errors import UserError
-from rhymerl.workers.controller.train_role import train_ranks
 from rhymerl.workers.runtime.cluster import NAMESPACE, role_capacity, role_resources
 
 # Ray's token authentication needs the token on every node; the job's Ray ports are reachable only
@@ -67,20 +66,20 @@ def _ip() -> str:
     return os.environ.get("RHYMERL_POD_IP") or "127.0.0.1"
 
 
-def start_head(port: int, role: Role, log: Path, object_store_bytes: int | None = None,
-               units: int = 1) -> subprocess.Popen[bytes]:
+def start_head(port: int, role: Role, log: Path, object_store_bytes: int | None = None) -> subprocess.Popen[bytes]:
     args = ["--head", f"--port={port}", "--include-dashboard=false", f"--node-ip-address={_ip()}",
-            f"--resources={json.dumps(role_resources(role, units))}"]
+            f"--resources={json.dumps(role_resources(role))}"]
     if object_store_bytes:
         args.append(f"--object-store-memory={object_store_bytes}")
     return _start(args, log)
 
 
-def join(address: str, role: Role, log: Path, object_store_bytes: int | None = None,
-         units: int = 1) -> subprocess.Popen[bytes]:
-    """Join the head as a pod of `role` hosting `units` of its workers (cluster.role_units)."""
+def join(address: str, role: Role, log: Path, object_store_bytes: int | None = None, units: int = 1,
+         lead: bool = False) -> subprocess.Popen[bytes]:
+    """Join the head as a pod of `role` hosting `units` of its workers (api/roles.py workers_per_pod), the
+    role's lead pod if `lead` (cluster.lead_resource)."""
     args = [f"--address={address}", f"--node-ip-address={_ip()}",
-            f"--resources={json.dumps(role_resources(role, units))}"]
+            f"--resources={json.dumps(role_resources(role, units, lead))}"]
     if object_store_bytes:
         args.append(f"--object-store-memory={object_store_bytes}")
     return _start(args, log)

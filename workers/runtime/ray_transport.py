@@ -44,8 +44,8 @@ class RayTransport:
         self._pings: dict[int, Any] = {}
         self.gpus = dict(gpus or {})
 
-    def start(self, role: Role, cls: type, *args: Any) -> Any:
-        actor = spawn(cls, role, *args, gpus=self.gpus.get(role, 0.0))
+    def start(self, role: Role, cls: type, *args: Any, lead: bool = False) -> Any:
+        actor = spawn(cls, role, *args, gpus=self.gpus.get(role, 0.0), lead=lead)
         self._pings[id(actor)] = actor.ping.remote()
         return actor
 

@@ -1,6 +1,6 @@
 """Data-parallel training across ranks: the process group, FSDP2 sharding, and what the ranks agree on.
 
-The train role runs `train.replicas x max(train.resources.gpu, 1)` ranks (spec `train_ranks`),
+The train role runs `train.replicas x max(train.resources.gpu, 1)` ranks (`api/roles.train_ranks`),
 one process each, in one torch.distributed group: NCCL on GPUs, gloo on CPUs, the same code. Rank
 0 opens the rendezvous (a TCPStore on a free port, so no port is chosen in advance), every rank
 joins it. The model is sharded with FSDP2 (`fully_shard` on each transformer block, then the whole

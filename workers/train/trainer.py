@@ -90,10 +90,13 @@ def new_optimizer(model: nn.Module, algo: AlgorithmSpec) -> torch.optim.Optimize
 
 class Trainer:
     def __init__(self, model: PolicyModel, algo: AlgorithmSpec, temperature: float,
-                 micro_batch_tokens: int = 16384, correction: str = "none", ranks: Ranks = ONE_RANK) -> None:
+                 micro_batch_tokens: int = 16384, correction: str = "none", ranks: Ranks = ONE_RANK,
+                 device: str | None = None) -> None:
         """correction: the off-policy correction's level (none, token, sequence: spec.importance_level).
         ranks: this process's place among the train ranks (several: `model` is sharded over them
-        here, and every rank must call `step` with the same samples)."""
+        here, and every rank must call `step` with the same samples). device: where it trains
+        (None: where `model` is); a model on the CPU is sharded first, then moved, so no device
+        ever holds it whole."""
         self.model = model
         self.algo = algo
         self.correction = correction
@@ -105,6 +108,10 @@ class Trainer:
             shard(model)
             if self.ref is not None:
                 shard(self.ref)
+        if device is not None:
+            model.to(device)
+            if self.ref is not None:
+                self.ref.to(device)
         self.device = next(model.parameters()).device
         self.skipped_samples: list[str] = []  # of the last step, by label
         self.skipped_updates = 0
