@@ -346,7 +346,7 @@ class RolloutFleet:
         how many loads found no broadcast copy and took the object store's (said in the run's log)."""
         if self.broadcast is not None:
             broke = self.broadcast.failed
-            self.broadcast.seconds()
+            self.broadcast.settle()
             if self.broadcast.failed > broke:
                 self.note(f"{self.broadcast.failed - broke} weight broadcast(s) broke (a receiver gone); the other "
                           "receivers' copies arrived or their loads take the object store's")

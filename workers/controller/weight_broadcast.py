@@ -33,7 +33,7 @@ class WeightBroadcast:
         self.ids = itertools.count(1)
         self.latest = -1
         self.sent: dict[int, set[int]] = defaultdict(set)  # worker id -> versions sent its way
-        self.sends: list[Any] = []  # the train worker's results, each a transfer's seconds
+        self.sends: list[Any] = []  # the train worker's results of transfers not read yet
         self.failed = 0  # transfers whose sender failed (their receivers loaded the object store's copy)
 
     def publish(self, version: int, workers: Sequence[tuple[int, Any]]) -> None:
@@ -63,13 +63,11 @@ class WeightBroadcast:
             self.t.tell(handle, "receive_weights", version, group, rank, self.layout)
             self.sent[worker] = {v for v in self.sent[worker] if self.carries(v)} | {version}
 
-    def seconds(self) -> float:
-        """The longest finished transfer since the last call (the failed ones counted in `failed`)."""
-        longest = 0.0
+    def settle(self) -> None:
+        """Read the finished transfers: each failed one is counted in `failed`."""
         for ref in [r for r in self.sends if self.t.done(r)]:
             self.sends.remove(ref)
             try:
-                longest = max(longest, float(self.t.get(ref)))
-            except Exception:
+                self.t.get(ref)
+            except Exception:  # the train worker gone, or its broadcast broke (a receiver died)
                 self.failed += 1
-        return longest
