@@ -7,9 +7,8 @@ A sender actor holds random weights shaped like a Llama of each size (the 1B one
 fit this machine's memory with every copy); `receivers` actors take each version: `collective`
 from the moment the sender starts broadcasting until every receiver staged it; `object-store`
 from `ray.put` on the sender until every receiver `ray.get` it. Medians of --repeats, the methods
-interleaved, after one warm-up of each; every collective transfer forms its group anew (the fleet
-forms one per change of its members, and uses it again while they stay). Writes results.json and
-weight_sync.png; prints the table.
+interleaved, after one warm-up of each; every collective transfer forms its group anew, as in a
+run. Writes results.json and weight_sync.png; prints the table.
 """
 
 from __future__ import annotations
