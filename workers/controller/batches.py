@@ -22,6 +22,7 @@ from typing import Any
 from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.api import RLJob
 from rhymerl.workers.controller.fleet import RolloutFleet, Round
+from rhymerl.workers.controller.transport import pipelined
 from rhymerl.workers.roles.groups import GroupSummary, StepLayout
 from rhymerl.workers.roles.samples import GroupKey, SampleRef, SampleSummary
 from rhymerl.workers.run_folder.run_dir import LoopState
@@ -90,7 +91,7 @@ class BatchSampler:
     def run_ahead(self, state: LoopState) -> None:
         """Launch the next step's first round now, if the job and the backend allow it."""
         algo = self.job.spec.algorithm
-        if algo.max_off_policy_steps < 1 or not self.fleet.transport.concurrent or state.epoch > algo.epochs:
+        if not pipelined(self.job, self.fleet.transport) or state.epoch > algo.epochs:
             return
         by_id = {p.prompt_id: p for p in self.prompts}
         take = [by_id[pid] for pid in self.next_prompts(state)]
@@ -134,7 +135,7 @@ class BatchSampler:
         for key in keys:
             self.open[key] = None
         later = cursor_after < len(self.prompts) or epoch < self.job.spec.algorithm.epochs
-        inter_step = self.job.spec.algorithm.max_off_policy_steps >= 1 and self.fleet.transport.concurrent and later
+        inter_step = pipelined(self.job, self.fleet.transport) and later
         rnd = self.fleet.launch(keys, step, inter_step)
         rnd.prompts = [p.prompt_id for p in take]
         return rnd

@@ -43,7 +43,7 @@ from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.algorithms.scheduling.types import Move, Sample, SampleId
 from rhymerl.api import RLJob
 from rhymerl.workers.controller.history_client import HistoryClient
-from rhymerl.workers.controller.transport import ResultLost, Stream, Transport, WorkerGone
+from rhymerl.workers.controller.transport import ResultLost, Stream, Transport, WorkerGone, pipelined
 from rhymerl.workers.controller.weight_broadcast import WeightBroadcast
 from rhymerl.workers.roles.samples import (
     CallState,
@@ -378,9 +378,8 @@ class RolloutFleet:
                 np.array([s.length for _, summary in r.summaries for s in summary.samples], dtype=np.float64),
                 len(r.workers)) for r in rounds]
         k = calibration(ran, input_len, self.sched.profile, speed)
-        pipelined = spec.algorithm.max_off_policy_steps >= 1 and self.transport.concurrent
         return recommend(lengths, input_len, self.sched.profile, (spec.rollout.min_replicas, spec.rollout.max_replicas),
-                         speculation=speed, calibration=k, train_s=train_s if pipelined else None)
+                         speculation=speed, calibration=k, train_s=train_s if pipelined(self.job, self.transport) else None)
 
     def end_step(self) -> None:
         for m in self._live():

@@ -28,7 +28,7 @@ from rhymerl.workers.controller.history_client import HistoryClient
 from rhymerl.workers.controller.scale import ScaleFile
 from rhymerl.workers.controller.stopping import GracefulStop
 from rhymerl.workers.controller.train_role import TrainRole
-from rhymerl.workers.controller.transport import LocalTransport, Transport
+from rhymerl.workers.controller.transport import LocalTransport, Transport, pipelined
 from rhymerl.workers.controller.weight_broadcast import WeightBroadcast
 from rhymerl.workers.reward.outcome import check_failures
 from rhymerl.workers.roles.groups import GroupSummary
@@ -76,9 +76,9 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False, backend: Backend | 
     backend = backend or local_backend(job, run)
     t = backend.transport
     spec = job.spec
-    pipelined = spec.algorithm.max_off_policy_steps >= 1 and t.concurrent
+    ahead = pipelined(job, t)
     train = TrainRole(t, lambda rank, world: t.start("train", TrainWorker, job, backend.train_run, backend.threads,
-                                                     pipelined, rank, world, lead=rank == 0), train_ranks(job))
+                                                     ahead, rank, world, lead=rank == 0), train_ranks(job))
     n_reward = spec.reward.replicas if spec.reward.function is not None else 1
     reward = [t.start("reward" if spec.reward.function is not None else "controller", RewardWorker, job)
               for _ in range(n_reward)]

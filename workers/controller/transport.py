@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rhymerl.api import RLJob
 from rhymerl.api.roles import Role
 from rhymerl.workers.roles.rollout_worker import RolloutWorker
 
@@ -104,6 +105,12 @@ class Transport(Protocol):
 
     def capacity(self, role: Role) -> int | None:
         """How many workers of `role` fit in all (None: no limit)."""
+
+
+def pipelined(job: RLJob, t: Transport) -> bool:
+    """Rollout runs ahead of training: an off-policy bound of at least one version, on a transport
+    whose workers run beside the step loop."""
+    return job.spec.algorithm.max_off_policy_steps >= 1 and t.concurrent
 
 
 @dataclass
