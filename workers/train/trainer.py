@@ -313,64 +313,43 @@ class _RatioStats:
     """The step's importance ratios pi_old / mu over the tokens that carry behaviour log-probabilities
     (reported whether or not the correction is on), and the on-policy tokens' |log pi_old - log mu|:
     the engine's gap from the trainer with no version lag, which shows at once whether the weights
-    reached it (veRL's `training/rollout_probs_diff_*`)."""
+    reached it (veRL's `training/rollout_probs_diff_*`). Totals add up, maxima take the larger."""
 
     def __init__(self) -> None:
-        self.tokens = 0.0
-        self.ratio_sum = 0.0
-        self.ratio_max = 0.0
-        self.capped = 0.0
-        self.gap_tokens = 0.0
-        self.gap_sum = 0.0
-        self.gap_max = 0.0
+        self.totals = dict.fromkeys(("tokens", "ratio_sum", "capped", "gap_tokens", "gap_sum"), 0.0)
+        self.maxima = dict.fromkeys(("ratio_max", "gap_max"), 0.0)
 
     @classmethod
     def of(cls, token_ratios: Tensor, applied: Tensor, has: Tensor, on_policy: Tensor, old: Tensor, behaviour: Tensor,
            cap: float) -> _RatioStats:
         out = cls()
-        out.tokens = float(has.sum())
-        out.ratio_sum = float((token_ratios * has).sum())
-        out.ratio_max = float((token_ratios * has).max())
-        out.capped = float(((applied > cap).float() * has).sum())
         gap_mask = has * on_policy
         gap = (old - behaviour).abs() * gap_mask
-        out.gap_tokens = float(gap_mask.sum())
-        out.gap_sum = float(gap.sum())
-        out.gap_max = float(gap.max())
+        out.totals = {"tokens": float(has.sum()), "ratio_sum": float((token_ratios * has).sum()),
+                      "capped": float(((applied > cap).float() * has).sum()), "gap_tokens": float(gap_mask.sum()),
+                      "gap_sum": float(gap.sum())}
+        out.maxima = {"ratio_max": float((token_ratios * has).max()), "gap_max": float(gap.max())}
         return out
 
     def add(self, other: _RatioStats | None) -> None:
-        if other is None:
-            return
-        self.tokens += other.tokens
-        self.ratio_sum += other.ratio_sum
-        self.ratio_max = max(self.ratio_max, other.ratio_max)
-        self.capped += other.capped
-        self.gap_tokens += other.gap_tokens
-        self.gap_sum += other.gap_sum
-        self.gap_max = max(self.gap_max, other.gap_max)
+        if other is not None:
+            self.totals = {k: v + other.totals[k] for k, v in self.totals.items()}
+            self.maxima = {k: max(v, other.maxima[k]) for k, v in self.maxima.items()}
 
     def over(self, ranks: Ranks) -> _RatioStats:
         """The statistics of every rank together."""
-        if not ranks.many:
-            return self
         out = _RatioStats()
-        sums = ranks.sums({"tokens": self.tokens, "ratio_sum": self.ratio_sum, "capped": self.capped,
-                           "gap_tokens": self.gap_tokens, "gap_sum": self.gap_sum})
-        out.tokens, out.ratio_sum, out.capped = sums["tokens"], sums["ratio_sum"], sums["capped"]
-        out.gap_tokens, out.gap_sum = sums["gap_tokens"], sums["gap_sum"]
-        maxima = ranks.maxima({"ratio_max": self.ratio_max, "gap_max": self.gap_max})
-        out.ratio_max, out.gap_max = maxima["ratio_max"], maxima["gap_max"]
+        out.totals, out.maxima = ranks.sums(self.totals), ranks.maxima(self.maxima)
         return out
 
     def summary(self) -> dict[str, float]:
+        t, m = self.totals, self.maxima
         out: dict[str, float] = {}
-        if self.tokens:
-            out |= {"is_ratio_mean": self.ratio_sum / self.tokens, "is_ratio_max": self.ratio_max,
-                    "is_capped_frac": self.capped / self.tokens}
-        if self.gap_tokens:
-            out |= {"rollout_logprob_diff_mean": self.gap_sum / self.gap_tokens,
-                    "rollout_logprob_diff_max": self.gap_max}
+        if t["tokens"]:
+            out |= {"is_ratio_mean": t["ratio_sum"] / t["tokens"], "is_ratio_max": m["ratio_max"],
+                    "is_capped_frac": t["capped"] / t["tokens"]}
+        if t["gap_tokens"]:
+            out |= {"rollout_logprob_diff_mean": t["gap_sum"] / t["gap_tokens"], "rollout_logprob_diff_max": m["gap_max"]}
         return out
 
 
