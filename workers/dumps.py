@@ -8,43 +8,48 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
-from rhymerl.errors import UserError
+from rhymerl.errors import UserError, user_paths
 from rhymerl.workers import atomic
+from rhymerl.workers.text_lines import text_lines
 
 DUMP_DIR = "rollouts"
 DUMP_GLOB = "step_*.jsonl"
+MAX_LINE_BYTES = 256 << 20  # a record of 128K prompt and 128K response token ids is about 2 MB
+# every integer fits int64, what numpy and torch hold: a hand-edited dump cannot overflow a reader
+Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
+Ordinal = Annotated[int, Field(ge=1, le=2**63 - 1)]
 
 
 class SpeculationStats(BaseModel):
     """Per-sample speculation counters (all zero when speculation was off)."""
 
     model_config = ConfigDict(extra="forbid")
-    drafted: int = Field(0, ge=0, description="draft tokens proposed")
-    accepted: int = Field(0, ge=0, description="draft tokens accepted by verification")
-    forward_passes: int = Field(0, ge=0, description="decode/verify passes that produced this response")
+    drafted: Count = Field(0, description="draft tokens proposed")
+    accepted: Count = Field(0, description="draft tokens accepted by verification")
+    forward_passes: Count = Field(0, description="decode/verify passes that produced this response")
 
 
 class RolloutRecord(BaseModel):
     # a reward of nan or inf is never written: the loop's guards stop it first (and our reader
     # would reject it)
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    step: int = Field(ge=1)
-    epoch: int = Field(ge=1)
+    step: Ordinal
+    epoch: Ordinal
     prompt_id: str
-    sample_index: int = Field(ge=0, description="index within the prompt's group")
-    prompt_len: int = Field(ge=0)
-    prompt_ids: list[int]
-    response_ids: list[int]
+    sample_index: Count = Field(description="index within the prompt's group")
+    prompt_len: Count
+    prompt_ids: list[Count]
+    response_ids: list[Count]
     reward: float
     reward_error: str | None = Field(
         None, description="why the reward function failed on this sample (reward is then reward.failure_reward); "
         "None when it scored")
     finish_reason: Literal["stop", "length"]
-    policy_version: int = Field(ge=0)
+    policy_version: Count
     # dumps written before 2026-11-24 call this field `spec`
     speculation: SpeculationStats = Field(default_factory=SpeculationStats,
                                           validation_alias=AliasChoices("speculation", "spec"))
@@ -69,8 +74,10 @@ def write_step(run_dir: Path, step: int, records: Iterable[RolloutRecord]) -> Pa
 
 
 def read_file(path: Path) -> Iterator[RolloutRecord]:
-    with path.open() as f:
-        for lineno, line in enumerate(f, 1):
+    """The records of one dump, read as bytes: a line that is not UTF-8, holds a NUL byte, is not JSON
+    (nesting too deep included) or not a record is a DumpError naming `file:line`."""
+    with user_paths("read", path), path.open("rb") as f:
+        for lineno, line in text_lines(f, str(path), DumpError, MAX_LINE_BYTES):
             if not line.strip():
                 continue
             try:
@@ -78,7 +85,7 @@ def read_file(path: Path) -> Iterator[RolloutRecord]:
             except ValidationError as exc:
                 first = exc.errors()[0]
                 field = ".".join(str(p) for p in first["loc"]) or "(line)"
-                raise DumpError(f"{path}:{lineno}: {field}: {first['msg']}") from exc
+                raise DumpError(f"{path}:{lineno}: {field}: {first['msg']}") from None
 
 
 def step_files(run_dir: Path) -> list[Path]:

@@ -11,7 +11,13 @@ rollout worker is about to receive over a broadcast) (workers/roles/).
 A worker that is restarted after such a crash (Ray restarts actors) would reach the same point
 again; with `RHYMERL_CRASH_ONCE_DIR` set, each point fires once: a marker file in that folder,
 written before the kill, records that it did. `RHYMERL_CRASH_SIGNAL=SIGTERM` sends that signal instead
-of SIGKILL: what an eviction or a spot reclaim's notice sends first (workers/controller/stopping.py).
+of SIGKILL: what an eviction or a spot reclaim's notice sends first (workers/controller/stopping.py);
+`RHYMERL_CRASH_SIGNAL=ENOSPC` raises the OSError of a full disk there instead (the points before and
+inside writes: checkpoint-files, dump, metrics). `RHYMERL_CRASH_WHO=raylet` sends the signal to the
+raylet of the Ray worker that reaches the point (its node lost, every worker on it with it) rather
+than to the worker itself. Two points come before any step, with STEP 0: `ray-start`, where a local
+Ray instance has started and this process connected to it (workers/runtime/cluster.py), and `start`,
+where `rhymerl run` is about to ask for its first step (rhymerl/cli/local_run.py).
 
 `RHYMERL_HOLD_AT=NAME:STEP[,NAME:STEP...]` with `RHYMERL_HOLD_DIR` holds a process at a point
 instead, so a test can make something happen exactly there (scale the fleet, stop a pod): the first
@@ -21,6 +27,7 @@ waits until the test creates `NAME-STEP.go`; each point holds once.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
@@ -31,6 +38,7 @@ HOLD_ENV = "RHYMERL_HOLD_AT"
 HOLD_DIR_ENV = "RHYMERL_HOLD_DIR"
 ONCE_ENV = "RHYMERL_CRASH_ONCE_DIR"
 SIGNAL_ENV = "RHYMERL_CRASH_SIGNAL"
+WHO_ENV = "RHYMERL_CRASH_WHO"
 
 
 def point(name: str, step: int) -> None:
@@ -47,7 +55,11 @@ def point(name: str, step: int) -> None:
             marker.touch(exist_ok=False)
         except FileExistsError:
             return
-    os.kill(os.getpid(), signal.Signals[os.environ.get(SIGNAL_ENV, "SIGKILL")])
+    how = os.environ.get(SIGNAL_ENV, "SIGKILL")
+    if how == "ENOSPC":
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    who = os.getpid() if os.environ.get(WHO_ENV) != "raylet" else int(os.environ["RAY_RAYLET_PID"])
+    os.kill(who, signal.Signals[how])
 
 
 def _hold(marker: str) -> None:

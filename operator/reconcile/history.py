@@ -1,7 +1,8 @@
 """A job's rollout history in Redis outlives its pods: the operator deletes it when the RLJob goes.
 
-Key scheme: rhymerl.api.history_keys (every key of a job starts with `rhymerl:<namespace>:<job>:`);
-the cleanup deletes by that prefix only, never more. Garbage collection cannot do this (Redis is
+Key scheme: rhymerl.api.history_keys (every key of a job starts with `rhymerl:<namespace>:<job>:`,
+then its run's id: each run deletes its own keys when it ends, a run that never ended leaves them);
+the cleanup deletes by the job's prefix, so every run of the job, and never more. Garbage collection cannot do this (Redis is
 not a Kubernetes object), which is why an RLJob with `history.store: redis` carries FINALIZER.
 
 The Redis password: the job's `history.redis_password_secret`, read through the API when the operator
@@ -21,7 +22,8 @@ SCAN_BATCH = 500
 
 async def delete_history(url: str, namespace: str, job: str, password: str | None = None,
                          timeout_s: float = 10.0) -> int:
-    """Delete every key of the job's history from the Redis at `url`; returns how many were deleted."""
+    """Delete every key of the job's history, all its runs', from the Redis at `url`; returns how many were
+    deleted."""
     client = aioredis.Redis.from_url(url, password=password, socket_timeout=timeout_s,
                                      socket_connect_timeout=timeout_s)
     deleted = 0

@@ -19,7 +19,7 @@ from typing import Any
 from kubernetes.aio.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from rhymerl.api.history_keys import REDIS_PASSWORD_ENV
+from rhymerl.api.history_keys import REDIS_PASSWORD_ENV, redacted
 from rhymerl.api.spec import KIND, Condition, FailurePolicySpec, Failures, RLJob
 from rhymerl.operator.manifests import Owner, desired, selector_string
 from rhymerl.operator.manifests.labels import COMPONENT_KEY
@@ -86,7 +86,7 @@ async def _finalize(cluster: Cluster, body: dict[str, Any]) -> None:
             deleted = await delete_history(url, meta["namespace"], meta["name"], password)
         except Exception as exc:  # Redis down or unreachable: keep the finalizer and try again
             await cluster.event(body, "Warning", "HistoryCleanupFailed",
-                                f"cannot delete the job's history keys from {history.get('redis_url')}: {exc}; "
+                                f"cannot delete the job's history keys from {redacted(url)}: {exc}; "
                                 f"retrying (remove the finalizer {FINALIZER} by hand to give up)")
             raise
         await cluster.event(body, "Normal", "HistoryDeleted", f"deleted {deleted} history keys from Redis")

@@ -112,6 +112,9 @@ RULES: dict[type[BaseModel], tuple[Rule, ...]] = {
     HistorySpec: (
         Rule("self.store != 'redis' || has(self.redis_url)", "redis_url: required when store is redis",
              ".redis_url"),
+        # a password in the URL would be stored in the object itself: refused at admission, before etcd
+        Rule("!has(self.redis_url) || !self.redis_url.matches('^[^/?#]*//[^/?#]*:[^/?#]*@')",
+             "redis_url: no password in the URL; name its Secret in redis_password_secret", ".redis_url"),
     ),
     StorageSpec: (_immutable("spec.checkpoint.storage", "a StatefulSet's volume claims cannot change"),),
 }

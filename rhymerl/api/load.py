@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from rhymerl.api.history_keys import has_password, redacted
 from rhymerl.api.spec import API_VERSION, KIND, RLJob
 from rhymerl.errors import UserError
 
@@ -270,9 +271,10 @@ def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[tuple[str
     """Apply `key.path=value` overrides to `doc` in place; paths are relative to `spec` unless they
     start with a top-level key. Returns the full key path each item set, mapped to the item."""
     origins: dict[tuple[str, ...], str] = {}
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
+    for given in overrides:
+        key, sep, raw = given.partition("=")
+        item = redacted(given) if has_password(given) else given  # what messages may show of it
+        if not sep or not key or has_password(key):
             raise SpecError([SpecProblem(item or "--set", "expected key.path=value", origin=item)], "--set")
         parts = key.split(".")
         if parts[0] not in RLJob.model_fields:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
+from rhymerl.api.history_keys import parse_redis_url
 from rhymerl.api.k8s_values import (
     Dns1123Label,
     Dns1123Subdomain,
@@ -34,21 +35,35 @@ MAX_REPLICAS = 1024  # pods of one role
 MAX_TOKENS = 131_072  # 128K: the longest context of current open models
 MAX_BATCH = 16_384  # sequences one engine decodes together (vLLM's max_num_seqs is 256 by default)
 MAX_PATH = 4096  # PATH_MAX on Linux
+MAX_INT64 = 2**63 - 1  # what Kubernetes, numpy and torch hold in an integer
+DAY_S = 86_400
+WEEK_S = 7 * DAY_S
+MAX_COEF = 1e3  # a loss weight, penalty or length factor: far past any tuned value
 # A StatefulSet's name must stay within 52 characters (its pods' controller-revision-hash label adds 11 to
 # it, and labels end at 63); the longest child is `<job>-controller`.
 MAX_JOB_NAME = 52 - len("-controller")
 Replicas = Annotated[int, Field(gt=0, le=MAX_REPLICAS, description=f"at most {MAX_REPLICAS}")]
 Seed = Annotated[int, Field(ge=0, le=2**32 - 1, description="0 to 2**32-1 (sampling keys use 32 bits)")]
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
-Quantity = Annotated[str | int, AfterValidator(quantity), Field(description="Kubernetes quantity, e.g. '500m', '2Gi' "
-                                                                            "or 4")]
+
+
+def _int64(value: str | int) -> str | int:
+    if isinstance(value, int) and value > MAX_INT64:
+        raise ValueError(f"{value} is over the largest quantity, 2**63-1")
+    return value
+
+
+Quantity = Annotated[str | Annotated[int, WithJsonSchema({"type": "integer", "minimum": 0, "maximum": MAX_INT64})],
+                     AfterValidator(quantity), AfterValidator(_int64),
+                     Field(description="Kubernetes quantity, e.g. '500m', '2Gi' or 4 (an integer at most 2**63-1)")]
 
 
 class Strict(BaseModel):
     """Base for every spec block: unknown keys are errors."""
 
-    # inf and nan are never a meaningful setting (`lr: .inf` turned every weight into NaN)
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
+    # inf and nan are never a meaningful setting (`lr: .inf` turned every weight into NaN). A refused
+    # value is never echoed (a Redis URL may hold a password); messages name the field instead.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False, hide_input_in_errors=True)
 
 
 class ModelSpec(Strict):
@@ -79,14 +94,14 @@ class DataSpec(Strict):
                                      "most 100000, generated in memory at start; a JSONL source has no such cap)")
     seed: Seed = Field(0, description="seed of the builtin generator and of the per-epoch shuffle")
     shuffle: bool = Field(True, description="reshuffle prompt order every epoch")
-    min_ops: PositiveInt = Field(8, description="arith-chain: fewest operations in a prompt")
-    max_ops: PositiveInt = Field(52, description="arith-chain: most operations in a prompt (<= 52)")
-    median_ops: PositiveInt = Field(16, description="arith-chain: median operation count (log-normal tail)")
+    min_ops: PositiveInt = Field(8, le=52, description="arith-chain: fewest operations in a prompt (at most 52)")
+    max_ops: PositiveInt = Field(52, le=52, description="arith-chain: most operations in a prompt (at most 52: one "
+                                 "label letter per operation)")
+    median_ops: PositiveInt = Field(16, le=52, description="arith-chain: median operation count (log-normal tail; "
+                                    "at most 52)")
 
     @model_validator(mode="after")
     def _ops_ordered(self) -> DataSpec:
-        if self.max_ops > 52:
-            raise ValueError("max_ops: at most 52 (one label letter per operation)")
         if not self.min_ops <= self.median_ops <= self.max_ops:
             raise ValueError("median_ops: must lie between min_ops and max_ops")
         return self
@@ -102,7 +117,8 @@ class OverlongSpec(Strict):
     enabled: bool = Field(False, description="DAPO soft overlong punishment")
     buffer_len: PositiveInt = Field(64, le=MAX_TOKENS, description="tokens before max_response_length where the "
                                     f"penalty starts (at most {MAX_TOKENS})")
-    penalty_factor: float = Field(1.0, ge=0.0, description="penalty at max_response_length")
+    penalty_factor: float = Field(1.0, ge=0.0, le=MAX_COEF, description="penalty at max_response_length (at most "
+                                  f"{MAX_COEF:g})")
 
 
 class AlgorithmSpec(Strict):
@@ -114,21 +130,26 @@ class AlgorithmSpec(Strict):
     max_response_length: PositiveInt = Field(640, le=MAX_TOKENS, description="tokens generated at most per response "
                                              f"(at most {MAX_TOKENS}; prompt + response must also fit the model)")
     epochs: PositiveInt = Field(4, le=1000, description="passes over the prompt set (at most 1000)")
-    lr: float = Field(1e-4, gt=0.0, description="AdamW learning rate")
-    weight_decay: float = Field(0.0, ge=0.0)
+    lr: float = Field(1e-4, gt=0.0, le=10.0, description="AdamW learning rate (at most 10)")
+    weight_decay: float = Field(0.0, ge=0.0, le=MAX_COEF, description=f"AdamW weight decay (at most {MAX_COEF:g})")
     clip_ratio_low: float = Field(0.2, ge=0.0, le=1.0, description="PPO clip epsilon below 1")
     clip_ratio_high: float | None = Field(
-        None, ge=0.0, description="PPO clip epsilon above 1; default: clip_ratio_low for grpo, 0.28 for dapo"
+        None, ge=0.0, le=10.0, description="PPO clip epsilon above 1 (at most 10); default: clip_ratio_low for grpo, "
+        "0.28 for dapo"
     )
-    kl_coef: float = Field(0.0, ge=0.0, description="weight of the k3 KL penalty to the initial policy")
-    entropy_coef: float = Field(0.0, ge=0.0, description="weight of the entropy bonus")
+    kl_coef: float = Field(0.0, ge=0.0, le=MAX_COEF, description="weight of the k3 KL penalty to the initial policy "
+                           f"(at most {MAX_COEF:g})")
+    entropy_coef: float = Field(0.0, ge=0.0, le=MAX_COEF, description=f"weight of the entropy bonus (at most "
+                                f"{MAX_COEF:g})")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None = Field(
         None, description="default: seq-mean-token-mean for grpo, token-mean for dapo"
     )
     norm_adv_by_std: bool = Field(True, description="divide group-relative advantages by the group's std")
     ppo_epochs: PositiveInt = Field(1, le=100, description="optimisation passes over each rollout batch (at most 100)")
-    mini_batch_size: PositiveInt | None = Field(None, description="responses per optimiser step; default: all")
-    max_grad_norm: float = Field(1.0, gt=0.0)
+    mini_batch_size: PositiveInt | None = Field(None, le=MAX_BATCH * 1024, description="responses per optimiser "
+                                                f"step (at most {MAX_BATCH * 1024}); default: all")
+    max_grad_norm: float = Field(1.0, gt=0.0, le=1e12, description="gradient-norm clip (at most 1e12: a huge value "
+                                 "turns clipping off)")
     on_nonfinite: Literal["fail", "skip"] = Field(
         "fail", description="a nan or inf reward, advantage, loss or gradient: 'fail' stops the run (exit 2) "
         "naming the step, prompt, sample and value before it reaches the weights; 'skip' scores such a reward as a "
@@ -197,8 +218,9 @@ class Toleration(Strict):
     value: str | None = Field(None, max_length=63, description="taint value (operator Equal only)")
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(None, description="omitted: "
                                                                                   "every effect")
-    toleration_seconds: NonNegInt | None = Field(None, description="NoExecute only: seconds the pod stays on a "
-                                                 "node after the taint appears")
+    toleration_seconds: NonNegInt | None = Field(None, le=WEEK_S, description="NoExecute only: seconds the pod "
+                                                 f"stays on a node after the taint appears (at most {WEEK_S}, a week; "
+                                                 "omit it to stay for good)")
 
     @model_validator(mode="after")
     def _consistent(self) -> Toleration:
@@ -272,12 +294,13 @@ class RewardSpec(Placement):
         "verifier runs in the controller)"
     )
     timeout_s: float = Field(
-        10.0, gt=0.0, description="seconds one call of a user reward function may take; past it the call fails "
-        "and its worker process is replaced"
+        10.0, gt=0.0, le=DAY_S, description="seconds one call of a user reward function may take (at most "
+        f"{DAY_S}, a day); past it the call fails and its worker process is replaced"
     )
     failure_reward: float = Field(
-        0.0, description="reward of a sample whose reward call failed (raised, timed out, returned no finite "
-        "number, or ended its worker); the reason is the sample's reward_error in the rollout dump"
+        0.0, ge=-1e6, le=1e6, description="reward of a sample whose reward call failed (raised, timed out, returned "
+        "no finite number, or ended its worker), -1e6 to 1e6; the reason is the sample's reward_error in the rollout "
+        "dump"
     )
     max_failed_fraction: Probability = Field(
         0.5, description="the run stops when more than this share of a step's samples failed to be scored"
@@ -315,7 +338,8 @@ class DraftPrefixSpec(Strict):
 
     max: PositiveInt = Field(32, le=1024, description="longest context suffix matched against the history index "
                              "(at most 1024)")
-    min: PositiveInt = Field(1, description="shortest suffix tried before giving up on a draft")
+    min: PositiveInt = Field(1, le=1024, description="shortest suffix tried before giving up on a draft (at most "
+                             "1024)")
 
     @model_validator(mode="after")
     def _ordered(self) -> DraftPrefixSpec:
@@ -365,12 +389,18 @@ class RolloutSpec(Placement):
         "calls they run, the object store's copy only where a broadcast fails; object-store, Ray's object store "
         "alone. The local backend hands them over in its process"
     )
-    temperature: float = Field(1.0, ge=0.0, description="0 means greedy")
+    temperature: float = Field(1.0, ge=0.0, le=100.0, description="0 means greedy (at most 100)")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: Seed = Field(0, description="sampling seed; a token depends only on (seed, sample id, position, logits)")
     max_batch_size: PositiveInt = Field(256, le=MAX_BATCH, description="sequences decoded together per replica "
                                         f"(at most {MAX_BATCH}; a local run also checks its KV cache fits memory)")
     speculation: SpeculationSpec = Field(default_factory=SpeculationSpec)
+    adaptive_threads: bool = Field(
+        True, description="torch engine: time decode passes at the configured torch thread count and at fewer, and run "
+        "the faster, re-checked as the machine's load changes (a CPU shared with busy processes then costs about its "
+        "fair share, not several times it). Tokens do not depend on it: rhymerl runs MKL in its strict reproducibility "
+        "mode (MKL_CBWR=AUTO,STRICT, unless set otherwise), where a product does not depend on the thread count"
+    )
     resources: Resources = Field(default_factory=Resources)
     spot: SpotSpec = Field(default_factory=SpotSpec)
 
@@ -389,7 +419,8 @@ class MigrationSpec(Strict):
     enabled: bool = True
     tail_fraction: Probability = Field(0.1, description="a group's last fraction of running samples that may migrate")
     growth_percentile: float = Field(75.0, ge=0.0, le=100.0, description="percentile of last epoch's growth rates")
-    min_lambda: float = Field(1.1, ge=1.0, description="lower bound of the outlier length factor lambda")
+    min_lambda: float = Field(1.1, ge=1.0, le=MAX_COEF, description="lower bound of the outlier length factor "
+                              f"lambda (at most {MAX_COEF:g})")
     inter_step: bool = Field(True, description="allow deferring outliers to the next step, tokens preserved")
 
 
@@ -425,12 +456,22 @@ class SecretKeyRef(Strict):
     key: str = Field("redis-password", pattern=r"^[-._a-zA-Z0-9]+$", max_length=253)
 
 
+def _checked_redis_url(url: str) -> str:
+    """Refuse at validation what redis-py would misread or fail on only when a pod connects, and a
+    password, which belongs in the Secret (rhymerl.api.history_keys.parse_redis_url)."""
+    parse_redis_url(url)
+    return url
+
+
 class HistorySpec(RoleSpec):
     store: Literal["memory", "redis"] = "memory"
-    redis_url: str | None = Field(None, max_length=MAX_PATH, description="redis://host:port/db; required when store is redis")
+    redis_url: Annotated[str, AfterValidator(_checked_redis_url)] | None = Field(
+        None, max_length=MAX_PATH, description="redis://host:port/db, rediss://host:port/db or unix:///path/to/socket "
+        "(no password: see redis_password_secret); required when store is redis")
     redis_password_secret: SecretKeyRef | None = Field(None, description="Secret key holding the Redis password "
                                                        "(never put it in redis_url: the spec is stored in a "
-                                                       "ConfigMap)")
+                                                       "ConfigMap); pods get it as RHYMERL_REDIS_PASSWORD, which "
+                                                       "`rhymerl run` reads too")
 
     @model_validator(mode="after")
     def _redis_url(self) -> HistorySpec:

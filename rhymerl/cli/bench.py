@@ -255,3 +255,24 @@ def profile_recovery(
     from rhymerl.tools.bench.profile_recovery import RecoveryBenchConfig, main
 
     main(RecoveryBenchConfig(run, spoil, steps, repeats), writable_folder(out) if out else None, Console())
+
+
+@bench_app.command("contention")
+def contention(
+    job: Annotated[Path, typer.Option("--job", help="the job whose first epoch is rolled out, e.g. "
+                                      "examples/quickstart.yaml")],
+    steps: Annotated[int, typer.Option("--steps", min=1, help="training steps of the first epoch rolled out")] = 1,
+    busy: Annotated[str, typer.Option("--busy", help="comma-separated counts of competing busy processes")] = "0,1,2",
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="runs per setting; medians are reported")] = 3,
+    out: Annotated[Path | None, typer.Option("--out", help="folder for results.json, table.md, "
+                                             "contention.png")] = None,
+) -> None:
+    """Rollout beside busy processes at 1 thread, all CPUs and adaptive threads: seconds and the fair share."""
+    from rich.console import Console
+
+    from rhymerl.tools.bench.contention import ContentionBenchConfig, main
+
+    levels = _ints("--busy", busy)
+    if any(n < 0 for n in levels):
+        raise OptionError("--busy: counts must be >= 0")
+    main(ContentionBenchConfig(job, steps, levels, repeats), writable_folder(out) if out else None, Console())

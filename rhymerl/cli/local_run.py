@@ -25,10 +25,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rhymerl.api import RLJob
 from rhymerl.api.load import SpecError, SpecProblem
 from rhymerl.api.roles import train_ranks
-from rhymerl.errors import UserError
+from rhymerl.errors import DiskFull, RunFailed, UserError, disk_full, is_disk_full
+from rhymerl.workers import faults
 from rhymerl.workers.controller.loop import local_backend, run_steps
-from rhymerl.workers.controller.preflight import check_memory, preflight
-from rhymerl.workers.controller.stopping import RunStopped
+from rhymerl.workers.controller.preflight import check_memory, check_redis, preflight
+from rhymerl.workers.controller.stopping import RunStopped, Terminated, held_signals
 from rhymerl.workers.reward.verifiers import load_user_function
 from rhymerl.workers.rollout.verify_cost import cache_dir
 from rhymerl.workers.rollout.vllm_engine import vllm_installed
@@ -102,10 +103,28 @@ def check_local(job: RLJob) -> None:
     if job.spec.backend == "ray" and job.spec.reward.function is not None:
         load_user_function(job.spec.reward.function)  # its workers would fail alike, less legibly
     check_memory(job, preflight(job))
+    check_redis(job)
 
 
-def run_local(job: RLJob | None, out: Path | None, console: Console | None = None) -> dict[int, float]:
-    """Run `job` into `out`; with job None, resume the run already in `out`. Returns reward per epoch.
+def check_spec_change(run: RunDir, job: RLJob, accept: bool) -> None:
+    """A resume goes on with the spec its checkpoint was written under, or, if asked to, with the
+    folder's changed spec.yaml (noted, with the difference, in events.log)."""
+    change = run.spec_change(job)
+    if change is None:
+        return
+    checkpoint, diff = change
+    if not accept:
+        raise UserError(f"{run.path / 'spec.yaml'}: differs from the spec checkpoint {checkpoint} was written under "
+                        f"(resolved, - checkpoint, + now):\n{diff}\nrestore it, or resume with --accept-spec-change "
+                        "to go on with the change (the optimiser keeps its state and takes the new settings)")
+    changed = "; ".join(line for line in diff.splitlines()[2:] if line[:1] in "+-")
+    run.note(f"resumed with spec.yaml changed since checkpoint {checkpoint} (--accept-spec-change): {changed}")
+
+
+def run_local(job: RLJob | None, out: Path | None, console: Console | None = None,
+              accept_spec_change: bool = False) -> dict[int, float]:
+    """Run `job` into `out`; with job None, resume the run already in `out` (refused if its spec.yaml
+    changed since its checkpoint, unless `accept_spec_change`). Returns reward per epoch.
 
     The run folder is locked for the whole run. A start that fails before its first step removes
     the folder it made (so the same --out works again); a run stopped later says where it stands
@@ -119,6 +138,7 @@ def run_local(job: RLJob | None, out: Path | None, console: Console | None = Non
         run = RunDir(out)
         job = run.open()
         try:
+            check_spec_change(run, job, accept_spec_change)
             check_local(job)
         except BaseException:
             run.close()
@@ -126,23 +146,35 @@ def run_local(job: RLJob | None, out: Path | None, console: Console | None = Non
     else:
         check_local(job)
         run = RunDir(out or default_out(job))
-        run.create(job)
+        try:
+            with held_signals():  # a stop lands on a whole folder, which then goes
+                run.create(job)
+        except BaseException:
+            run.discard_if_unstarted()
+            raise
     run.listeners.append(lambda msg: console.print(f"note: {msg}", markup=False, highlight=False, soft_wrap=True))
     try:
         return _drive(job, run, resume, console)
     except BaseException as exc:
+        full = isinstance(exc, Exception) and not isinstance(exc, DiskFull) and is_disk_full(exc)
+        failure = disk_full(run.path) if full else exc
         if not resume and run.discard_if_unstarted():
             console.print(f"stopped before the first step finished: removed {run.path}, so the same --out can be "
                           "used again", markup=False, highlight=False, soft_wrap=True)
         elif isinstance(exc, KeyboardInterrupt):
             run.note("interrupted (Ctrl-C)")
             console.print(where_it_stands(run), markup=False, highlight=False, soft_wrap=True)
-        elif isinstance(exc, RunStopped):
+        elif isinstance(exc, (RunStopped, Terminated)):
             run.note(str(exc))
             console.print(where_it_stands(run), markup=False, highlight=False, soft_wrap=True)
+        elif isinstance(failure, (RunFailed, DiskFull)):  # the run can go on from its checkpoint: one line says how
+            run.note(f"stopped: {failure}")
+            failure.args = (f"{failure}; {where_it_stands(run)}",)
         else:
             run.note(f"stopped by {type(exc).__name__}: {exc}")
-        raise
+        if failure is exc:
+            raise
+        raise failure from None
     finally:
         run.close()
 
@@ -199,6 +231,7 @@ def _drive(job: RLJob, run: RunDir, resume: bool, console: Console) -> dict[int,
             steps = run_steps_local_ray(job, run, resume)
         else:
             steps = run_steps(job, run, resume, local_backend(job, run, profile_reporter(progress, console)))
+        faults.point("start", 0)
         for row in steps:
             progress.update(task, completed=min(total, sum(m.prompts for m in run.step_metrics())))
             console.print(step_line(row), highlight=False, soft_wrap=True)

@@ -3,7 +3,9 @@
 Exit codes: 0 success, 1 a bug (a traceback), 2 a problem the user can fix (spec, YAML, data,
 paths, a locked or damaged run folder, a failing reward function, a nan under on_nonfinite: fail)
 printed as one plain `error: ...` line per problem (rhymerl.cli.report), 130 stopped by Ctrl-C, 143
-stopped by SIGTERM after a step (with its checkpoint).
+stopped by SIGTERM (after a step, with its checkpoint; before the first step, with no folder left).
+A run that lost what it runs on (a worker or Ray node for good, its restarts used up) is one plain
+line too, with the command that resumes it, exit 1 (rhymerl.errors.RunFailed); a full disk, exit 2.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from rhymerl.cli.report import INVALID, App, print_user_error
 from rhymerl.cli.trace import trace_app
 from rhymerl.errors import UserError
 from rhymerl.tools.pretrain_recipe import PretrainConfig
-from rhymerl.workers.controller.stopping import TERMINATED, RunStopped
+from rhymerl.workers.controller.stopping import TERMINATED, RunStopped, Terminated, stop_signals
 
 INTERRUPTED = 130  # the shell's code for a command stopped by Ctrl-C (128 + SIGINT)
 app = App(help="RL post-training (GRPO, DAPO) made fast by history.", no_args_is_help=True,
@@ -61,17 +63,20 @@ def validate(jobs: Annotated[list[Path], typer.Argument(help="RLJob YAML files")
                                                              "every file)")] = None) -> None:
     """Check RLJob files and their data sets: exit 0 when all are valid, 2 with every problem listed."""
     from rhymerl.workers.controller.preflight import preflight
+    from rhymerl.workers.reward.verifiers import check_user_function
 
     invalid = 0
     for job in jobs:
         try:
             parsed = _load(job, set_ or [])
             checked = preflight(parsed, absent_ok=True)
+            reward = parsed.spec.reward.function
+            skipped = [*checked.skipped, *filter(None, [check_user_function(reward) if reward else None])]
         except UserError as exc:
             print_user_error(exc, str(job))
             invalid += 1
             continue
-        note = f" (not checked here: {'; '.join(checked.skipped)})" if checked.skipped else ""
+        note = f" (not checked here: {'; '.join(skipped)})" if skipped else ""
         typer.echo(f"{job}: valid RLJob '{parsed.metadata.name}'{note}")
     if invalid:
         raise typer.Exit(INVALID)
@@ -103,6 +108,8 @@ def run(
     set_: Annotated[list[str] | None, typer.Option("--set", help="override key.path=value")] = None,
     out: Annotated[Path | None, typer.Option(help="run folder (default runs/<name>-<time>)")] = None,
     resume: Annotated[Path | None, typer.Option(help="continue the run in this folder")] = None,
+    accept_spec_change: Annotated[bool, typer.Option(help="with --resume: go on although the folder's spec.yaml "
+                                                     "differs from the one its checkpoint was written under")] = False,
 ) -> None:
     """Run an RLJob on this machine (the local backend)."""
     from rhymerl.cli.local_run import run_local
@@ -111,15 +118,18 @@ def run(
         raise UserError("give an RLJob file, or --resume RUN_DIR")
     if resume is not None and (job is not None or set_):
         raise UserError("--resume continues a run with its saved spec; do not pass a job file or --set with it")
+    if accept_spec_change and resume is None:
+        raise UserError("--accept-spec-change goes with --resume RUN_DIR")
     try:
-        if resume is not None:
-            run_local(None, resume)
-            return
-        assert job is not None
-        run_local(_load(job, set_ or []), out)
+        with stop_signals():  # from here on SIGTERM and Ctrl-C stop the run through every finally on the way out
+            if resume is not None:
+                run_local(None, resume, accept_spec_change=accept_spec_change)
+                return
+            assert job is not None
+            run_local(_load(job, set_ or []), out)
     except KeyboardInterrupt:  # run_local has said where the run stands and how to resume it
         raise typer.Exit(INTERRUPTED) from None
-    except RunStopped:  # SIGTERM: stopped after a step, with its checkpoint; run_local said how to resume
+    except (RunStopped, Terminated):  # SIGTERM: after a step, with its checkpoint, or at once; run_local said so
         raise typer.Exit(TERMINATED) from None
 
 
@@ -149,7 +159,7 @@ def worker(
     """Run one pod of a job: the controller starts the Ray head and the steps, the others join it."""
     from rhymerl.cli.worker import serve
 
-    raise typer.Exit(serve(role, spec))
+    raise typer.Exit(serve(role, spec))  # a RunFailed exits 1: the restarted pod resumes the run
 
 
 @app.command(epilog="The step budget is fixed, not timed: the same seed gives the same weights on the same "

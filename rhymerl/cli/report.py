@@ -1,4 +1,5 @@
-"""How the command line shows a UserError: plain lines on stderr, exit status 2.
+"""How the command line shows a UserError: plain lines on stderr, exit status the error class's
+(`exit_code`: 2 for the user's mistakes, 1 for a run the machinery under it failed).
 
 User text (a YAML key, a file name, a prompt) goes out as is: never read as rich markup, never
 wrapped at the terminal width, control characters escaped so that one problem stays one line
@@ -47,7 +48,8 @@ def print_user_error(exc: UserError, context: str = "") -> None:
 
 
 def exits_on_user_error(fn: F) -> F:
-    """Wrap a command: a UserError is printed by print_user_error and the command exits 2."""
+    """Wrap a command: a UserError is printed by print_user_error and the command exits with its
+    class's code."""
 
     @functools.wraps(fn)
     def command(*args: Any, **kwargs: Any) -> Any:
@@ -55,13 +57,13 @@ def exits_on_user_error(fn: F) -> F:
             return fn(*args, **kwargs)
         except UserError as exc:
             print_user_error(exc)
-            raise typer.Exit(INVALID) from None
+            raise typer.Exit(exc.exit_code) from None
 
     return command  # type: ignore[return-value]
 
 
 class App(typer.Typer):
-    """A Typer app whose every command prints a UserError as plain lines and exits 2."""
+    """A Typer app whose every command prints a UserError as plain lines and exits with its code."""
 
     def command(self, *args: Any, **kwargs: Any) -> Callable[[F], F]:
         register = super().command(*args, **kwargs)

@@ -28,8 +28,9 @@ def export(
 ) -> None:
     """Write a run's rollout dumps as a workload trace CSV, one row per response."""
     from rhymerl.tools.traces.export import export_run
+    from rhymerl.tools.traces.io import output_file
 
-    n = export_run(run_dir, out)
+    n = export_run(run_dir, output_file(out))
     typer.echo(f"wrote {n} rows to {out}")
 
 
@@ -45,7 +46,9 @@ def synth(
 ) -> None:
     """Generate a synthetic trace calibrated to published workload figures (docs/scheduling.md)."""
     from rhymerl.tools.traces import synthetic, write_trace
+    from rhymerl.tools.traces.io import output_file
 
+    output_file(out)
     overrides: dict[str, object] = {"seed": seed}
     if steps is not None:
         overrides["steps"] = steps
@@ -65,8 +68,10 @@ def stats(
     import numpy as np
 
     from rhymerl.tools.traces import load_trace, rank_stability
+    from rhymerl.tools.traces.progress import reading_bar
 
-    tr = load_trace(source)
+    with reading_bar(source) as progress:
+        tr = load_trace(source, progress=progress)
     console = Console()
     t = Table(title=escape(f"{tr.name}: {len(tr)} responses, {tr.num_steps} steps, {tr.ids} prompt ids"))
     for col in ("step", "responses", "prompts", "median out", "p90 out", "max out", "mean in"):

@@ -80,6 +80,8 @@ STATIC = [
     ("spec.rollout.speculation.window", "self.initial <= self.max", {}, {"initial": 40}),
     ("spec.rollout.speculation.prefix", "self.min <= self.max", {}, {"min": 40}),
     ("spec.history", "self.store != 'redis'", {}, {"store": "redis"}),
+    ("spec.history", "!has(self.redis_url)", {"history": {"store": "redis", "redis_url": "redis://user@r:6379/0"}},
+     {"redis_url": "redis://user:s3cret@r:6379/0"}),
 ]
 TOLERATIONS = [
     ("self.operator != 'Exists'", {"operator": "Exists"}),

@@ -98,3 +98,66 @@ def test_spec_round_trips_through_yaml(group: int, prompts: int, temp: float, to
         "rollout": {"temperature": temp, "top_p": top_p, "min_replicas": lo, "replicas": lo,
                     "max_replicas": lo + extra}}})
     assert parse_job(dump_job(job)) == job
+
+
+REDIS = GOOD + "  history: {store: redis, redis_url: 'URL'}\n"
+SECRET = "s3cret-pw"
+
+
+@pytest.mark.parametrize(("url", "reason"), [
+    ("http://r:6379/0", "expected redis://host:port/db"),
+    ("REDIS://r:6379/0", "expected redis://host:port/db"),
+    ("r:6379", "expected redis://host:port/db"),
+    ("redis://r:70000/0", "port must be a number from 1 to 65535"),
+    ("redis://r:0/0", "port must be a number from 1 to 65535"),
+    ("redis://r:63x79/0", "port must be a number from 1 to 65535"),
+    ("redis:///0", "no host"),
+    ("redis://r$/0", "not a host name"),
+    ("redis://r:6379/abc", "the database goes after the host as /N"),  # redis-py reads db 0
+    ("redis://r:6379/1/2", "the database goes after the host as /N"),  # redis-py reads db 12
+    ("redis://r:6379/-1", "the database goes after the host as /N"),
+    ("redis://r:6379/0?socket_timeout=1", "query parameter 'socket_timeout' is not one rhymerl passes on"),
+    ("redis://r:6379/0?db=3", "query parameter 'db' is not one rhymerl passes on"),
+    ("rediss://r:6379/0?ssl_cert_reqs=maybe", "takes one of none, optional, required"),
+    ("unix://r/tmp/redis.sock", "a unix URL names no host"),
+    ("unix:///tmp/redis.sock?db=x", "database number must be a non-negative integer"),
+    ("redis://r:6379/0#frag", "fragment"),
+    ("redis://r :6379/0", "spaces or control characters"),
+])
+def test_a_redis_url_redis_py_would_misread_or_fail_on_is_refused_naming_the_field(url: str, reason: str) -> None:
+    found = problems_of(REDIS.replace("URL", url))
+    assert list(found) == ["spec.history.redis_url"] and reason in found["spec.history.redis_url"]
+
+
+@pytest.mark.parametrize("url", ["redis://r", "redis://rhymerl-redis.ns.svc:6379/15", "redis://[::1]:6379/0",
+                                 "redis://reader@r:6379/0", "rediss://r:6380/1?ssl_cert_reqs=required",
+                                 "unix:///run/redis.sock?db=2"])
+def test_a_well_formed_redis_url_is_accepted(url: str) -> None:
+    assert parse_job(REDIS.replace("URL", url)).spec.history.redis_url == url
+
+
+@pytest.mark.parametrize("url", [f"redis://:{SECRET}@r:6379/0", f"redis://reader:{SECRET}@r:6379/0",
+                                 f"rediss://u:{SECRET}@r/0?ssl_cert_reqs=none", f"unix://:{SECRET}@/run/redis.sock",
+                                 f"http://:{SECRET}@r/0"])
+def test_a_password_in_the_redis_url_is_refused_saying_where_it_goes_and_never_echoed(url: str) -> None:
+    for text, sets in ((REDIS.replace("URL", url), []), (GOOD, ["history.store=redis", f"history.redis_url={url}"]),
+                       (GOOD, [f"history.redis_url:{url}"])):  # a typo: '=' written ':'
+        with pytest.raises(SpecError) as info:
+            parse_job(text, "job.yaml", sets)
+        assert SECRET not in str(info.value) and SECRET not in repr(info.value.problems)
+        assert SECRET not in str(info.value.__cause__ or "")  # pydantic's own message: no input_value
+    found = problems_of(REDIS.replace("URL", url))
+    if url.startswith("http"):
+        return
+    assert "history.redis_password_secret" in found["spec.history.redis_url"]
+    assert "RHYMERL_REDIS_PASSWORD" in found["spec.history.redis_url"]
+
+
+def test_a_refused_spec_is_not_echoed_by_pydantic_even_for_a_problem_of_another_block() -> None:
+    from pydantic import ValidationError
+
+    doc = {"spec": {"history": {"store": "redis", "redis_url": f"redis://:{SECRET}@r/0"},
+                    "data": {"min_ops": 9, "median_ops": 3}}}  # a whole-block check: pydantic echoes the block
+    with pytest.raises(ValidationError) as info:
+        RLJob.model_validate(doc)
+    assert SECRET not in str(info.value)

@@ -1,4 +1,5 @@
-"""What the `rhymerl` command line says about bad input: one plain line per problem, exit 2, no traceback."""
+"""What the `rhymerl` command line says about bad input: one plain line per problem, exit 2, no traceback
+(and about a run that lost what it runs on: one line, exit 1)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import importlib.metadata
 import shutil
 from pathlib import Path
 
+import pytest
 from cli_runner import rhymerl
 
 from rhymerl.workers.model.folder import model_dir
@@ -158,3 +160,21 @@ def test_run_refuses_train_ranks_and_gpus_this_machine_cannot_give_before_the_ru
     assert res.returncode == 2, res.stderr
     assert "spec.train.resources.gpu: 1: this machine has no CUDA GPU" in res.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_that_lost_what_it_runs_on_is_one_line_and_exit_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from rhymerl.cli import local_run
+    from rhymerl.cli.main import app
+    from rhymerl.errors import RunFailed
+
+    said = (f"lost the train worker (The actor died unexpectedly before finishing this task.); the run cannot go on "
+            f"without it; run stopped after step 1; ... Resume with: rhymerl run --resume {tmp_path}")
+
+    def lost(*args: object, **kwargs: object) -> None:
+        raise RunFailed(said)
+
+    monkeypatch.setattr(local_run, "run_local", lost)
+    res = CliRunner().invoke(app, ["run", "--resume", str(tmp_path)])
+    assert (res.exit_code, res.stderr) == (1, f"error: {said}\n")

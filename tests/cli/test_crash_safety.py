@@ -9,14 +9,18 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from cli_runner import SCRIPT, rhymerl
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from rhymerl.errors import DiskFull
 from rhymerl.workers import dumps
-from rhymerl.workers.run_folder.run_dir import RunDir
+from rhymerl.workers.model.transformer import TinyLlama
+from rhymerl.workers.run_folder.run_dir import LoopState, RunDir
 from rhymerl.workers.run_folder.step_metrics import deterministic
 
 REPO = Path(__file__).resolve().parents[2]
@@ -149,3 +153,84 @@ def test_a_run_stopped_before_its_first_step_can_be_started_again_into_the_same_
     resumed = _resume(out)
     assert resumed.returncode == 0, resumed.stderr
     assert [m["step"] for m in RunDir(out).metrics()] == [1, 2, 3, 4]
+
+
+def _stopped_start(out: Path, signal_name: str) -> subprocess.CompletedProcess[str]:
+    """A run that sends itself `signal_name` once its roles are set up, before its first step
+    (fault point `start`); SIGINT restored, as a terminal's Ctrl-C finds it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RHYMERL_CRASH")}
+    env |= {"RHYMERL_CRASH_AT": "start:0", "RHYMERL_CRASH_SIGNAL": signal_name}
+    return subprocess.run([str(SCRIPT), "run", str(REPO / "examples" / "quickstart.yaml"), "--out", str(out), *TINY],
+                          capture_output=True, text=True, env=env, timeout=600,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+@pytest.mark.parametrize(("signal_name", "code"), [("SIGTERM", 128 + signal.SIGTERM), ("SIGINT", 130)])
+def test_a_start_stopped_by_a_signal_before_its_first_step_leaves_no_folder(
+        tmp_path: Path, signal_name: str, code: int) -> None:
+    out = tmp_path / "run"
+    stopped = _stopped_start(out, signal_name)
+    assert stopped.returncode == code, stopped.stderr
+    assert "Traceback" not in stopped.stderr + stopped.stdout
+    assert not out.exists()
+    assert f"removed {out}" in " ".join(stopped.stdout.split())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("full_at", ["checkpoint-files:2", "dump:3"])  # in a writer; before one
+def test_a_full_disk_is_one_line_naming_where_and_the_run_resumes_to_the_uninterrupted_result(
+        tmp_path: Path, reference: tuple[list[object], list[dict[str, object]], dict[str, torch.Tensor]],
+        full_at: str) -> None:
+    out = tmp_path / "run"
+    full = _start(out, full_at, "ENOSPC")
+    assert full.returncode == 2, full.stderr
+    assert "Traceback" not in full.stderr + full.stdout
+    lines = full.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: no space left on the disk of "), full.stderr
+    assert str(out) in lines[0] and "what was written before is intact" in lines[0]
+    assert lines[0].endswith(f"Resume with: rhymerl run --resume {out}")
+    if full_at.startswith("checkpoint"):
+        assert f"{out / 'checkpoints'} while writing the checkpoint of step 2" in lines[0] and "needs about" in lines[0]
+    resumed = _resume(out)
+    assert resumed.returncode == 0, resumed.stderr
+    records, rows, weights = _outcome(out)
+    ref_records, ref_rows, ref_weights = reference
+    assert (records, rows) == (ref_records, ref_rows)
+    assert all(torch.equal(weights[k], ref_weights[k]) for k in ref_weights)
+
+
+@pytest.mark.parametrize("error", [
+    SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+    RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"),  # torch's zip writer
+])
+def test_a_full_disk_met_by_a_library_writing_a_checkpoint_is_a_disk_full_error(
+        tmp_path: Path, tiny_model: TinyLlama, monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
+    from rhymerl.api import RLJob
+    from rhymerl.workers.run_folder import run_dir
+
+    run = RunDir(tmp_path / "run")
+    run.create(RLJob())
+
+    def fail(*args: object) -> None:
+        raise error
+
+    monkeypatch.setattr(run_dir, "save_model", fail)
+    # torch's writer does not say why it failed: the space left does
+    monkeypatch.setattr(run_dir.shutil, "disk_usage", lambda path: SimpleNamespace(free=10))
+    opt = torch.optim.AdamW(tiny_model.parameters())
+    with pytest.raises(DiskFull, match=r"while writing the checkpoint of step 3 \(.* it needs about \d"):
+        run.save_checkpoint(LoopState(step=3), tiny_model, opt, 2)
+    assert not run.checkpoint_dirs() and not list((run.path / "checkpoints").iterdir())
+
+
+def test_signals_held_while_ray_starts_reach_the_handlers_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rhymerl.workers.controller.stopping import Terminated, held_signals, stop_signals
+
+    seen: list[str] = []
+    with pytest.raises(Terminated), stop_signals():
+        with held_signals():
+            signal.raise_signal(signal.SIGTERM)
+            seen.append("held")  # not cut short
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # what a library may install meanwhile
+        seen.append("not reached")
+    assert seen == ["held"]

@@ -233,3 +233,20 @@ def test_a_sample_deferred_to_the_next_round_goes_on_there_with_the_weights_it_b
     assert {versions[s] for s in deferred} == {0} and {v for s, v in versions.items() if s not in deferred} == {1}
     assert {s: done2[s] for s in deferred} == {s: old_tokens[(s.prompt_id, s.index)] for s in deferred}
     assert sum(sc.resumed_tokens for _, sc in rnd2.summaries) >= 5 * len(deferred)
+
+
+def test_a_resumed_fleet_starts_each_group_with_the_policy_version_it_is_given(model_dir: Path, tmp_path: Path) -> None:
+    reference = Fleet(_job(model_dir), tmp_path / "one")
+    old_tokens, _ = reference.round(PROMPTS[:2])
+    f = Fleet(_job(model_dir, 2), tmp_path / "two")
+    old = f.t.call(f.train, "weights")
+    f.fleet.start(5, {k: v + 0.5 for k, v in old.items()}, older={4: old})  # a checkpoint of version 5, 4 in flight
+    rnd = f.fleet.launch([(1, p) for p in PROMPTS[:3]], step=6, inter_step=False,
+                         versions={(1, p): 4 for p in PROMPTS[:2]})
+    summaries = f.fleet.collect(rnd)
+    versions = {s.sample.prompt_id: summary.policy_version for summary, _ in summaries for s in summary.samples}
+    tokens = {(s.sample.prompt_id, s.sample.index): tuple(s.result.response_ids) for _, sc in summaries for s in sc}
+    assert versions == {PROMPTS[0]: 4, PROMPTS[1]: 4, PROMPTS[2]: 5}
+    assert {k: v for k, v in tokens.items() if k[0] != PROMPTS[2]} == old_tokens
+    f.fleet.publish(6, old)
+    assert set(f.fleet.weights) == {6}  # nothing in use holds 4 or 5 any more

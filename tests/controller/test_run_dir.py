@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from rhymerl.api import RLJob
+from rhymerl.errors import UserError
+from rhymerl.workers import dumps
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.run_folder import checkpoints
 from rhymerl.workers.run_folder.run_dir import EVENTS, LoopState, RunDir, finite_json
@@ -28,8 +30,9 @@ def _save(run: RunDir, model: TinyLlama, step: int, keep_last: int = 5) -> Path:
         for p in model.parameters():
             p.fill_(float(step))
     opt = torch.optim.AdamW(model.parameters())
+    dumps.write_step(run.path, step, [])
     run.append_metrics({"step": step, "epoch": 1})
-    return run.save_checkpoint(LoopState(step=step, cursor=step), model, opt, keep_last)
+    return run.save_checkpoint(LoopState(step=step, cursor=step), model, opt, keep_last, job=RLJob())
 
 
 def _restore(run: RunDir, model: TinyLlama) -> LoopState:
@@ -39,7 +42,7 @@ def _restore(run: RunDir, model: TinyLlama) -> LoopState:
 def test_a_checkpoint_lists_every_file_with_its_checksum(tmp_path: Path, tiny_model: TinyLlama) -> None:
     folder = _save(_run(tmp_path), tiny_model, 1)
     manifest = json.loads((folder / checkpoints.MANIFEST).read_text())
-    assert set(manifest["files"]) == {"model.safetensors", "config.json", "optimizer.pt", "state.json"}
+    assert set(manifest["files"]) == {"model.safetensors", "config.json", "optimizer.pt", "state.json", "spec.yaml"}
     for name, entry in manifest["files"].items():
         assert entry["sha256"] == checkpoints.sha256(folder / name)
     checkpoints.verify(folder)
@@ -153,3 +156,75 @@ def test_out_pointing_at_a_file_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(Exception, match="exists and is not a folder"):
         RunDir(tmp_path / "file").create(RLJob())
+
+
+def test_checkpoints_ahead_of_the_metrics_rows_are_set_aside_and_the_run_resumes_within_its_records(
+        tmp_path: Path, tiny_model: TinyLlama) -> None:
+    run = _run(tmp_path)
+    for step in (1, 2, 3):
+        _save(run, tiny_model, step)
+    rows = (run.path / "metrics.jsonl").read_text().splitlines()
+    (run.path / "metrics.jsonl").write_text(rows[0] + "\n")  # rows of steps 2 and 3 lost
+    heard: list[str] = []
+    run.listeners.append(heard.append)
+    assert _restore(run, tiny_model) == LoopState(step=1, cursor=1)
+    assert all(bool((p == 1.0).all()) for p in tiny_model.parameters())
+    assert sorted(p.name for p in (run.path / "checkpoints").iterdir()) == [
+        "step_000001", "step_000002.unrecorded", "step_000003.unrecorded"]
+    assert sum("metrics.jsonl has no row for step 2" in h for h in heard) == 2
+    assert not dumps.dump_path(run.path, 2).exists()  # steps 2 and 3 run again and record themselves
+
+
+def test_a_missing_dump_sends_the_resume_back_to_the_checkpoint_before_its_step(
+        tmp_path: Path, tiny_model: TinyLlama) -> None:
+    run = _run(tmp_path)
+    for step in (1, 2, 3):
+        _save(run, tiny_model, step)
+    dumps.dump_path(run.path, 2).unlink()
+    assert _restore(run, tiny_model).step == 1
+    assert [m["step"] for m in run.metrics()] == [1]
+    assert "rollouts/step_000002.jsonl is missing" in (run.path / EVENTS).read_text()
+
+
+def test_a_metrics_row_doubled_or_out_of_order_ends_the_recorded_steps(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    for step in (1, 2, 2, 3):
+        run.append_metrics({"step": step})
+    assert run.recorded_steps() == 2
+    run.cut_back(3)
+    assert [m["step"] for m in run.metrics()] == [1, 2]
+
+
+def test_a_restored_optimiser_keeps_its_state_and_takes_the_specs_hyperparameters(
+        tmp_path: Path, tiny_model: TinyLlama) -> None:
+    run = _run(tmp_path)
+    opt = torch.optim.AdamW(tiny_model.parameters(), lr=1e-3, weight_decay=0.1)
+    tiny_model(torch.zeros(1, 4, dtype=torch.long)).sum().backward()
+    opt.step()
+    dumps.write_step(run.path, 1, [])
+    run.append_metrics({"step": 1})
+    run.save_checkpoint(LoopState(step=1), tiny_model, opt, 2)
+    moments = {k: v["exp_avg"].clone() for k, v in enumerate(opt.state.values())}
+    fresh = torch.optim.AdamW(tiny_model.parameters(), lr=5e-4, weight_decay=0.0)
+    run.restore(tiny_model, fresh)
+    assert fresh.param_groups[0]["lr"] == 5e-4 and fresh.param_groups[0]["weight_decay"] == 0.0
+    assert all(torch.equal(v["exp_avg"], moments[k]) for k, v in enumerate(fresh.state.values()))
+
+
+def test_a_spec_changed_since_the_checkpoint_is_refused_with_the_difference_unless_accepted(
+        tmp_path: Path, tiny_model: TinyLlama) -> None:
+    from rhymerl.cli.local_run import check_spec_change
+
+    run = _run(tmp_path)
+    _save(run, tiny_model, 1)
+    same = RLJob()
+    assert run.spec_change(same) is None
+    check_spec_change(run, same, accept=False)
+    changed = RLJob.model_validate({"spec": {"algorithm": {"lr": 5e-5}}})
+    with pytest.raises(UserError, match="step_000001") as refused:
+        check_spec_change(run, changed, accept=False)
+    lines = str(refused.value).splitlines()
+    assert "-    lr: 0.0001" in lines and "+    lr: 5.0e-05" in lines and "--accept-spec-change" in lines[-1]
+    assert not [line for line in lines if line.startswith(("-  ", "+  ")) and "lr:" not in line]
+    check_spec_change(run, changed, accept=True)
+    assert "--accept-spec-change" in (run.path / EVENTS).read_text()

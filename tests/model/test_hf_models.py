@@ -16,6 +16,7 @@ from hf_models import write_model, write_tokenizer
 
 from rhymerl.api import SpecError, parse_job
 from rhymerl.api.spec import AlgorithmSpec, ModelSpec
+from rhymerl.workers import dumps
 from rhymerl.workers.controller.preflight import preflight
 from rhymerl.workers.model.folder import ModelError, check_native, model_dir
 from rhymerl.workers.model.hf_policy import HfPolicy, load_hf_policy
@@ -147,6 +148,8 @@ def test_a_qwen2_policy_trains_checkpoints_as_a_hugging_face_folder_and_restores
     trainer = Trainer(policy, AlgorithmSpec(group_size=2, prompts_per_step=3, lr=1e-2), 1.0)
     trainer.step(_samples(99))
     run = RunDir(tmp_path / "run")
+    dumps.write_step(run.path, 1, [])  # the step's records, which a checkpoint never runs ahead of
+    run.append_metrics({"step": 1})
     folder = run.save_checkpoint(LoopState(step=1, epoch=1), policy, trainer.optimizer, keep_last=2)
     fresh = load_hf_policy(qwen2)
     restored = Trainer(fresh, AlgorithmSpec(group_size=2, prompts_per_step=3, lr=1e-2), 1.0)
@@ -166,6 +169,8 @@ def test_a_checkpoint_of_another_model_is_set_aside_and_the_weights_stay_untouch
         qwen2: Path, llama: Path, tmp_path: Path) -> None:
     run = RunDir(tmp_path / "run")
     other = load_hf_policy(llama)
+    dumps.write_step(run.path, 1, [])
+    run.append_metrics({"step": 1})
     run.save_checkpoint(LoopState(step=1, epoch=1), other, torch.optim.SGD(other.parameters(), lr=1.0), 2)
     policy = load_hf_policy(qwen2)
     before = copy.deepcopy(policy.hf_state_dict())

@@ -105,3 +105,23 @@ def test_with_skip_a_nan_reward_is_a_recorded_failure_and_every_file_stays_valid
 
     rows = [json.loads(line, parse_constant=strict) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert all(isinstance(row["loss"], float) for row in rows if "loss" in row)
+
+
+def test_validate_refuses_a_reward_module_that_fails_to_import_and_notes_one_not_on_this_machine(
+        tmp_path: Path) -> None:
+    import yaml
+
+    user_code = tmp_path / "user_code"
+    user_code.mkdir()
+    (user_code / "broken_reward.py").write_text("import not_installed_dependency\n\ndef score(p, r, a):\n    return 1.0\n")
+    jobs = []
+    for module in ("broken_reward", "cluster_only_reward"):
+        doc = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
+        doc["spec"]["reward"] = {"function": f"{module}:score"}
+        jobs.append(tmp_path / f"{module}.yaml")
+        jobs[-1].write_text(yaml.safe_dump(doc))
+    res = _rhymerl(user_code, "validate", *map(str, jobs))
+    assert res.returncode == 2, res.stderr
+    assert "broken_reward" in res.stderr and "not_installed_dependency" in res.stderr and "Traceback" not in res.stderr
+    assert "cluster_only_reward.yaml: valid RLJob" in res.stdout
+    assert "module 'cluster_only_reward' is not importable here" in res.stdout

@@ -14,7 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
+import torch
 import yaml
+from safetensors.torch import load_file
 
 from rhymerl.workers import dumps
 from rhymerl.workers.run_folder.step_metrics import deterministic
@@ -44,7 +47,7 @@ def rhymerl_scale(out: Path, rollout: int) -> subprocess.CompletedProcess[str]:
 def run(out: Path, sets: list[str], env: dict[str, str] | None = None,
         resume: bool = False) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("RHYMERL_CRASH")}
-    args = ["run", "--resume", str(out)] if resume else \
+    args = ["run", "--resume", str(out), *sets] if resume else \
         ["run", str(QUICKSTART), "--out", str(out), *(a for s in sets for a in ("--set", s))]
     return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, env=clean | (env or {}),
                           cwd=tempfile.gettempdir(), timeout=900)
@@ -94,16 +97,42 @@ def test_the_ray_backend_produces_the_in_process_tokens_losses_and_metrics_rows_
     assert [r.policy_version for r in dumps.read_run(out)] == [r.policy_version for r in dumps.read_run(in_process)]
 
 
-def test_at_off_policy_1_rollout_runs_one_version_behind_and_records_it(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    res = run(out, [*TINY, *RAY, "algorithm.max_off_policy_steps=1"])
+PIPELINED = [*TINY, *RAY, "algorithm.max_off_policy_steps=1"]
+
+
+@pytest.fixture(scope="module")
+def pipelined(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted run at off-policy 1 (what a resumed one must equal)."""
+    out = tmp_path_factory.mktemp("pipelined") / "run"
+    res = run(out, PIPELINED)
     assert res.returncode == 0, res.stderr
-    assert len(samples(out)) == 32
-    versions = {(r.step, r.policy_version) for r in dumps.read_run(out)}
+    return out
+
+
+def test_at_off_policy_1_rollout_runs_one_version_behind_and_records_it(pipelined: Path) -> None:
+    assert len(samples(pipelined)) == 32
+    versions = {(r.step, r.policy_version) for r in dumps.read_run(pipelined)}
     # step 2 was started before step 1 trained, step 3 before step 2 trained, ...
     assert versions == {(1, 0), (2, 0), (3, 1), (4, 2)}
-    assert [m["policy_lag_max"] for m in metrics(out)] == [0, 1, 1, 1]
-    assert [m["policy_version"] for m in metrics(out)] == [1, 2, 3, 4]
+    assert [m["policy_lag_max"] for m in metrics(pipelined)] == [0, 1, 1, 1]
+    assert [m["policy_version"] for m in metrics(pipelined)] == [1, 2, 3, 4]
+
+
+def assert_same_run(out: Path, reference: Path) -> None:
+    """Tokens, rewards, policy versions and final weights of the uninterrupted run."""
+    assert samples(out) == samples(reference)
+    assert [(r.step, r.policy_version) for r in dumps.read_run(out)] == \
+        [(r.step, r.policy_version) for r in dumps.read_run(reference)]
+    ours, theirs = (load_file(str(p / "checkpoints" / "step_000004" / "model.safetensors")) for p in (out, reference))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def assert_step_2_kept_step_3s_round(out: Path) -> None:
+    """Step 3's first round ran with version 1 when step 2 (version 2) was checkpointed: the
+    checkpoint records it and keeps version 1's weights."""
+    ckpt = out / "checkpoints" / "step_000002"
+    assert json.loads((ckpt / "extra.json").read_text())["ahead_version"] == 1
+    assert (ckpt / "in_flight_v1.weights").is_file()
 
 
 @pytest.mark.parametrize(("crash_at", "step"), [("rollout-worker:3", 3), ("reward-worker:2", 2)])
@@ -254,13 +283,12 @@ def test_without_its_history_worker_rollout_goes_on_without_drafts_and_says_so(
     assert "cannot serve indexes" in (out / "events.log").read_text()
 
 
-def test_with_its_redis_down_the_run_completes_without_history_drafts(in_process: Path, tmp_path: Path) -> None:
+def test_with_its_redis_down_the_run_is_refused_before_it_starts_ray_or_writes_anything(tmp_path: Path) -> None:
     out = tmp_path / "run"
     res = run(out, [*TINY, *RAY, "history.store=redis", "history.redis_url=redis://127.0.0.1:1/0"])
-    assert res.returncode == 0, res.stderr
-    assert samples(out) == samples(in_process)
-    assert all(m["history_ok"] is False and m["spec_rate"] == 0.0 for m in metrics(out))
-    assert "redis://127.0.0.1:1/0" in (out / "events.log").read_text()
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith("error: history.redis_url redis://127.0.0.1:1/0: ConnectionError")
+    assert len(res.stderr.strip().splitlines()) == 1 and not out.exists()
 
 
 def test_history_in_a_real_redis_drafts_as_the_memory_store_does(
@@ -272,31 +300,36 @@ def test_history_in_a_real_redis_drafts_as_the_memory_store_does(
     rows = metrics(out)
     assert all(m["history_ok"] for m in rows)
     assert all(m["spec_rate"] > 0 for m in rows[2:])  # epoch 2 drafted from the indexes Redis kept
+    assert redis.Redis.from_url(redis_url).keys("*") == []  # a finished run deletes its own keys
 
 
-def test_a_controller_killed_mid_run_resumes_from_its_checkpoint_to_the_same_samples(
-        in_process: Path, tmp_path: Path) -> None:
+def test_a_controller_killed_mid_run_at_off_policy_1_resumes_to_the_uninterrupted_tokens_rewards_and_weights(
+        pipelined: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    res = run(out, [*TINY, *RAY], {"RHYMERL_CRASH_AT": "train:3"})
-    assert res.returncode != 0
+    mark = f"killed-{tmp_path.name}"
+    res = run(out, PIPELINED, {"RHYMERL_CRASH_AT": "train:3", MARK: mark})
+    assert res.returncode == -signal.SIGKILL
+    assert left_behind(mark) == [], "a Ray process outlived the SIGKILLed run that started it"
     assert [m["step"] for m in metrics(out)] == [1, 2]
+    assert_step_2_kept_step_3s_round(out)
     res = run(out, [], resume=True)
     assert res.returncode == 0, res.stderr
-    assert samples(out) == samples(in_process)
+    assert_same_run(out, pipelined)
     assert [m["step"] for m in metrics(out)] == [1, 2, 3, 4]
 
 
-def test_on_sigterm_the_controller_finishes_its_step_checkpoints_it_and_the_resumed_run_has_the_same_samples(
-        in_process: Path, tmp_path: Path) -> None:
+def test_on_sigterm_at_off_policy_1_the_controller_checkpoints_its_step_and_the_resumed_run_is_the_uninterrupted_one(
+        pipelined: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    res = run(out, [*TINY, *RAY, "checkpoint.every_steps=4"],
+    res = run(out, [*PIPELINED, "checkpoint.every_steps=4"],
               {"RHYMERL_CRASH_AT": "train:2", "RHYMERL_CRASH_SIGNAL": "SIGTERM"})
     assert res.returncode == 128 + 15, res.stderr
     assert [m["step"] for m in metrics(out)] == [1, 2]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000002"]
+    assert_step_2_kept_step_3s_round(out)
     res = run(out, [], resume=True)
     assert res.returncode == 0, res.stderr
-    assert samples(out) == samples(in_process)
+    assert_same_run(out, pipelined)
     assert [m["step"] for m in metrics(out)] == [1, 2, 3, 4]
 
 
@@ -357,6 +390,8 @@ def test_two_train_ranks_train_what_one_does_and_their_checkpoint_resumes_on_one
     saved["spec"]["train"]["replicas"] = 1
     (out / "spec.yaml").write_text(yaml.safe_dump(saved))
     res = run(out, [], resume=True)
+    assert res.returncode == 2 and "+    replicas: 1" in res.stderr and "--accept-spec-change" in res.stderr
+    res = run(out, ["--accept-spec-change"], resume=True)
     assert res.returncode == 0, res.stderr
     assert [m["step"] for m in metrics(out)] == [1, 2, 3, 4]
     assert len(samples(out)) == 4 * 4 * 2  # every sample once
@@ -392,3 +427,94 @@ def test_without_a_broadcast_the_object_store_alone_carries_the_weights(in_proce
     assert res.returncode == 0, res.stderr
     assert samples(out) == samples(in_process)
     assert all(m["weight_fallbacks"] == 0 for m in metrics(out))
+
+
+MARK = "RHYMERL_TEST_MARK"  # inherited by every process a run starts, Ray's included
+
+
+def marked(mark: str) -> dict[int, str]:
+    """Live processes (zombies read an empty environment) carrying `mark`: pid -> command line."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and f"{MARK}={mark}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+    return found
+
+
+def left_behind(mark: str, timeout_s: float = 120.0) -> list[str]:
+    """The marked processes left once the run's watchdog (workers/runtime/reaper.py, which sweeps
+    its Ray processes when its driver dies) has exited; the run itself has exited already."""
+    deadline = time.monotonic() + timeout_s
+    while any("reaper.py" in cmd for cmd in marked(mark).values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return sorted(marked(mark).values())
+
+
+def test_sigterm_while_ray_starts_stops_it_whole_with_no_folder_and_no_ray_process_left(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    mark = f"start-{tmp_path.name}"
+    # the signal lands once Ray's processes run and this driver is connected, where Ray's handlers would rule
+    res = run(out, [*TINY, *RAY], {"RHYMERL_CRASH_AT": "ray-start:0", "RHYMERL_CRASH_SIGNAL": "SIGTERM", MARK: mark})
+    assert res.returncode == 128 + signal.SIGTERM, res.stderr
+    assert not any(s in res.stderr for s in ("Traceback", "SIGTERM received", "SIGABRT")), res.stderr
+    assert not out.exists()
+    assert sorted(marked(mark).values()) == [], "stopped before the command returned"
+
+
+def test_a_lost_raylet_is_one_line_with_the_command_that_resumes_exit_1_and_no_ray_process_left(
+        tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    mark = f"raylet-{tmp_path.name}"
+    # the train worker kills its raylet as it writes step 2's dump: the node, and every worker, is gone
+    res = run(out, [*TINY, *RAY], {"RHYMERL_CRASH_AT": "dump:2", "RHYMERL_CRASH_WHO": "raylet", MARK: mark})
+    assert res.returncode == 1, res.stderr
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "Ray node: its raylet died" in errors[0] and "run stopped after step 1" in errors[0]
+    assert errors[0].endswith(f"Resume with: rhymerl run --resume {out}")
+    assert [m["step"] for m in metrics(out)] == [1]
+    assert sorted(marked(mark).values()) == []
+
+
+def _ending(name: str) -> BaseException:
+    """What may end a run on Ray, by name: Ray's errors for lost workers and nodes, the fleet's
+    for re-runs used up, a worker's own errors as Ray hands them over, a bug of ours."""
+    import ray.exceptions
+
+    from rhymerl.errors import UserError
+    from rhymerl.workers.controller.fleet import WorkerLost
+
+    def in_worker(cause: BaseException) -> BaseException:
+        return ray.exceptions.RayTaskError("TrainWorker.step", "Traceback ...", cause).as_instanceof_cause()
+
+    return {
+        "actor died": ray.exceptions.ActorDiedError(),
+        "actor unavailable": ray.exceptions.ActorUnavailableError("RpcError: Socket closed", None),
+        "system error": ray.exceptions.RaySystemError("System error: the GCS is gone"),
+        "re-runs used up": WorkerLost("step 3: sample 1 of prompt p7 lost its rollout worker 3 times"),
+        "full disk in a worker": in_worker(OSError(28, "No space left on device")),
+        "user error in a worker": in_worker(UserError("the reward function returned nan")),
+        "bug": ValueError("a bug"),
+    }[name]
+
+
+@pytest.mark.parametrize(("name", "kind", "words"), [
+    ("actor died", "RunFailed", "lost a Ray worker"),
+    ("actor unavailable", "RunFailed", "lost a Ray worker"),
+    ("system error", "RunFailed", "lost a Ray worker"),
+    ("re-runs used up", "RunFailed", "the rollout fleet gave up"),
+    ("full disk in a worker", "DiskFull", "no space left on the disk of /runs/r"),
+    ("user error in a worker", "UserError", "the reward function returned nan"),
+    ("bug", None, ""),
+])
+def test_what_ends_a_ray_run_becomes_one_line_of_its_class(name: str, kind: str | None, words: str) -> None:
+    from rhymerl.workers.runtime.ray_transport import run_failure
+
+    failure = run_failure(_ending(name), "/runs/r")
+    assert (type(failure).__name__ if failure is not None else None) == kind
+    if failure is not None:
+        assert words in str(failure) and "\n" not in str(failure)
+        assert failure.exit_code == (1 if kind == "RunFailed" else 2)

@@ -15,7 +15,6 @@ its samples are one policy version behind.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +24,7 @@ from rhymerl.workers.controller.fleet import RolloutFleet, Round
 from rhymerl.workers.controller.transport import pipelined
 from rhymerl.workers.roles.groups import GroupSummary, StepLayout
 from rhymerl.workers.roles.samples import GroupKey, SampleRef, SampleSummary
+from rhymerl.workers.run_folder.in_flight import NOTHING, InFlight
 from rhymerl.workers.run_folder.run_dir import LoopState
 from rhymerl.workers.task.prompts import Prompt, epoch_order
 
@@ -53,14 +53,17 @@ class _Finished:
 
 class BatchSampler:
     def __init__(self, job: RLJob, fleet: RolloutFleet, prompts: list[Prompt], lengths: LengthHistory,
-                 again: Sequence[GroupKey] = ()) -> None:
-        """again: groups a checkpoint left open (an outlier of theirs was deferred past it): the first
-        round generates them again, whole."""
+                 resumed: InFlight = NOTHING) -> None:
+        """resumed: what the checkpoint a run resumes from had in flight; the groups it left open
+        (an outlier of theirs was deferred past it) are generated again, whole, at the policy
+        version they had, in the first round (`resume_ahead` starts that round as the
+        uninterrupted run did)."""
         self.job, self.fleet, self.prompts, self.lengths = job, fleet, prompts, lengths
-        self.again = list(again)
-        self.open: dict[GroupKey, None] = {}  # groups launched and not complete, in launch order
+        self.again = resumed.open_groups()
+        self.open: dict[GroupKey, int] = {}  # groups launched and not complete, in launch order -> their version
         self.finished: dict[SampleRef, _Finished] = {}
         self.ahead: Round | None = None
+        self.fresh_version: int | None = None  # the version new groups start with (None: the fleet's)
 
     def sample_batch(self, state: LoopState) -> Batch:
         """Roll out and score the next prompts of the epoch (advancing `state.cursor`)."""
@@ -97,6 +100,16 @@ class BatchSampler:
         take = [by_id[pid] for pid in self.next_prompts(state)]
         self.ahead = self._launch(take, state.epoch, state.step + 1, state.cursor + len(take))
 
+    def resume_ahead(self, state: LoopState, resumed: InFlight) -> None:
+        """A resumed run: launch the round the checkpointed run had started ahead, with the policy
+        version it had."""
+        if resumed.ahead is not None:
+            self.fresh_version = resumed.ahead
+            try:
+                self.run_ahead(state)
+            finally:
+                self.fresh_version = None
+
     def next_prompts(self, state: LoopState) -> list[str]:
         """The prompts the next step starts with (none after the last step)."""
         if state.epoch > self.job.spec.algorithm.epochs:
@@ -118,11 +131,13 @@ class BatchSampler:
         self.fleet.forget([SampleRef(pid, k, e) for e, pid in batch.layout.groups for k in range(g)])
         return list(scored.values()), min(versions, default=self.fleet.version)
 
-    def open_groups(self) -> list[GroupKey]:
-        """Groups launched and not complete, but for those of the round started ahead (a resumed run
-        starts that round again itself)."""
-        ahead = {(self.ahead.epoch, pid) for pid in self.ahead.prompts} if self.ahead is not None else set()
-        return [key for key in self.open if key not in ahead]
+    def in_flight(self) -> InFlight:
+        """What a checkpoint taken now must record: the round started ahead (a resumed run starts it
+        again itself, from the state) and the other groups launched and not complete, with the
+        policy version each started with."""
+        ahead = [(self.ahead.epoch, pid) for pid in self.ahead.prompts] if self.ahead is not None else []
+        version = self.open[ahead[0]] if ahead else None
+        return InFlight(version, {key: v for key, v in self.open.items() if key not in set(ahead)})
 
     # ------------------------------------------------------------------ internals
     def _order(self, epoch: int) -> list[int]:
@@ -130,13 +145,13 @@ class BatchSampler:
         return epoch_order(len(self.prompts), data.seed, epoch, data.shuffle)
 
     def _launch(self, take: list[Prompt], epoch: int, step: int, cursor_after: int) -> Round:
-        keys = [*self.again, *[(epoch, p.prompt_id) for p in take]]
-        self.again = []
-        for key in keys:
-            self.open[key] = None
+        fresh = self.fleet.version if self.fresh_version is None else self.fresh_version
+        versions = self.again | {(epoch, p.prompt_id): fresh for p in take}
+        self.again = {}
+        self.open |= versions
         later = cursor_after < len(self.prompts) or epoch < self.job.spec.algorithm.epochs
         inter_step = pipelined(self.job, self.fleet.transport) and later
-        rnd = self.fleet.launch(keys, step, inter_step)
+        rnd = self.fleet.launch(list(versions), step, inter_step, versions=versions)
         rnd.prompts = [p.prompt_id for p in take]
         return rnd
 

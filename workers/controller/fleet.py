@@ -197,10 +197,11 @@ class RolloutFleet:
         self._started = False  # the fleet was up once: changes of its size are news from then on
 
     # ------------------------------------------------------------------ membership
-    def start(self, version: int, weights: Any) -> None:
+    def start(self, version: int, weights: Any, older: Mapping[int, Any] | None = None) -> None:
         """Bring the fleet up to the wanted size with the run's current weights; the scheduler's cost
-        model from the first worker's measured pass times."""
-        self.version, self.weights = version, {version: weights}
+        model from the first worker's measured pass times. older: the weights of earlier versions
+        a resumed run had in flight."""
+        self.version, self.weights = version, {**(older or {}), version: weights}
         if self.broadcast is not None:
             self.broadcast.publish(version, [])
         self.reconcile(wait=True)
@@ -321,8 +322,8 @@ class RolloutFleet:
     def publish(self, version: int, weights: Any) -> None:
         """A new policy version: every worker loads it before its next call."""
         self.weights[version] = weights
-        in_use = ({version} | {p.version for p in self.parked.values()}
-                  | {c.version for c in self.by_stream.values() if not c.ended})
+        in_use = ({version} | {p.version for p in self.parked.values()}  # a call not collected may run again
+                  | {c.version for c in self.by_stream.values()})
         for old in [v for v in self.weights if v not in in_use]:
             del self.weights[old]
         self.version = version
@@ -335,7 +336,10 @@ class RolloutFleet:
     def _load(self, m: Member, version: int) -> None:
         if m.version != version:
             weights = self.weights[version]
-            if self.broadcast is not None and self.broadcast.carries(version):
+            # a broadcast carries a worker forward only: an older version (a deferred sample's, a
+            # resumed run's in-flight round) comes from the object store
+            newer = m.version is None or version > m.version
+            if self.broadcast is not None and newer and self.broadcast.carries(version):
                 self.broadcast.ensure(version, m.id, m.handle)
                 weights = self.transport.deferred(weights)
             m.loads.append(self.transport.call(m.handle, "load_weights", version, weights))
@@ -391,10 +395,13 @@ class RolloutFleet:
 
     # ------------------------------------------------------------------ rounds
     def launch(self, groups: Sequence[tuple[int, str]], step: int, inter_step: bool,
-               oracle: Mapping[SampleRef, int] | None = None) -> Round:
+               oracle: Mapping[SampleRef, int] | None = None,
+               versions: Mapping[tuple[int, str], int] | None = None) -> Round:
         """Start a round: the groups (epoch, prompt) named, whole, and the samples deferred to it.
         inter_step: whether outliers of this round may be deferred to a later one; oracle: each
-        sample's true length, for a policy that plans with perfect knowledge (lpt: benchmarks only)."""
+        sample's true length, for a policy that plans with perfect knowledge (lpt: benchmarks only);
+        versions: the policy version of each group (default: the current one; a resumed run starts
+        what was in flight with the versions it had, whose weights `start` was given)."""
         self.reconcile(wait=True)
         g = self.job.spec.algorithm.group_size
         epoch = groups[-1][0] if groups else 0
@@ -416,6 +423,10 @@ class RolloutFleet:
             self.sid[s] = sid = next(self.sids)
             self.ref[sid] = s
         carried = {s: p for s, p in self.parked.items() if p.round is None}
+
+        def version_of(s: SampleRef) -> int:
+            return (versions or {}).get((s.epoch, s.prompt_id), self.version)
+
         plan = self.sched.plan_round(rnd.no, [Sample(self.sid[s], s.prompt_id, len(self.encoded[s.prompt_id]),
                                                     oracle_len=oracle.get(s) if oracle else None) for s in fresh])
         rnd.ranking = plan.ranking
@@ -429,7 +440,8 @@ class RolloutFleet:
             new = [s for s in mine if s not in carried]
             if new:
                 indexes = self._indexes(rnd, sorted({s.prompt_id for s in new}))
-                self._open(live[slot], rnd, new, indexes, self.version, {}, {})
+                for part in _by(new, version_of):
+                    self._open(live[slot], rnd, part, indexes, version_of(part[0]), {}, {})
             moved = [s for s in mine if s in carried]
             for part in _by(moved, lambda s: (carried[s].version, id(carried[s].indexes))):
                 first = carried[part[0]]

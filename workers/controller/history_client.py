@@ -1,14 +1,16 @@
 """The step loop's side of the history worker: indexes for each rollout call, each step's groups
 recorded, and a history worker (or its Redis) that cannot serve costs speculation, never the run.
 
-A history worker that cannot answer within HISTORY_WAIT_S leaves that call without drafts (the
-round's `history_ok` is false, events.log says so once, and again when it serves again); one that
-died for good (its store was down when it started) is replaced, so drafting comes back with the
-store, the new one refilling from the train worker's dumps.
+A history worker that cannot answer within HISTORY_WAIT_S, or whose store (Redis) fails, leaves that
+call without drafts (the round's `history_ok` is false; events.log says so once, whether an index or
+a record failed first, and once more when it serves again); one that died for good (its store was
+down when it started) is replaced, so drafting comes back with the store, the new one refilling from
+the train worker's dumps. Drafts never change tokens, so none of this changes the run's samples.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +32,7 @@ class HistoryClient:
             self.handle = self._start()
         except Exception as exc:  # a store that is down when the worker starts (in this process)
             self.handle = None
-            self._failed(0, f"{type(exc).__name__}: {exc}".splitlines()[0])
+            self._failed(0, _why(exc))
 
     def indexes(self, epoch: int, prompt_ids: list[str], step: int) -> Any:
         """The history worker's indexes of these prompts (or a reference to them), or None if it
@@ -50,16 +52,16 @@ class HistoryClient:
             self.restart()
             return None
         except Exception as exc:  # its store failed (Redis down): the call raised
-            self._failed(step, f"{type(exc).__name__}: {exc}".splitlines()[0])
+            self._failed(step, _why(exc))
             return None
         if self.down is not None:
             self.note(f"step {step}: the history worker serves indexes again")
         self.down = None
         return found
 
-    def _failed(self, step: int, problem: str) -> None:
+    def _failed(self, step: int, problem: str, doing: str = "serve indexes") -> None:
         if self.down is None:
-            self.note(f"step {step}: the history worker cannot serve indexes ({problem}); rolling out without "
+            self.note(f"step {step}: the history worker cannot {doing} ({problem}); rolling out without "
                       "history drafts until it can")
         self.down = problem
 
@@ -69,11 +71,12 @@ class HistoryClient:
             return
         try:
             self.pending.append((step, self.transport.call(self.handle, "record", *args)))
-        except Exception as exc:
-            self.note(f"step {step}: the history worker could not record the step ({type(exc).__name__}: {exc})")
+        except Exception as exc:  # in this process the call runs at once: its store failed
+            self._failed(step, _why(exc), "record the step")
 
     def check_records(self) -> None:
-        """Note steps whose history could not be recorded (their prompts draft nothing next epoch)."""
+        """A step whose history could not be recorded (its prompts draft nothing next epoch) counts as the
+        worker being down: noted once, as a failed index is."""
         still = []
         for step, result in self.pending:
             if not self.transport.done(result):
@@ -82,6 +85,20 @@ class HistoryClient:
             try:
                 self.transport.get(result)
             except Exception as exc:
-                self.note(f"step {step}: the history worker could not record the step ({type(exc).__name__}: "
-                          f"{str(exc).splitlines()[0] if str(exc) else ''})")
+                self._failed(step, _why(exc), "record the step")
         self.pending = still
+
+    def stop(self) -> None:
+        """The run is done with its history worker: it deletes its run's Redis keys (HistoryWorker.close;
+        a resume refills them), then it goes; one that cannot answer goes all the same."""
+        if self.handle is None:
+            return
+        with contextlib.suppress(Exception):  # best effort: the run's next start, or the RLJob's finalizer, deletes them
+            self.transport.get(self.transport.call(self.handle, "close"), timeout=HISTORY_WAIT_S)
+        self.transport.stop(self.handle)
+        self.handle = None
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

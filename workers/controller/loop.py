@@ -30,6 +30,7 @@ from rhymerl.workers.controller.stopping import GracefulStop
 from rhymerl.workers.controller.train_role import TrainRole
 from rhymerl.workers.controller.transport import LocalTransport, Transport, pipelined
 from rhymerl.workers.controller.weight_broadcast import WeightBroadcast
+from rhymerl.workers.history.run_history import history_run_id
 from rhymerl.workers.reward.outcome import check_failures
 from rhymerl.workers.roles.groups import GroupSummary
 from rhymerl.workers.roles.history_worker import HistoryWorker
@@ -38,6 +39,7 @@ from rhymerl.workers.roles.rollout_worker import RolloutWorker, encode_prompts, 
 from rhymerl.workers.roles.train_worker import TrainWorker
 from rhymerl.workers.rollout.speculation import speculation_metrics
 from rhymerl.workers.rollout.verify_cost import Progress
+from rhymerl.workers.run_folder.in_flight import InFlight, carried
 from rhymerl.workers.run_folder.run_dir import LoopState, RunDir
 from rhymerl.workers.run_folder.step_metrics import StepMetrics
 from rhymerl.workers.task.prompts import load_prompts
@@ -84,10 +86,11 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False, backend: Backend | 
               for _ in range(n_reward)]
     roles: Roles | None = None
     try:
-        state, again = train.get(train.call("restore")) if resume else (LoopState(), [])
+        state, resumed = train.get(train.call("restore", run.recorded_steps())) if resume else (LoopState(), InFlight())
         if resume:
             run.cut_back(state.step)  # the loop's own records, where they are not the train worker's
-        history = HistoryClient(t, lambda: t.start("history", HistoryWorker, job, _Fill(t, train.lead)), run.note)
+        history = HistoryClient(t, lambda: t.start("history", HistoryWorker, job, _Fill(t, train.lead),
+                                                   history_run_id(job, run.path)), run.note)
         lengths = LengthHistory()
         for pid, ls in t.get(t.call(train.lead, "lengths")):
             lengths.observe(pid, ls)
@@ -102,14 +105,16 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False, backend: Backend | 
                              backend.wanted, run.note, backend.say,
                              first_round=sum(m.gen_rounds for m in run.step_metrics()), broadcast=broadcast)
         roles = Roles(train, reward, history, fleet)
-        fleet.start(state.policy_version, t.call(train.lead, "weights", state.policy_version))
-        yield from _steps(job, run, t, roles, BatchSampler(job, fleet, prompts, lengths, again),
-                          state)
+        older = {v: t.call(train.lead, "restored_weights", v)
+                 for v in carried(sorted(resumed.versions()), state.policy_version)}
+        fleet.start(state.policy_version, t.call(train.lead, "weights", state.policy_version), older)
+        sampler = BatchSampler(job, fleet, prompts, lengths, resumed)
+        sampler.resume_ahead(state, resumed)
+        yield from _steps(job, run, t, roles, sampler, state)
     finally:
         if roles is not None:
             roles.fleet.close()
-            if roles.history.handle is not None:
-                t.stop(roles.history.handle)
+            roles.history.stop()
         for w in reward:
             t.stop(w)
         train.stop()
@@ -164,12 +169,20 @@ def _steps(job: RLJob, run: RunDir, t: Transport, roles: Roles, sampler: BatchSa
             faults.point("metrics", state.step)
             saved = state.step % spec.checkpoint.every_steps == 0 or state.epoch > algo.epochs
             if saved:
-                roles.train.get(roles.train.call("save", replace(state), sampler.open_groups()))
+                _save(roles, state, sampler)
             yield metrics
             if stop.requested and state.epoch <= algo.epochs:
                 if not saved:
-                    roles.train.get(roles.train.call("save", replace(state), sampler.open_groups()))
+                    _save(roles, state, sampler)
                 stop.check(state.step)
+
+
+def _save(roles: Roles, state: LoopState, sampler: BatchSampler) -> None:
+    """A checkpoint of the train role, with what the pipeline has in flight and those versions'
+    weights (run_folder/in_flight.py): a resume re-creates it, so it equals the uninterrupted run."""
+    in_flight = sampler.in_flight()
+    older = tuple(roles.fleet.weights[v] for v in carried(sorted(in_flight.versions()), state.policy_version))
+    roles.train.get(roles.train.call("save", replace(state), in_flight, lead=older))
 
 
 def step_metrics(state: LoopState, batch: Batch, train_stats: dict[str, float], fleet: RolloutFleet,

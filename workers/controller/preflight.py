@@ -3,7 +3,9 @@
 The step loop meets a prompt only when that prompt's step comes: a character the tokenizer lacks,
 or a prompt too long for the model's context, used to stop a run hours in, after checkpoints were
 written. Here every prompt is read, tokenized and measured up front, from the model's config.json
-and tokenizer.json only (no weights, no torch), so `rhymerl validate` can afford it too.
+and tokenizer.json only (no weights, no torch), so `rhymerl validate` can afford it too. `rhymerl
+run` also reaches the job's Redis first (check_redis), which `rhymerl validate` cannot: a cluster's
+Redis is seldom reachable from where the spec is written.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rhymerl.api import RLJob, SpecError
+from rhymerl.api.history_keys import REDIS_PASSWORD_ENV
 from rhymerl.api.load import SpecProblem
+from rhymerl.workers.history.redis_store import PING_TIMEOUT_S, ping
 from rhymerl.workers.model.folder import ModelConfig, check_native, model_dir, read_config
 from rhymerl.workers.model.tokenizer import Tokenizer, load_tokenizer
 from rhymerl.workers.task.prompts import BUILTIN_PREFIX, DataError, Prompt, located_prompts
@@ -129,3 +133,14 @@ def check_memory(job: RLJob, checked: Checked, memory: int | None = None) -> Non
             f"the KV cache alone needs {need / gib:.1f} GiB (sequences decoded together: min(group_size x "
             f"prompts_per_step, rollout workers x max_batch_size); each up to {checked.longest_prompt} prompt + "
             f"{job.spec.algorithm.max_response_length} response tokens) and this machine has {have / gib:.1f} GiB")])
+
+
+def check_redis(job: RLJob, timeout_s: float = PING_TIMEOUT_S) -> None:
+    """Reach the job's Redis (PING, with the password from RHYMERL_REDIS_PASSWORD) before a run writes
+    anything: a run whose Redis is down or refuses it would roll out without history drafts from its
+    first step (HistoryStoreError, one line naming the URL without a password)."""
+    history = job.spec.history
+    if history.store != "redis":
+        return
+    assert history.redis_url is not None
+    ping(history.redis_url, os.environ.get(REDIS_PASSWORD_ENV) or None, timeout_s)

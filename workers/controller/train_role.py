@@ -38,9 +38,11 @@ class TrainRole:
             raise
         self.lead = self.ranks[0]
 
-    def call(self, method: str, *args: Any, returns: int = 1) -> Any:
-        """A collective call on every rank; rank 0's result (references on Ray)."""
-        results = [self.t.call(h, method, *args, returns=returns) for h in self.ranks]
+    def call(self, method: str, *args: Any, returns: int = 1, lead: tuple[Any, ...] = ()) -> Any:
+        """A collective call on every rank; rank 0's result (references on Ray). `lead`: more
+        arguments for rank 0 alone (what only it uses, not shipped to the others)."""
+        results = [self.t.call(h, method, *args, *(lead if h is self.ranks[0] else ()), returns=returns)
+                   for h in self.ranks]
         self._watched = [r for res in results[1:] for r in (res if returns > 1 else (res,))]
         return results[0]
 

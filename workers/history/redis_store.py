@@ -4,7 +4,7 @@ rollout workers, history workers, a restarted controller and the operator's clea
 Per (prompt, epoch) it keeps the responses (token arrays, zlib-compressed int32), their rewards and
 lengths; per prompt, the serialised index of its latest epoch (exactly the bytes
 `HistoryIndex.to_bytes` ships to a rollout worker). Keys (rhymerl.api.history_keys) all start with
-the job's prefix `rhymerl:<namespace>:<job>:`:
+the run's prefix `rhymerl:<namespace>:<job>:<run_id>:`:
 
     <prefix>responses:<prompt_id>:<epoch>   hash: tokens, offsets, rewards, lengths
     <prefix>index:<prompt_id>               hash: epoch, blob
@@ -16,6 +16,7 @@ same check as the memory store: a second write of one epoch is a bug, not an upd
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import zlib
 from collections.abc import Iterable
@@ -25,13 +26,40 @@ import redis
 from numpy.typing import NDArray
 
 from rhymerl.algorithms.drafting.index import HistoryIndex
-from rhymerl.api.history_keys import glob_escape
+from rhymerl.api.history_keys import REDIS_PASSWORD_ENV, glob_escape, redacted
 from rhymerl.errors import UserError
 from rhymerl.workers.dumps import RolloutRecord
+
+PING_TIMEOUT_S = 3.0
 
 
 class HistoryStoreError(UserError):
     """Redis cannot be reached or refused the store; the message names the URL (never the password)."""
+
+
+def _client(url: str, password: str | None, timeout_s: float) -> redis.Redis:
+    return redis.Redis.from_url(url, password=password, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+
+
+def _problem(url: str, exc: redis.RedisError, password: str | None) -> HistoryStoreError:
+    """One line a user can act on, naming the URL without its password."""
+    if isinstance(exc, redis.AuthenticationError) or "NOAUTH" in str(exc) or "WRONGPASS" in str(exc):
+        why = ("refused the password in " if password else "asks for a password: set ") + REDIS_PASSWORD_ENV
+        return HistoryStoreError(f"history.redis_url {redacted(url)}: Redis {why} (in a cluster pods get it from "
+                                 "history.redis_password_secret)")
+    return HistoryStoreError(f"history.redis_url {redacted(url)}: {type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else 'no answer'}")
+
+
+def ping(url: str, password: str | None = None, timeout_s: float = PING_TIMEOUT_S) -> None:
+    """Reach the Redis at `url` (PING), so a run that would draft nothing says so before it starts."""
+    client = _client(url, password, timeout_s)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        raise _problem(url, exc, password) from None
+    finally:
+        client.close()
 
 
 class RedisHistoryStore:
@@ -43,17 +71,24 @@ class RedisHistoryStore:
     @classmethod
     def connect(cls, url: str, prefix: str, reward_weighted: bool = True, password: str | None = None,
                 timeout_s: float = 10.0) -> RedisHistoryStore:
-        client = redis.Redis.from_url(url, password=password, socket_timeout=timeout_s,
-                                      socket_connect_timeout=timeout_s)
+        client = _client(url, password, timeout_s)
         try:
             client.ping()
         except redis.RedisError as exc:
             client.close()
-            raise HistoryStoreError(f"history.redis_url {url}: {type(exc).__name__}: {exc}") from None
+            raise _problem(url, exc, password) from None
         return cls(client, prefix, reward_weighted)
 
-    def close(self) -> None:
-        self.client.close()
+    def close(self, clear: bool = False) -> None:
+        """Close the connection; with `clear`, delete this store's keys first as far as Redis answers (a
+        Redis that is down keeps them: the run's next start deletes them, and in a cluster the RLJob's
+        finalizer)."""
+        try:
+            if clear:
+                with contextlib.suppress(redis.RedisError):
+                    self.clear()
+        finally:
+            self.client.close()
 
     def responses_key(self, prompt_id: str, epoch: int) -> str:
         return f"{self.prefix}responses:{prompt_id}:{epoch}"
@@ -118,7 +153,8 @@ class RedisHistoryStore:
         return np.frombuffer(raw, dtype=np.int64).copy() if isinstance(raw, bytes) else np.zeros(0, np.int64)
 
     def clear(self) -> int:
-        """Delete every key of this job (a controller starts from its dumps); returns how many."""
+        """Delete every key under this store's prefix (one run's: a run starts from its dumps, and its
+        keys go when it ends); returns how many."""
         deleted = 0
         batch: list[bytes] = []
         for name in self.client.scan_iter(match=glob_escape(self.prefix) + "*", count=500):

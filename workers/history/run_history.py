@@ -8,19 +8,49 @@ each step, holding both kinds of history the papers use.
   rollout scheduler ranks and places by (shared with it; it does not learn them on its own here).
 
 A resumed run rebuilds both from its dumps, so it decides what the uninterrupted run would have.
+
+In Redis a run keeps its drafting history under its own prefix (rhymerl.api.history_keys): the run id
+is made when the run first needs it and kept in its run folder (RUN_ID_FILE), so a resume, or a
+controller pod restarted on its data volume, finds its own keys, and two runs of one job never meet.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Iterable
+from pathlib import Path
 
 from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.api import RLJob
-from rhymerl.api.history_keys import LOCAL_NAMESPACE, REDIS_PASSWORD_ENV, history_key_prefix
+from rhymerl.api.history_keys import LOCAL_NAMESPACE, REDIS_PASSWORD_ENV, RUN_ID, run_key_prefix
+from rhymerl.workers import atomic
 from rhymerl.workers.dumps import RolloutRecord
 from rhymerl.workers.history.redis_store import RedisHistoryStore
 from rhymerl.workers.history.store import HistoryStore, MemoryHistoryStore
+
+RUN_ID_FILE = "history-run-id"
+
+
+def new_run_id() -> str:
+    return secrets.token_hex(6)
+
+
+def history_run_id(job: RLJob, run_folder: Path) -> str | None:
+    """The run's id in its Redis keys, read from its run folder or made there (whole, or not at all) on
+    first use; None for a job whose history is not in Redis (its folder gets no file)."""
+    if job.spec.history.store != "redis":
+        return None
+    path = run_folder / RUN_ID_FILE
+    try:
+        kept = path.read_text().strip()
+    except FileNotFoundError:
+        kept = ""
+    if RUN_ID.match(kept):
+        return kept
+    made = new_run_id()
+    atomic.write_text(path, made + "\n")
+    return made
 
 
 class RunHistory:
@@ -30,15 +60,16 @@ class RunHistory:
         self.lengths = LengthHistory()
 
     @classmethod
-    def for_job(cls, job: RLJob) -> RunHistory:
+    def for_job(cls, job: RLJob, run_id: str) -> RunHistory:
         """The store `history.store` names. A Redis store starts empty: whatever an earlier process
-        of this job left there is deleted, and a resumed run refills it from its dumps (the run
-        folder is the record; steps after its checkpoint run again), so no epoch is kept twice."""
+        of this run left under its prefix is deleted, and a resumed run refills it from its dumps (the
+        run folder is the record; steps after its checkpoint run again), so no epoch is kept twice.
+        Other runs' keys, of this job or another, are not touched."""
         spec, speculation = job.spec.history, job.spec.rollout.speculation
         store: HistoryStore
         if spec.store == "redis":
             assert spec.redis_url is not None
-            prefix = history_key_prefix(job.metadata.namespace or LOCAL_NAMESPACE, job.metadata.name)
+            prefix = run_key_prefix(job.metadata.namespace or LOCAL_NAMESPACE, job.metadata.name, run_id)
             redis_store = RedisHistoryStore.connect(spec.redis_url, prefix, speculation.reward_weighted,
                                                     password=os.environ.get(REDIS_PASSWORD_ENV) or None)
             redis_store.clear()
@@ -57,3 +88,9 @@ class RunHistory:
             groups.setdefault((rec.step, rec.prompt_id), []).append(len(rec.response_ids))
         for (_, prompt_id), lengths in groups.items():
             self.lengths.observe(prompt_id, lengths)
+
+    def close(self) -> None:
+        """The run is done with its history: a Redis store deletes its run's keys (a resume refills them from
+        the dumps) and closes its connection."""
+        if isinstance(self.drafting, RedisHistoryStore):
+            self.drafting.close(clear=True)

@@ -54,17 +54,22 @@ def save_model(model: PolicyModel, folder: Path, half: bool = False) -> None:
     transformers and `read_weights` load. Tensors that share storage (a tied output layer) are
     written as separate copies, as safetensors requires."""
     folder.mkdir(parents=True, exist_ok=True)
-    dtype = torch.bfloat16 if half else torch.float32
+    save_weights(model.hf_state_dict(), folder / WEIGHTS, torch.bfloat16 if half else torch.float32)
+    (folder / "config.json").write_text(model.config_json())
+
+
+def save_weights(weights: Mapping[str, Tensor], path: Path, dtype: torch.dtype | None = None) -> None:
+    """Hugging Face-named tensors as one safetensors file (in `dtype`; None: their own); tensors that
+    share storage are written as separate copies, as safetensors requires."""
     seen: set[int] = set()
     tensors = {}
-    for name, t in model.hf_state_dict().items():
-        t = t.detach().to(dtype).contiguous()
+    for name, t in weights.items():
+        t = (t.detach() if dtype is None else t.detach().to(dtype)).contiguous()
         if t.data_ptr() in seen:
             t = t.clone()
         seen.add(t.data_ptr())
         tensors[name] = t
-    save_file(tensors, str(folder / WEIGHTS), metadata={"format": "pt"})
-    (folder / "config.json").write_text(model.config_json())
+    save_file(tensors, str(path), metadata={"format": "pt"})
 
 
 def read_weights(folder: Path) -> dict[str, Tensor]:

@@ -57,3 +57,18 @@ def load_user_function(ref: str) -> RewardFn:
     except ValueError:
         pass  # a builtin without a signature: it is called as it is
     return cast(RewardFn, fn)
+
+
+def check_user_function(ref: str) -> str | None:
+    """`rhymerl validate`'s check of a reward function: what `load_user_function` refuses is an
+    error, except a module that is not on this machine at all (a cluster image may hold it): that
+    check is left out, and the returned note says so."""
+    module_name = ref.partition(":")[0]
+    try:
+        load_user_function(ref)
+    except RewardError as exc:
+        missing = exc.__cause__.name if isinstance(exc.__cause__, ModuleNotFoundError) else None
+        if missing is not None and (module_name == missing or module_name.startswith(missing + ".")):
+            return f"reward.function: module '{module_name}' is not importable here"
+        raise
+    return None

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api import RLJob
 from rhymerl.workers import dumps, faults
-from rhymerl.workers.history.run_history import RunHistory
+from rhymerl.workers.history.run_history import RunHistory, new_run_id
 from rhymerl.workers.roles.groups import StepLayout, records
 from rhymerl.workers.roles.rollout_worker import encode_prompts, load_job_tokenizer
 from rhymerl.workers.roles.samples import ScoredSample
@@ -20,11 +20,13 @@ from rhymerl.workers.task.prompts import load_prompts
 
 
 class HistoryWorker:
-    def __init__(self, job: RLJob, fill: Callable[[], list[dumps.RolloutRecord]]) -> None:
+    def __init__(self, job: RLJob, fill: Callable[[], list[dumps.RolloutRecord]], run_id: str | None = None) -> None:
         """Starts from `fill()`: every response dumped so far (the train worker keeps the dumps), so a
-        history worker started by a resumed run, or restarted, drafts what the first one would have."""
+        history worker started by a resumed run, or restarted, drafts what the first one would have.
+        `run_id` names the run's keys in Redis (run_history.history_run_id; a fresh one without)."""
         self.job = job
-        self.history = RunHistory.for_job(job)
+        self.closed = False
+        self.history = RunHistory.for_job(job, run_id or new_run_id())
         self.prompts = {p.prompt_id: p for p in load_prompts(job.spec.data)}
         self.encoded = encode_prompts(load_job_tokenizer(job), list(self.prompts.values()))
         self.history.record(fill())
@@ -49,3 +51,10 @@ class HistoryWorker:
         groups = layout.assemble(scored, self.prompts, self.encoded, self.job.spec.algorithm.group_size)
         self.history.record(records(groups, state))
         return len(groups)
+
+    def close(self) -> None:
+        """The run is done with this worker: its Redis keys go (RunHistory.close). Called by the step loop
+        and, in this process, by the transport's stop too: the second call does nothing."""
+        if not self.closed:
+            self.closed = True
+            self.history.close()

@@ -46,7 +46,7 @@ from rhymerl.workers.roles.samples import (
     SampleRef,
     Tag,
 )
-from rhymerl.workers.roles.threads import apply_threads
+from rhymerl.workers.roles.threads import apply_threads, chooser, use_threads
 from rhymerl.workers.roles.weight_sync import STAGED_WAIT_S, Group, Layout, WeightReceiver
 from rhymerl.workers.roles.worker_metrics import WorkerMetrics
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, TorchEngine
@@ -86,7 +86,7 @@ class RolloutWorker:
                  notice: bool = False) -> None:
         """threads: torch's intra-op threads (None: the pod's CPU limit on a pod, else the process's setting); `progress` follows
         the verify-cost profile's measurement; `notice`: take SIGTERM as a notice to leave (a Ray actor)."""
-        apply_threads(threads)
+        self.threads = apply_threads(threads)
         spec = job.spec
         self.job = job
         tok = load_job_tokenizer(job)
@@ -100,8 +100,11 @@ class RolloutWorker:
             self.vllm = VllmEngine.for_job(job, vocab, max(map(len, encoded.values())), progress)
         else:
             self.model, _ = load_native_policy(spec.model)
-            self.engine = TorchEngine(self.model, tok.eos_id, spec.rollout.max_batch_size)
+            adaptive = chooser(self.threads) if spec.rollout.adaptive_threads and self.threads > 1 else None
+            self.engine = TorchEngine(self.model, tok.eos_id, spec.rollout.max_batch_size, threads=adaptive)
             self.speculation = RolloutSpeculation.for_job(job, self.model, MemoryHistoryStore(), progress)
+            # the profile is this count's (its cache key): passes at another correct only the calibration
+            self.speculation.control.profiled = lambda: torch.get_num_threads() == self.threads
         self._busy = _Busy()
         if self.vllm is None:  # the draft cap prices passes from this worker's own time, not its turns' gaps
             self.speculation.control.clock = self._busy.now
@@ -201,6 +204,7 @@ class RolloutWorker:
                 yield from self._generate_torch(call, indexes, resume, busy, started)
         finally:
             busy.pause()
+            use_threads(self.threads)  # the passes' count (adaptive_threads) ends with the call
 
     def _generate_torch(self, call: RolloutCall, indexes: Mapping[str, HistoryIndex] | None,
                         resume: RolloutProgress | None, busy: _Busy,

@@ -8,7 +8,6 @@ import copy
 import os
 import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -22,16 +21,15 @@ from rhymerl.workers.model.registry import load_policy
 from rhymerl.workers.roles.groups import StepLayout, records, training_samples
 from rhymerl.workers.roles.rollout_worker import Weights, encode_prompts
 from rhymerl.workers.roles.samples import GroupKey, ScoredSample
-from rhymerl.workers.roles.threads import apply_threads
+from rhymerl.workers.roles.threads import apply_threads, use_threads
 from rhymerl.workers.roles.weight_sync import Group, Layout, WeightSender
 from rhymerl.workers.roles.worker_metrics import WorkerMetrics
-from rhymerl.workers.run_folder.run_dir import LoopState, RunDir, pod_run_dir
+from rhymerl.workers.run_folder.in_flight import NOTHING, InFlight, carried
+from rhymerl.workers.run_folder.run_dir import LoopState, RunDir, RunDirError, pod_run_dir
 from rhymerl.workers.task.prompts import load_prompts
 from rhymerl.workers.train import ranks
 from rhymerl.workers.train.ranks import Ranks
 from rhymerl.workers.train.trainer import Trainer, new_optimizer
-
-OPEN_GROUPS = "open_groups"  # a checkpoint's record of groups it left open
 
 
 class TrainWorker:
@@ -55,7 +53,7 @@ class TrainWorker:
         threads (None: the pod's CPU limit on a pod, else the process's setting). pipelined: rollout runs ahead of training
         (what `off_policy_correction: auto` decides on). rank, world: this rank among the train
         role's ranks (several: `join` them before anything else)."""
-        apply_threads(threads, share=workers_per_pod(job, "train"))  # a pod's ranks share its CPUs
+        self.threads = apply_threads(threads, share=workers_per_pod(job, "train"))  # a pod's ranks share its CPUs
         torch.manual_seed(job.spec.rollout.seed)
         spec = job.spec
         self.job = job
@@ -76,6 +74,7 @@ class TrainWorker:
         self.metrics = WorkerMetrics("train")
         self._store: Any = None
         self.published: dict[int, Weights] = {}  # policy version -> its weights, as handed out
+        self.restored: dict[int, Weights] = {}  # in-flight versions of the restored checkpoint
         self._handed_out = threading.Condition()
         self.sender: WeightSender | None = None
 
@@ -104,22 +103,33 @@ class TrainWorker:
             raise RuntimeError(f"train rank {self.ranks.rank} of {self.ranks.world}: not joined to the others")
         return self.trainer
 
-    def restore(self) -> tuple[LoopState, list[GroupKey]] | None:
-        """Weights and optimiser of the newest intact checkpoint; metrics and dumps cut back to it.
-        Also the groups that checkpoint left open (an outlier of theirs was deferred past it): the
-        resumed run generates them again, whole. Rank 0 reads; every rank loads (None elsewhere)."""
+    def restore(self, recorded: int) -> tuple[LoopState, InFlight] | None:
+        """Weights and optimiser of the newest intact checkpoint within the run's records (`recorded`:
+        the steps the step loop's metrics hold, RunDir.restore); metrics and dumps cut back to it.
+        Also what that checkpoint had in flight (run_folder/in_flight.py), whose other versions'
+        weights `restored_weights` hands out. Rank 0 reads; every rank loads (None elsewhere)."""
         trainer = self._active()
         found = None
         if self.ranks.rank == 0:
             assert self.whole_optimizer is not None
-            state = self.run.restore(self.whole, self.whole_optimizer)
-            extra = self.run.checkpoint_extra(state.step).get(OPEN_GROUPS, [])
-            found = state, [(int(e), str(p)) for e, p in extra]
+            state = self.run.restore(self.whole, self.whole_optimizer, recorded)
+            try:
+                in_flight = InFlight.from_json(self.run.checkpoint_extra(state.step), state.policy_version)
+            except ValueError as exc:
+                raise RunDirError(f"{self.run.path}: checkpoint of step {state.step}: extra.json: {exc}") from None
+            self.restored = {v: self.run.checkpoint_weights(state.step, InFlight.weights_file(v))
+                             for v in carried(sorted(in_flight.versions()), state.policy_version)}
+            found = state, in_flight
         if self.ranks.many:
             whole = self.ranks.rank == 0 and self.whole_optimizer is not None
             ranks.load_full_state(self.model, trainer.optimizer, self.whole.state_dict() if whole else {},
                                   self.whole_optimizer.state_dict() if whole and self.whole_optimizer else {})
         return found
+
+    def restored_weights(self, version: int) -> Weights:
+        """Rank 0: the weights of a policy version the restored checkpoint had in flight (handed out
+        once: the fleet keeps them while they are in use)."""
+        return self.restored.pop(version)
 
     def history_records(self) -> list[dumps.RolloutRecord]:
         """Every dumped response (what a history worker starting mid-run refills its store from)."""
@@ -168,6 +178,7 @@ class TrainWorker:
         """Train on the kept groups of the step, then dump every group. `state` is the loop's state
         after the step. Returns the statistics and, if the weights changed, the new weights (rank
         0; the other ranks return no weights)."""
+        use_threads(self.threads)  # a rollout worker in this process may have left its passes' count (adaptive_threads)
         trainer = self._active()
         lead = self.ranks.rank == 0
         groups = layout.assemble(scored, self.prompts, self.encoded, self.job.spec.algorithm.group_size)
@@ -194,8 +205,10 @@ class TrainWorker:
         self.metrics.flush()
         return stats, (self.weights(state.policy_version) if samples else None)
 
-    def save(self, state: LoopState, open_groups: Sequence[GroupKey] = ()) -> str | None:
-        """Write a checkpoint (collective: rank 0 gathers the whole state and writes it; None elsewhere)."""
+    def save(self, state: LoopState, in_flight: InFlight = NOTHING, *policies: Weights) -> str | None:
+        """Write a checkpoint (collective: rank 0 gathers the whole state and writes it; None elsewhere).
+        `in_flight`: what the pipeline had in flight; rank 0 gets `policies`, the weights of its
+        versions other than `state`'s, in order (in_flight.carried)."""
         trainer = self._active()
         if self.ranks.many:
             whole, optimizer_state = ranks.full_state(self.model, trainer.optimizer)
@@ -205,6 +218,10 @@ class TrainWorker:
             self.whole.load_state_dict(whole)
             self.whole_optimizer.load_state_dict(optimizer_state)
         assert self.whole_optimizer is not None
+        versions = carried(sorted(in_flight.versions()), state.policy_version)
+        if len(policies) != len(versions):
+            raise ValueError(f"checkpoint of step {state.step}: weights for versions {versions}, got {len(policies)}")
         return str(self.run.save_checkpoint(state, self.whole, self.whole_optimizer,
-                                            self.job.spec.checkpoint.keep_last,
-                                            {OPEN_GROUPS: [list(k) for k in open_groups]}))
+                                            self.job.spec.checkpoint.keep_last, in_flight.to_json(),
+                                            {InFlight.weights_file(v): w for v, w in zip(versions, policies, strict=True)},
+                                            self.job))

@@ -17,10 +17,16 @@ request can resume from tokens generated elsewhere. A resumed sample is prefille
 generated tokens and continues at position len(generated); because a token depends only on the
 logits and (seed, sample id, position), it continues exactly as it would have where it started.
 `TorchEngine.generate` is a loop over one session.
+
+With a `ThreadChooser` (spec.rollout.adaptive_threads) each decode pass runs at the thread count
+it names and reports its time back, so a machine shared with busy processes is used at its fair
+share (rhymerl/algorithms/thread_choice.py). That count is torch's, for the whole process; the
+tokens do not depend on it while MKL runs in strict reproducibility mode (rhymerl/__init__.py).
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -28,6 +34,7 @@ from typing import Protocol
 
 import torch
 
+from rhymerl.algorithms.thread_choice import ThreadChooser
 from rhymerl.workers.model.transformer import KVCache, TinyLlama
 from rhymerl.workers.rollout.sampling import sample_tokens
 
@@ -95,8 +102,10 @@ class _Batch:
 
 class TorchEngine:
     def __init__(self, model: TinyLlama, eos_id: int, max_batch_size: int = 256,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu", threads: ThreadChooser | None = None) -> None:
+        """threads: chooses each decode pass's torch thread count from pass times (None: torch's as it is)."""
         self.model = model.eval()
+        self.threads = threads
         self.eos_id = eos_id
         self.max_batch_size = max_batch_size
         self.device = torch.device(device)
@@ -276,7 +285,8 @@ class EngineSession:
     def step(self) -> list[tuple[int, GenResult]]:
         """Admit waiting requests into free slots, then run one pass; returns the requests that
         finished (key, result), in the order they finished."""
-        b, cache, drafts = self._b, self._cache, self.drafts
+        b, drafts = self._b, self.drafts
+        threads = self._set_threads()  # before prefill and before the drafter prices the pass
         free = [s for s in range(self.slots) if b.owner[s] < 0]
         if self._queue and free:
             self._prefill(free)
@@ -292,11 +302,29 @@ class EngineSession:
                 limit = self.params.max_response_length
                 proposals = [p[: limit - len(self._results[b.owner[s]].response_ids) - 1]
                              for s, p in zip(running, drafts.propose(running, len(running)), strict=True)]
-            self.engine._verify(b, cache, running, proposals, self.params, self._results, self._emit, drafts)
+            self._timed_pass(running, proposals, threads)
         done, self._finished = self._finished, []
         return done
 
     # ------------------------------------------------------------------ internals
+    def _set_threads(self) -> int:
+        """torch's thread count for the next pass, as the engine's ThreadChooser names it (0: none)."""
+        chooser = self.engine.threads
+        if chooser is None:
+            return 0
+        n = chooser.threads()
+        if torch.get_num_threads() != n:
+            torch.set_num_threads(n)
+        return n
+
+    def _timed_pass(self, running: list[int], proposals: list[list[int]], threads: int) -> None:
+        """One decode pass; its time goes to the engine's ThreadChooser."""
+        t0 = time.perf_counter()
+        self.engine._verify(self._b, self._cache, running, proposals, self.params, self._results, self._emit,
+                            self.drafts)
+        if self.engine.threads is not None:
+            self.engine.threads.observe(threads, time.perf_counter() - t0, len(running) + sum(map(len, proposals)))
+
     def _emit(self, slot: int, tokens: list[int], logprobs: list[float]) -> list[int]:
         """Append sampled tokens (and their log-probabilities) to the slot's response; stop at EOS
         or the length limit."""

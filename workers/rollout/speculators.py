@@ -56,11 +56,14 @@ class DraftCapController:
     calibration: CostCalibration = field(default_factory=CostCalibration)
     evidence: CostEvidence | None = None
     clock: Callable[[], float] = time.perf_counter
+    profiled: Callable[[], bool] = lambda: True
+    """Whether the pass being priced runs as the profile was measured (at its thread count): only
+    such passes correct the profile's cells, which the cache keeps for that count."""
     passes: int = 0
     off_passes: int = 0
     probes: int = 0
     caps_chosen: dict[int, int] = field(default_factory=dict)
-    _last: tuple[float, int, float] | None = None  # previous pass: clock, batch size, tokens per sequence
+    _last: tuple[float, int, float, bool] | None = None  # previous pass: clock, batch, tokens per sequence, profiled
     _parked: int = 0        # passes left to run plain without asking the drafter
     _parked_at: int = 0     # the batch size when speculation was parked
     _park_len: int = 0      # length of the current park
@@ -111,8 +114,8 @@ class DraftCapController:
         """Count the pass; the previous one's time corrects the profile, then calibrates the overhead."""
         now = self.clock()
         if self._last is not None and self.profile is not None:
-            start, batch, per_seq = self._last
-            if self.evidence is not None:
+            start, batch, per_seq, profiled = self._last
+            if self.evidence is not None and profiled:
                 self.evidence.observe(batch, per_seq, now - start)
                 self.profile = self.evidence.profile
             self.calibration.observe(per_seq > 1, now - start, self.profile.cost(batch, per_seq))
@@ -120,7 +123,7 @@ class DraftCapController:
         self.caps_chosen[cap] = self.caps_chosen.get(cap, 0) + 1
         self.off_passes += cap == 0
         if self.profile is not None and batch_size > 0:
-            self._last = (now, batch_size, (batch_size + sum(drafts)) / batch_size)
+            self._last = (now, batch_size, (batch_size + sum(drafts)) / batch_size, self.profiled())
 
     def observe(self, drafted: list[int], accepted: list[int]) -> None:
         pairs = [(d, a) for d, a in zip(drafted, accepted, strict=True) if d > 0]

@@ -27,7 +27,8 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -288,13 +289,28 @@ class CacheEntry:
         return cls(batches, tokens, int(data.get("context", 0)), measured, at, observed, observed_at)
 
 
+@contextmanager
+def _threads(n: int) -> Iterator[None]:
+    """torch at `n` threads inside, as it was after."""
+    was = torch.get_num_threads()
+    if was != n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if was != n:
+            torch.set_num_threads(was)
+
+
 class ProfileStore:
     """A model's cached profile on this machine, kept honest by the passes it prices.
 
     `open` reads the cache and measures what is missing or due (reporting to `progress`);
     `update`, after each rollout step, keeps what a CostEvidence learned, re-measures the cells
     it shows were measured disturbed (each at most once per run) and rebases the evidence on the
-    result. Every change is written back at once (atomically).
+    result. Every change is written back at once (atomically). Measurements run at the thread count
+    the key names, whatever count a ThreadChooser has the passes at (rollout.adaptive_threads), and
+    the evidence comes from passes at that count only (DraftCapController.profiled).
     """
 
     def __init__(self, model: TinyLlama, path: Path, entry: CacheEntry, progress: Progress | None,
@@ -305,6 +321,7 @@ class ProfileStore:
         self.progress = progress
         self.max_age_s = max_age_s
         self.measured: set[Cell] = set()  # cells this run measured
+        self.threads = torch.get_num_threads()  # what the key names; passes may run at another (ThreadChooser)
 
     @classmethod
     def open(cls, model: TinyLlama, context: int = 256, batches: tuple[int, ...] = BATCHES,
@@ -344,7 +361,8 @@ class ProfileStore:
         if not todo:
             return 0
         e = self.entry
-        timed = measure_cells(self.model, e.context, e.batch_sizes, e.tokens, todo, progress=self.progress)
+        with _threads(self.threads):
+            timed = measure_cells(self.model, e.context, e.batch_sizes, e.tokens, todo, progress=self.progress)
         e.remeasured(timed, time.time())
         self.measured |= set(timed)
         self.write()

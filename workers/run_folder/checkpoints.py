@@ -128,13 +128,14 @@ def remove_debris(root: Path) -> list[Path]:
     return removed
 
 
-def set_aside(folder: Path) -> Path:
-    """Rename a damaged checkpoint out of the way (kept for inspection, never loaded again)."""
-    target = folder.with_name(folder.name + DAMAGED_SUFFIX)
+def set_aside(folder: Path, suffix: str = DAMAGED_SUFFIX) -> Path:
+    """Rename a checkpoint out of the way (kept for inspection, never loaded again): damaged, or as
+    the caller's `suffix` says."""
+    target = folder.with_name(folder.name + suffix)
     n = 1
     while target.exists():
         n += 1
-        target = folder.with_name(f"{folder.name}{DAMAGED_SUFFIX}.{n}")
+        target = folder.with_name(f"{folder.name}{suffix}.{n}")
     folder.rename(target)
     return target
 

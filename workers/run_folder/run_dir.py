@@ -18,6 +18,7 @@ and none is lost: a step after the checkpoint is simply run again, with the same
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
@@ -29,11 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 from rhymerl.api import RLJob, dump_job, parse_job
-from rhymerl.errors import UserError
+from rhymerl.errors import UserError, disk_full, is_disk_full
 from rhymerl.workers import atomic, dumps
-from rhymerl.workers.model.policy import PolicyModel, read_weights, save_model
+from rhymerl.workers.model.policy import PolicyModel, read_weights, save_model, save_weights
 from rhymerl.workers.run_folder import checkpoints
 from rhymerl.workers.run_folder.run_lock import RunLock
 from rhymerl.workers.run_folder.step_metrics import StepMetrics
@@ -44,6 +47,7 @@ EVENTS = "events.log"
 CHECKPOINTS = "checkpoints"
 STATE = "state.json"
 OPTIMIZER = "optimizer.pt"
+UNRECORDED = ".unrecorded"  # the suffix of a checkpoint set aside for being ahead of the run's records
 EXTRA = "extra.json"  # what the train worker keeps beside the loop state (groups a checkpoint left open)
 
 
@@ -159,10 +163,15 @@ class RunDir:
 
     def append_metrics(self, row: dict[str, Any]) -> None:
         line = finite_json(row) + "\n"
-        with (self.path / METRICS).open("a") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with (self.path / METRICS).open("a") as f:
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            if is_disk_full(exc):  # a line cut short is not a step (metrics): the step runs again
+                raise disk_full(self.path / METRICS, f"the row of step {row.get('step')}", len(line)) from None
+            raise
 
     def step_metrics(self) -> list[StepMetrics]:
         """Finished steps, typed (a row some older version wrote without a field now required fails)."""
@@ -191,34 +200,58 @@ class RunDir:
         return checkpoints.complete(self.path / CHECKPOINTS)
 
     def save_checkpoint(self, state: LoopState, model: PolicyModel, optimizer: torch.optim.Optimizer,
-                        keep_last: int, extra: Mapping[str, Any] | None = None) -> Path:
+                        keep_last: int, extra: Mapping[str, Any] | None = None,
+                        policies: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
+                        job: RLJob | None = None) -> Path:
+        """policies: more weights the checkpoint keeps, file name -> Hugging Face-named tensors (the
+        policy versions a pipelined run had in flight: run_folder/in_flight.py); job: the spec it
+        was written under (a resume compares the folder's spec.yaml with it: `spec_change`)."""
         def fill(folder: Path) -> None:
             save_model(model, folder)
+            if job is not None:
+                (folder / SPEC).write_text(dump_job(job))
             torch.save(optimizer.state_dict(), folder / OPTIMIZER)
             (folder / STATE).write_text(json.dumps(asdict(state)))
             if extra:
                 (folder / EXTRA).write_text(json.dumps(extra))
+            for name, weights in (policies or {}).items():
+                save_weights(weights, folder / name)
 
         root = self.path / CHECKPOINTS
         try:
             final = checkpoints.write(root, state.step, fill)
             checkpoints.prune(root, keep_last)
-        except OSError as exc:
+        except Exception as exc:  # a full disk fails safetensors and torch's zip writer in their own words
+            need = _checkpoint_bytes(model, optimizer)
+            if is_disk_full(exc) or _short_of(root, need):
+                raise disk_full(root, f"the checkpoint of step {state.step}", need) from None
+            if not isinstance(exc, OSError):
+                raise
             raise RunDirError(f"{root}: cannot write the checkpoint of step {state.step} "
                               f"({exc.strerror or exc}); free space, then resume with --resume {self.path}") from None
         return final
 
-    def restore(self, model: PolicyModel, optimizer: torch.optim.Optimizer) -> LoopState:
-        """Load the newest intact checkpoint and cut metrics and dumps back to it.
+    def restore(self, model: PolicyModel, optimizer: torch.optim.Optimizer, recorded: int | None = None) -> LoopState:
+        """Load the newest intact checkpoint whose steps' records are whole, and cut metrics and
+        dumps back to it.
 
         Debris of interrupted writes is removed; a damaged checkpoint is set aside (renamed
-        `step_N.damaged`) and the next older one is tried; with none left the run starts over
-        from step 0 (same spec, same seed, so the same tokens)."""
+        `step_N.damaged`) and the next older one is tried, as is one newer than the records
+        (`recorded`: the steps the loop's metrics.jsonl has rows for, 1..recorded; None: this
+        folder's own) or a step's dump (renamed `step_N.unrecorded`: the steps after the one loaded
+        run again, with the same tokens, and record themselves anew); with none left the run starts
+        over from step 0 (same spec, same seed, so the same tokens)."""
         root = self.path / CHECKPOINTS
         for debris in checkpoints.remove_debris(root):
             self.note(f"removed {debris.name}: left by an interrupted checkpoint write")
+        recorded = self.recorded_steps() if recorded is None else recorded
         state = LoopState()
         for folder in reversed(checkpoints.complete(root)):
+            if (missing := self._missing_record(checkpoints.step_of(folder) or 0, recorded)) is not None:
+                aside = checkpoints.set_aside(folder, UNRECORDED)
+                self.note(f"checkpoint {folder.name} is ahead of the run's records ({missing}); set aside as "
+                          f"{aside.name}, resuming from an older one: the steps after it run again")
+                continue
             try:
                 state = self._load(folder, model, optimizer)
                 break
@@ -235,6 +268,24 @@ class RunDir:
                 leftover.unlink()
         return state
 
+    def spec_change(self, job: RLJob) -> tuple[str, str] | None:
+        """How `job` differs from the spec the newest checkpoint was written under: (its name, a
+        unified diff of the resolved specs); None if it does not, or no checkpoint records one."""
+        for folder in reversed(self.checkpoint_dirs()):
+            saved = folder / SPEC
+            if saved.is_file():
+                try:
+                    before = dump_job(parse_job(saved.read_bytes(), str(saved)))
+                except UserError:
+                    continue  # damaged: the checksums will say so when it is loaded
+                now = dump_job(job)
+                if before == now:
+                    return None
+                diff = difflib.unified_diff(before.splitlines(), now.splitlines(), f"{folder.name}/{SPEC}", SPEC,
+                                            lineterm="", n=1)
+                return folder.name, "\n".join(diff)
+        return None
+
     def checkpoint_extra(self, step: int) -> dict[str, Any]:
         """What `save_checkpoint(extra=...)` kept with the checkpoint of `step` ({} if nothing, or none)."""
         path = checkpoints.folder(self.path / CHECKPOINTS, step) / EXTRA
@@ -245,9 +296,37 @@ class RunDir:
             raise RunDirError(f"{path}: not a JSON object")
         return data
 
+    def checkpoint_weights(self, step: int, name: str) -> dict[str, torch.Tensor]:
+        """Weights kept beside the checkpoint of `step` (save_checkpoint's `policies`); verified with
+        the rest of the checkpoint when it was loaded."""
+        path = checkpoints.folder(self.path / CHECKPOINTS, step) / name
+        try:
+            return load_file(str(path))
+        except (OSError, SafetensorError) as exc:
+            raise RunDirError(f"{path}: not a readable safetensors file ({exc})") from None
+
+    def recorded_steps(self) -> int:
+        """The steps metrics.jsonl records in order from step 1 (1..n): a row missing, doubled or
+        out of order ends them."""
+        n = 0
+        for row in self.metrics():
+            if row.get("step") != n + 1:
+                break
+            n += 1
+        return n
+
+    def _missing_record(self, step: int, recorded: int) -> str | None:
+        """What of the records of steps 1..`step` is missing (None: nothing)."""
+        if step > recorded:
+            return f"{METRICS} has no row for step {recorded + 1}"
+        for s in range(1, step + 1):
+            if not (path := dumps.dump_path(self.path, s)).is_file():
+                return f"{path.relative_to(self.path)} is missing"
+        return None
+
     def cut_back(self, step: int) -> None:
         """Forget metrics and dumps of steps after `step` (they run again)."""
-        kept = [m for m in self.metrics() if m["step"] <= step]
+        kept = self.metrics()[: min(step, self.recorded_steps())]
         atomic.write_text(self.path / METRICS, "".join(finite_json(m) + "\n" for m in kept))
         dumps.remove_after(self.path, step)
 
@@ -264,8 +343,27 @@ class RunDir:
         except Exception as exc:  # verified files that still do not load are damaged all the same
             raise checkpoints.CheckpointDamaged(f"{folder}: {type(exc).__name__}: {exc}") from exc
         model.load_hf_state_dict(weights)
+        wanted = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
         optimizer.load_state_dict(opt)
+        for group, hyper in zip(optimizer.param_groups, wanted, strict=True):  # the spec's, if it changed
+            group.update(hyper)
         return state
+
+
+def _checkpoint_bytes(model: PolicyModel, optimizer: torch.optim.Optimizer) -> int:
+    """About what a checkpoint of `model` and `optimizer` takes on disk: their tensors."""
+    tensors = [*model.hf_state_dict().values(),
+               *(t for st in optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor))]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _short_of(folder: Path, need: int) -> bool:
+    """Whether the disk under `folder` has less than `need` bytes free (a write that failed without
+    saying why, as torch's zip writer does, failed for want of space)."""
+    try:
+        return shutil.disk_usage(folder if folder.exists() else folder.parent).free < need
+    except OSError:
+        return False
 
 
 def _check_shapes(weights: dict[str, torch.Tensor], model: PolicyModel) -> None:

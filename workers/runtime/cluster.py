@@ -16,6 +16,7 @@ with it, and the run resumes from its last checkpoint.
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +26,9 @@ import ray
 
 from rhymerl.api import RLJob
 from rhymerl.api.roles import ROLES, Role
+from rhymerl.workers import faults
+from rhymerl.workers.controller.stopping import held_signals, reassert_handlers
+from rhymerl.workers.runtime.reaper import Reaper
 
 NAMESPACE = "rhymerl"
 RESTARTS: dict[Role, int] = {"rollout": 0, "train": 0, "reward": -1, "history": -1, "controller": -1}  # -1: always
@@ -58,19 +62,58 @@ def role_gpus(job: RLJob) -> dict[Role, float]:
 @contextmanager
 def local_ray(job_name: str) -> Iterator[None]:
     """A private Ray instance on this machine for one run, shut down after it (unless the caller
-    already had one: then it is used and left running)."""
+    already had one: then it is used and left running). Every Ray process it started is gone when
+    it returns, and dies with this process if this process is killed (reaper.py). SIGTERM and
+    Ctrl-C during Ray's start-up are acted on once it has started (so it can be stopped whole),
+    by this process's own handlers: Ray's are never installed."""
     if ray.is_initialized():
         yield
         return
     units = {role_resource(r): float(LOCAL_ROLE_UNITS) for r in ROLES} | \
         {lead_resource(r): float(LOCAL_ROLE_UNITS) for r in ROLES}
-    ray.init(address="local", num_cpus=os.cpu_count() or 1, resources=units,
-             namespace=NAMESPACE, include_dashboard=False, configure_logging=False, log_to_driver=True,
-             runtime_env={"env_vars": {"RHYMERL_JOB": job_name}})
+    reaper = Reaper()
+    reaper.start()
+    try:
+        with held_signals():
+            with ray_leaves_signals_alone():
+                ray.init(address="local", num_cpus=os.cpu_count() or 1, resources=units,
+                         namespace=NAMESPACE, include_dashboard=False, configure_logging=False, log_to_driver=True,
+                         runtime_env={"env_vars": {"RHYMERL_JOB": job_name}})
+            faults.point("ray-start", 0)
+        yield
+    finally:
+        try:
+            with held_signals():  # stopped whole, even on a second signal
+                try:
+                    if ray.is_initialized():
+                        ray.shutdown()
+                finally:
+                    reaper.stop()
+        finally:
+            reassert_handlers()
+
+
+@contextmanager
+def ray_leaves_signals_alone() -> Iterator[None]:
+    """Inside, ray.init installs no signal handler in this process: not its Python SIGTERM handler
+    (which exits at once, skipping our cleanup), not the C++ failure handler it adds for SIGTERM in
+    a driver (which prints a stack trace and aborts with SIGABRT if the process is still alive 3 s
+    later, and resets SIGTERM to the default action at shutdown). Ray's stack traces on a crash
+    stay in its own processes. Both are private to Ray: where a version lacks them, nothing is
+    changed (held_signals still puts our handlers back after the start)."""
+    constants = importlib.import_module("ray._private.ray_constants")
+    if hasattr(constants, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"):
+        vars(constants)["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = True  # read as the driver's core worker starts
+    utils = vars(importlib.import_module("ray._private.utils"))
+    install = utils.get("set_sigterm_handler")
+    if install is None:
+        yield
+        return
+    utils["set_sigterm_handler"] = lambda handler: None
     try:
         yield
     finally:
-        ray.shutdown()
+        utils["set_sigterm_handler"] = install
 
 
 def spawn(cls: type, role: Role, *args: Any, gpus: float = 0.0, lead: bool = False) -> Any:

@@ -23,7 +23,8 @@ import ray
 from rhymerl.api import RLJob
 from rhymerl.api.roles import ROLES, Role, train_ranks
 from rhymerl.errors import UserError
-from rhymerl.workers.runtime.cluster import NAMESPACE, role_capacity, role_resources
+from rhymerl.workers.controller.stopping import held_signals
+from rhymerl.workers.runtime.cluster import NAMESPACE, ray_leaves_signals_alone, role_capacity, role_resources
 
 # Ray's token authentication needs the token on every node; the job's Ray ports are reachable only
 # inside its namespace (the operator's Services are headless and cluster-internal).
@@ -123,9 +124,12 @@ def wait_reachable(address: str, timeout_s: float, head: subprocess.Popen[bytes]
 
 def connect(address: str, timeout_s: float, head: subprocess.Popen[bytes] | None = None,
             head_log: Path | None = None) -> None:
+    """Connect this process to the head at `address` as the driver of the steps; a SIGTERM meanwhile
+    reaches this process's own handler once connected, as in cluster.local_ray."""
     wait_reachable(address, timeout_s, head, head_log)
     os.environ.update(RAY_ENV)
-    ray.init(address=address, namespace=NAMESPACE, configure_logging=False, log_to_driver=True)
+    with held_signals(), ray_leaves_signals_alone():
+        ray.init(address=address, namespace=NAMESPACE, configure_logging=False, log_to_driver=True)
 
 
 def wanted_roles(job: RLJob) -> dict[Role, int]:

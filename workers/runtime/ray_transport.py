@@ -12,6 +12,7 @@ its node as `ResultLost`.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -23,7 +24,8 @@ import torch
 
 from rhymerl.api import RLJob
 from rhymerl.api.roles import Role
-from rhymerl.errors import UserError
+from rhymerl.errors import DiskFull, RunFailed, UserError, disk_full, is_disk_full
+from rhymerl.workers.controller.fleet import WorkerLost
 from rhymerl.workers.controller.loop import Backend, run_steps
 from rhymerl.workers.controller.scale import ScaleFile
 from rhymerl.workers.controller.transport import Report, ResultLost, Stream, WorkerGone
@@ -203,7 +205,66 @@ def run_steps_ray(job: RLJob, run: RunDir, resume: bool, threads: int | None, tr
     backend = Backend(RayTransport(role_gpus(job)), threads, train_run, wanted, notice=True, say=say)
     try:
         yield from run_steps(job, run, resume, backend)
-    except ray.exceptions.RayTaskError as exc:
-        if isinstance(exc.cause, UserError):  # a worker met the user's mistake: their one-line message
-            raise exc.cause from None
-        raise
+    except BaseException as exc:
+        failure = run_failure(exc, str(run.path))
+        if failure is None:
+            raise
+        raise failure from None
+
+
+INFRASTRUCTURE = (WorkerGone, ResultLost, WorkerLost, ray.exceptions.RayActorError, ray.exceptions.RaySystemError,
+                  ray.exceptions.LocalRayletDiedError, ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError,
+                  ray.exceptions.ObjectLostError, ray.exceptions.OutOfMemoryError, ray.exceptions.RpcError)
+_ROLE_OF_CLASS = {"TrainWorker": "the train worker", "RolloutWorker": "a rollout worker",
+                  "RewardWorker": "a reward worker", "HistoryWorker": "the history worker"}
+
+
+def run_failure(exc: BaseException, where: str) -> UserError | None:
+    """The one-line error a user sees for what ended a run on Ray, None for what stays itself (a
+    bug's traceback, a stop): a worker's UserError as it was raised; a full disk, wherever it was
+    met, DiskFull; a worker, node or object lost for good (the train worker's weights die with it,
+    a worker's restarts or a call's re-runs are used up, the raylet died) RunFailed."""
+    cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else None
+    if isinstance(cause, UserError):  # a worker met the user's mistake: their one-line message
+        return cause
+    if isinstance(exc, DiskFull):
+        return None
+    if isinstance(exc, (Exception, ray.exceptions.RayError)) and is_disk_full(exc):
+        return disk_full(where)
+    if isinstance(exc, ray.exceptions.OutOfDiskError):
+        return DiskFull(f"no space left for Ray's object store on this node: {why(exc)}")
+    if isinstance(exc, INFRASTRUCTURE) or isinstance(cause, INFRASTRUCTURE):
+        dead = dead_ray_processes()
+        if dead:
+            return RunFailed(f"lost this machine's Ray node: its {', '.join(dead)} died ({why(exc)}); the run cannot "
+                             "go on without it")
+        return RunFailed(f"{lost(exc)}; the run cannot go on without it")
+    return None
+
+
+def dead_ray_processes() -> list[str]:
+    """The processes of the Ray instance this process started (local_ray) that died (raylet,
+    gcs_server, ...): a worker's loss that is really its node's. Ray's own bookkeeping, private to
+    it: nothing where it is missing, or where this process joined a cluster it did not start."""
+    node = getattr(importlib.import_module("ray._private.worker"), "_global_node", None)
+    try:
+        return sorted({str(kind) for kind, _ in node.dead_processes()}) if node is not None else []
+    except Exception:  # a Ray without this bookkeeping: say what the worker's error says
+        return []
+
+
+def lost(exc: BaseException) -> str:
+    """What was lost, in a few words, with Ray's reason."""
+    chain: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    text = " ".join(_ANSI.sub("", str(c)) for c in chain)
+    named = re.search(r"class_name: (\w+)", text)
+    who = _ROLE_OF_CLASS.get(named.group(1), f"a {named.group(1)}") if named else None
+    if who is None and isinstance(exc, WorkerLost):
+        return f"the rollout fleet gave up: {exc}"
+    if who is None and re.search(r"raylet|node (has )?died|NodeDied", text, re.IGNORECASE):
+        who = "the Ray node (its raylet)"
+    return f"lost {who or 'a Ray worker'} ({why(chain[-1])})"

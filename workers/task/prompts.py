@@ -7,16 +7,20 @@ resumed run visits the same prompts as an uninterrupted one.
 
 from __future__ import annotations
 
-import json
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from rhymerl.api.spec import DataSpec
 from rhymerl.errors import UserError
 from rhymerl.workers.task import arith_chain
+from rhymerl.workers.text_lines import json_line, text_lines
 
 BUILTIN_PREFIX = "builtin:"
+MAX_PROMPT_ID = 256
+MAX_LINE_BYTES = 64 << 20  # far past any prompt: 128K tokens are about 1 MB of text
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 @dataclass(frozen=True)
@@ -57,26 +61,19 @@ def read_jsonl_lines(path: Path) -> list[tuple[int, Prompt]]:
     seen: set[str] = set()
     try:
         with path.open("rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise DataError(f"{path}:{lineno}: not UTF-8: byte 0x{raw[exc.start]:02x} at column "
-                                    f"{exc.start + 1}") from None
+            for lineno, line in text_lines(f, str(path), DataError, MAX_LINE_BYTES):
                 if not line.strip():
                     continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{path}:{lineno}: not JSON: {exc.msg}") from exc
+                where = f"{path}:{lineno}"
+                row = json_line(line, where, DataError, parse_int=_int64_or_oversized)
                 if not isinstance(row, dict):
-                    raise DataError(f"{path}:{lineno}: expected an object with 'prompt' and 'answer'")
+                    raise DataError(f"{where}: expected an object with 'prompt' and 'answer'")
                 for key in ("prompt", "answer"):
                     if not isinstance(row.get(key), str):
-                        raise DataError(f"{path}:{lineno}: '{key}' must be a string")
-                pid = str(row.get("prompt_id", f"line-{lineno}"))
+                        raise DataError(f"{where}: '{key}' must be a string")
+                pid = prompt_id(row["prompt_id"], where) if "prompt_id" in row else f"line-{lineno}"
                 if pid in seen:
-                    raise DataError(f"{path}:{lineno}: duplicate prompt_id '{pid}'")
+                    raise DataError(f"{where}: duplicate prompt_id '{pid}'")
                 seen.add(pid)
                 prompts.append((lineno, Prompt(pid, row["prompt"], row["answer"])))
     except OSError as exc:
@@ -84,6 +81,33 @@ def read_jsonl_lines(path: Path) -> list[tuple[int, Prompt]]:
     if not prompts:
         raise DataError(f"{path}: no prompts")
     return prompts
+
+
+OVERSIZED = object()
+"""What an integer of more than 19 digits reads as: never int64, and never worth converting."""
+
+
+def _int64_or_oversized(digits: str) -> int | object:
+    return int(digits) if len(digits.lstrip("-")) <= 19 else OVERSIZED
+
+
+def prompt_id(value: object, where: str) -> str:
+    """A JSONL `prompt_id` as the string that keys history and dumps: a string of 1 to 256 characters
+    without control characters, or an integer that fits int64 (written in decimal)."""
+    if value is OVERSIZED or (isinstance(value, int) and not isinstance(value, bool)):
+        if not isinstance(value, int) or not -(2**63) <= value < 2**63:
+            raise DataError(f"{where}: prompt_id: an integer id must fit in 64 bits (-2**63 to 2**63-1)")
+        return str(value)
+    if not isinstance(value, str):
+        kind = {dict: "an object", list: "an array", float: "a fraction", bool: "true/false"}.get(type(value), "null")
+        raise DataError(f"{where}: prompt_id: must be a string or an integer, not {kind}")
+    if not 1 <= len(value) <= MAX_PROMPT_ID:
+        raise DataError(f"{where}: prompt_id: {len(value)} characters; must be 1 to {MAX_PROMPT_ID}")
+    control = CONTROL.search(value)
+    if control:
+        raise DataError(f"{where}: prompt_id: control character U+{ord(control.group()):04X} at position "
+                        f"{control.start() + 1}")
+    return value
 
 
 def epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> list[int]:

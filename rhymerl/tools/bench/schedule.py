@@ -30,6 +30,7 @@ from rhymerl.tools.sim import SimConfig, SimResult, simulate
 from rhymerl.tools.sim.gantt import plot_gantt
 from rhymerl.tools.sim.iteration_profile_file import resolve_profile
 from rhymerl.tools.traces import Trace, load_trace
+from rhymerl.tools.traces.progress import reading_bar
 from rhymerl.tools.traces.synthetic import parse_overrides
 
 
@@ -120,7 +121,8 @@ def _extrapolation_note(trace: Trace, profile: IterationProfile) -> list[str]:
 
 def run_bench(cfg: BenchConfig, console: Console | None = None) -> BenchReport:
     t0 = time.perf_counter()
-    trace = load_trace(cfg.trace, **parse_overrides(list(cfg.synthetic)))
+    with reading_bar(cfg.trace, enabled=console is not None) as on_read:
+        trace = load_trace(cfg.trace, progress=on_read, **parse_overrides(list(cfg.synthetic)))
     warmup = _warmup(trace, cfg.warmup)
     if warmup >= trace.num_steps:
         raise OptionError(f"--warmup: {warmup} leaves none of the trace's {trace.num_steps} steps to simulate")

@@ -1,20 +1,27 @@
 """Read and write workload trace CSVs (docs/formats.md, "Workload trace CSV").
 
 Files come from other systems, so reading is strict and every complaint names the file, the line
-and the column. Writing is atomic: a failed export leaves no half-written file behind.
+and the column, and every number is bounded. Traces run to millions of rows, so a file is read as a
+stream of bounded lines into typed columns (tens of bytes a row, not a Python object per cell) and
+reports how far it got. Writing is atomic: a failed export leaves no half-written file behind.
 """
 
 from __future__ import annotations
 
 import csv
-import io
 import os
-from collections.abc import Iterable
+import re
+from array import array
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import IO
+
+import numpy as np
 
 from rhymerl.errors import UserError, user_paths
+from rhymerl.workers.text_lines import text_lines
 
-from .model import Trace
+from .model import PromptIds, Trace
 
 REQUIRED = ("step", "input_len", "output_len")
 OPTIONAL = ("prompt_id",)
@@ -25,32 +32,86 @@ class TraceError(UserError):
     """A trace that cannot be read; the message names the file and line."""
 
 
-def _int(path: Path, lineno: int, column: str, text: str) -> int:
+MAX_LEN = 1 << 24  # tokens of one prompt or response: 16M, past every model's context
+MAX_STEP = 10**9
+MAX_PROMPT_ID = 256  # characters, as for a JSONL prompt file's prompt_id
+MAX_LINE_BYTES = 1 << 20
+PROGRESS_ROWS = 1 << 16
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+DIGITS = re.compile(r"[+-]?[0-9]+")
+
+Progress = Callable[[int, int], None]
+"""Called now and then while a file is read, with (bytes read, bytes in the file)."""
+
+
+def _shown(text: str, quote: bool = True) -> str:
+    if len(text) > 40:
+        return f"{text[:20]!r}... ({len(text)} characters)" if quote else f"{text[:20]}... ({len(text)} digits)"
+    return repr(text) if quote else text
+
+
+def _int(path: Path | str, lineno: int, column: str, text: str, maximum: int) -> int:
+    """A cell that is not plain digits within [0, maximum]: its value, or a TraceError saying why not."""
     text = text.strip()
     if not text:
         raise TraceError(f"{path}:{lineno}: {column}: empty, expected a non-negative integer")
-    try:
+    if not DIGITS.fullmatch(text):
+        raise TraceError(f"{path}:{lineno}: {column}: {_shown(text)} is not an integer")
+    if text.startswith("-") and text.strip("-0"):
+        raise TraceError(f"{path}:{lineno}: {column}: {_shown(text, quote=False)} is negative")
+    digits = text.lstrip("+-").lstrip("0")
+    if len(digits) > len(str(maximum)) or int(digits or "0") > maximum:
+        raise TraceError(f"{path}:{lineno}: {column}: {_shown(text, quote=False)} is over the maximum {maximum}")
+    return int(digits or "0")
+
+
+def _cell(text: str, maximum: int) -> int:
+    """Plain digits within [0, maximum] (nearly every cell), else -1."""
+    if text.isdigit() and text.isascii() and len(text) <= 18:
         value = int(text)
-    except ValueError:
-        raise TraceError(f"{path}:{lineno}: {column}: {text!r} is not an integer") from None
-    if value < 0:
-        raise TraceError(f"{path}:{lineno}: {column}: {value} is negative")
-    return value
+        if value <= maximum:
+            return value
+    return -1
 
 
-def parse_trace(text: str, path: Path, name: str | None = None) -> Trace:
-    """Parse CSV text; `path` only labels error messages."""
-    reader = csv.reader(io.StringIO(text.lstrip("\ufeff")))
+def _prompt_id(path: Path | str, lineno: int, text: str) -> str:
+    pid = text.strip()
+    if not pid:
+        raise TraceError(f"{path}:{lineno}: prompt_id: empty; leave the column out when responses have no prompt id")
+    if len(pid) > MAX_PROMPT_ID:
+        raise TraceError(f"{path}:{lineno}: prompt_id: {len(pid)} characters; at most {MAX_PROMPT_ID}")
+    control = CONTROL.search(pid)
+    if control:
+        raise TraceError(f"{path}:{lineno}: prompt_id: control character U+{ord(control.group()):04X} at position "
+                         f"{control.start() + 1}")
+    return pid
+
+
+def parse_trace(stream: IO[bytes], path: Path | str, name: str | None = None, size: int = 0,
+                progress: Progress | None = None) -> Trace:
+    """Read CSV rows from a binary stream, one line at a time; `path` labels error messages, `size`
+    (bytes, when known) is passed on to `progress`. Columns are kept in typed arrays, eight bytes a
+    cell, and prompt ids as codes into a table of the distinct ids."""
+    lines = (text for _, text in text_lines(stream, str(path), TraceError, MAX_LINE_BYTES))
+    reader = csv.reader(lines)
     header: list[str] | None = None
     header_line = 0
-    steps: list[int] = []
-    pids: list[str] = []
-    inputs: list[int] = []
-    outputs: list[int] = []
+    steps, inputs, outputs, codes = array("q"), array("q"), array("q"), array("q")
+    table: dict[str, int] = {}
+    names: list[str] = []
     col: dict[str, int] = {}
-    for row in reader:
+    width = 0
+    cs = ci = co = cp = -1
+    while True:
+        try:
+            row = next(reader, None)
+        except csv.Error as exc:
+            reason = f"a field longer than {csv.field_size_limit()} characters" if "field limit" in str(exc) else exc
+            raise TraceError(f"{path}:{reader.line_num}: not CSV: {reason}") from None
+        if row is None:
+            break
         lineno = reader.line_num
-        if not row or all(not cell.strip() for cell in row) or row[0].lstrip().startswith("#"):
+        if not row or row[0].lstrip().startswith("#") or all(not cell.strip() for cell in row):
             continue
         if header is None:
             header = [c.strip().lower() for c in row]
@@ -65,19 +126,35 @@ def parse_trace(text: str, path: Path, name: str | None = None) -> Trace:
                     f"expected {','.join(HEADER)} (prompt_id optional), got {','.join(header)}"
                 )
             col = {c: header.index(c) for c in (*REQUIRED, *OPTIONAL) if c in header}
+            width = len(header)
+            cs, ci, co, cp = col["step"], col["input_len"], col["output_len"], col.get("prompt_id", -1)
             continue
-        if len(row) != len(header):
-            raise TraceError(f"{path}:{lineno}: expected {len(header)} fields ({','.join(header)}), got {len(row)}")
-        steps.append(_int(path, lineno, "step", row[col["step"]]))
-        inputs.append(_int(path, lineno, "input_len", row[col["input_len"]]))
-        outputs.append(_int(path, lineno, "output_len", row[col["output_len"]]))
-        if "prompt_id" in col:
-            pid = row[col["prompt_id"]].strip()
-            if not pid:
-                raise TraceError(
-                    f"{path}:{lineno}: prompt_id: empty; leave the column out when responses have no prompt id"
-                )
-            pids.append(pid)
+        if len(row) != width:
+            raise TraceError(f"{path}:{lineno}: expected {width} fields ({','.join(header)}), got {len(row)}")
+        step = _cell(row[cs], MAX_STEP)
+        if step < 0:
+            step = _int(path, lineno, "step", row[cs], MAX_STEP)
+        inp = _cell(row[ci], MAX_LEN)
+        if inp < 0:
+            inp = _int(path, lineno, "input_len", row[ci], MAX_LEN)
+        out = _cell(row[co], MAX_LEN)
+        if out < 0:
+            out = _int(path, lineno, "output_len", row[co], MAX_LEN)
+        if cp >= 0:
+            code = table.get(row[cp])
+            if code is None:
+                pid = _prompt_id(path, lineno, row[cp])
+                code = table.get(pid)
+                if code is None:
+                    code = table[pid] = len(names)
+                    names.append(pid)
+                table[row[cp]] = code
+            codes.append(code)
+        steps.append(step)
+        inputs.append(inp)
+        outputs.append(out)
+        if progress is not None and len(steps) % PROGRESS_ROWS == 0:
+            progress(stream.tell(), size)
     if header is None:
         raise TraceError(f"{path}:1: empty trace: expected a header {','.join(HEADER)} and one row per response")
     if not steps:
@@ -87,25 +164,33 @@ def parse_trace(text: str, path: Path, name: str | None = None) -> Trace:
     if extra:
         notes.append(f"ignored column(s): {', '.join(extra)}")
     return Trace.build(
-        name=name or path.stem,
-        steps=steps,
-        prompt_ids=pids if "prompt_id" in col else None,
-        input_len=inputs,
-        output_len=outputs,
+        name=name or Path(path).stem,
+        steps=np.frombuffer(steps, dtype=np.int64),
+        prompt_ids=PromptIds(np.frombuffer(codes, dtype=np.int64), names) if cp >= 0 else None,
+        input_len=np.frombuffer(inputs, dtype=np.int64),
+        output_len=np.frombuffer(outputs, dtype=np.int64),
         notes=notes,
     )
 
 
-def read_trace(path: Path) -> Trace:
+def read_trace(path: Path, progress: Progress | None = None) -> Trace:
+    """Read a trace CSV as a stream of lines: memory grows with its rows, never with its longest line."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            return parse_trace(f, path, size=os.fstat(f.fileno()).st_size, progress=progress)
     except FileNotFoundError:
         raise TraceError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise TraceError(f"{path}: a folder, not a trace file") from None
     except OSError as exc:
         raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise TraceError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    return parse_trace(text, path)
+
+
+def output_file(path: Path) -> Path:
+    """`path` itself when a trace can be written there: a file name, not a folder."""
+    if not path.name or path.is_dir():
+        raise TraceError(f"cannot write {path}: it is a folder; give a file name")
+    return path
 
 
 def write_trace(path: Path, rows: Iterable[tuple[int, str | None, int, int]]) -> int:
@@ -118,10 +203,8 @@ def write_trace(path: Path, rows: Iterable[tuple[int, str | None, int, int]]) ->
     with_ids = any(r[1] is not None for r in rows)
     if with_ids and any(r[1] is None for r in rows):
         raise ValueError("prompt_id: either every row has one or none does")
-    tmp = path.with_name(path.name + ".tmp")
     with user_paths("write", path):
-        if path.is_dir():
-            raise TraceError(f"cannot write {path}: it is a folder; give a file name")
+        tmp = output_file(path).with_name(path.name + ".tmp")
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             with tmp.open("w", newline="", encoding="utf-8") as f:

@@ -8,8 +8,9 @@ prompt_id column: every row is its own prompt).
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, SupportsIndex, overload
 
 import numpy as np
 from numpy.typing import NDArray
@@ -25,12 +26,57 @@ ID_NOTES: dict[IdKind, str] = {
 }
 
 
+class PromptIds(Sequence[str]):
+    """A trace's prompt id per row, stored compactly: a code per row into a table of distinct ids, so
+    a million rows of a few thousand prompts hold eight bytes a row. Without a table (`names` None) row
+    `i` is its own prompt, named `row<code>`."""
+
+    def __init__(self, codes: NDArray[np.int64], names: Sequence[str] | None) -> None:
+        self.codes = codes
+        self.names = names
+
+    @staticmethod
+    def of(ids: Sequence[str]) -> PromptIds:
+        table: dict[str, int] = {}
+        codes = np.fromiter((table.setdefault(pid, len(table)) for pid in ids), dtype=np.int64, count=len(ids))
+        return PromptIds(codes, list(table))
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    @overload
+    def __getitem__(self, index: SupportsIndex) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> PromptIds: ...
+
+    def __getitem__(self, index: SupportsIndex | slice) -> str | PromptIds:
+        if isinstance(index, slice):
+            return PromptIds(self.codes[index], self.names)
+        return self._name(int(self.codes[index]))
+
+    def __iter__(self) -> Iterator[str]:
+        for code in self.codes.tolist():
+            yield self._name(code)
+
+    def _name(self, code: int) -> str:
+        return self.names[code] if self.names is not None else f"row{code}"
+
+    def recur(self, step: NDArray[np.int64]) -> NDArray[np.bool_]:
+        """Per row (rows in step order): its id already appeared in an earlier step."""
+        if not len(self.codes):
+            return np.zeros(0, dtype=np.bool_)
+        first = np.full(int(self.codes.max()) + 1, np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(first, self.codes, step)
+        return np.asarray(first[self.codes] != step)
+
+
 @dataclass(frozen=True)
 class Trace:
     name: str
     step: NDArray[np.int64]
     """Ordinal step, 1..S, in the order of the source's step numbers."""
-    prompt_id: list[str]
+    prompt_id: PromptIds
     input_len: NDArray[np.int64]
     output_len: NDArray[np.int64]
     ids: IdKind
@@ -41,33 +87,30 @@ class Trace:
     @staticmethod
     def build(
         name: str,
-        steps: list[int],
-        prompt_ids: list[str] | None,
-        input_len: list[int],
-        output_len: list[int],
+        steps: Sequence[int] | NDArray[np.int64],
+        prompt_ids: Sequence[str] | PromptIds | None,
+        input_len: Sequence[int] | NDArray[np.int64],
+        output_len: Sequence[int] | NDArray[np.int64],
         notes: list[str] | None = None,
     ) -> Trace:
-        """Sort rows by step (stably), number steps 1..S and classify the prompt ids."""
-        n = len(steps)
-        order = np.argsort(np.asarray(steps, dtype=np.int64), kind="stable")
-        raw = np.asarray(steps, dtype=np.int64)[order]
+        """Sort rows by step (stably), number steps 1..S and classify the prompt ids. Columns may be
+        lists or arrays (an `array('q')` is read without a copy)."""
+        raw_steps = np.asarray(steps, dtype=np.int64)
+        n = len(raw_steps)
+        order = np.argsort(raw_steps, kind="stable")
+        raw = raw_steps[order]
         uniq, ordinal = np.unique(raw, return_inverse=True)
+        step = (ordinal.reshape(-1) + 1).astype(np.int64) if n else np.zeros(0, dtype=np.int64)
         if prompt_ids is None:
-            pids = [f"row{i}" for i in order.tolist()]
+            pids = PromptIds(order.astype(np.int64), None)
             ids: IdKind = "none"
         else:
-            pids = [prompt_ids[i] for i in order.tolist()]
-            first_step: dict[str, int] = {}
-            recur = False
-            for pid, st in zip(pids, raw.tolist(), strict=True):
-                seen = first_step.setdefault(pid, st)
-                if seen != st:
-                    recur = True
-                    break
-            ids = "stable" if recur else "step-local"
+            coded = prompt_ids if isinstance(prompt_ids, PromptIds) else PromptIds.of(prompt_ids)
+            pids = PromptIds(coded.codes[order], coded.names)
+            ids = "stable" if pids.recur(step).any() else "step-local"
         return Trace(
             name=name,
-            step=(ordinal + 1).astype(np.int64) if n else np.zeros(0, dtype=np.int64),
+            step=step,
             prompt_id=pids,
             input_len=np.asarray(input_len, dtype=np.int64)[order],
             output_len=np.asarray(output_len, dtype=np.int64)[order],
@@ -99,12 +142,8 @@ class Trace:
         """Steps before a prompt id first recurs (one epoch), or 0 when ids never recur."""
         if self.ids != "stable":
             return 0
-        seen: dict[str, int] = {}
-        for pid, st in zip(self.prompt_id, self.step.tolist(), strict=True):
-            first = seen.setdefault(pid, st)
-            if first != st:
-                return int(st) - 1
-        return 0
+        recur = self.prompt_id.recur(self.step)
+        return int(self.step[int(np.argmax(recur))]) - 1 if recur.any() else 0
 
     def id_note(self) -> str:
         return ID_NOTES[self.ids]

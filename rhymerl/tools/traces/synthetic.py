@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .io import TraceError, read_trace
+from .io import Progress, TraceError, read_trace
 from .model import Trace
 
 MAX_RESPONSES = 2_000_000  # a synthetic trace is built in memory
@@ -146,10 +146,10 @@ def parse_overrides(pairs: list[str]) -> dict[str, object]:
     return out
 
 
-def load_trace(source: str, **overrides: object) -> Trace:
-    """`synthetic:NAME` or a CSV path."""
+def load_trace(source: str, *, progress: Progress | None = None, **overrides: object) -> Trace:
+    """`synthetic:NAME` or a CSV path; `progress` follows the reading of a file."""
     if source.startswith("synthetic:"):
         return synthetic(source, **overrides)
     if overrides:
         raise TraceError(f"{source}: options {', '.join(overrides)} only apply to synthetic traces")
-    return read_trace(Path(source))
+    return read_trace(Path(source), progress)

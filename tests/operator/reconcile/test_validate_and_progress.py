@@ -55,3 +55,10 @@ def test_a_metrics_row_becomes_status_progress_leaving_out_what_is_not_a_number(
                                     "finished": False}
     sparse = progress_of({"step": 1, "reward_mean": float("inf")}, at, finished=True)
     assert sparse == {"step": 1, "message": "finished", "updatedAt": "2026-05-06T07:08:09Z", "finished": True}
+
+
+def test_a_stored_job_with_a_password_in_its_redis_url_is_refused_without_showing_it() -> None:
+    parsed = parse(stored({"history": {"store": "redis", "redis_url": "redis://reader:s3cret-pw@redis:6379/0"}}))
+    assert parsed.job is None and parsed.problems is not None
+    assert parsed.problems.startswith("spec.history.redis_url: a password does not go in the URL")
+    assert "s3cret-pw" not in parsed.problems
