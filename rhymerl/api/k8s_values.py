@@ -10,6 +10,7 @@ parse; every message names the rule.
 from __future__ import annotations
 
 import re
+from decimal import Context, Decimal, localcontext
 from typing import Annotated
 
 from pydantic import AfterValidator
@@ -69,7 +70,31 @@ def quantity(value: str | int) -> str | int:
         raise ValueError(f"{value!r} is not a non-negative quantity such as '500m', '4', '64Gi' or '1e9': a number "
                          "and one of the suffixes n u m k M G T P E, Ki Mi Gi Ti Pi Ei or e<N>, nothing between "
                          "them (Kubernetes' resource.Quantity; 'GB' is not a suffix, 'G' or 'Gi' is)")
+    if (value if isinstance(value, int) else _magnitude(value)) > MAX_QUANTITY:
+        raise ValueError(f"{value!r} is more than 2^63-1, which no quantity may represent (Kubernetes' "
+                         "resource.Quantity)")
     return value
+
+
+MAX_QUANTITY = 2**63 - 1
+_SCALE = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1), "k": Decimal("1e3"),
+          "M": Decimal("1e6"), "G": Decimal("1e9"), "T": Decimal("1e12"), "P": Decimal("1e15"), "E": Decimal("1e18"),
+          **{f"{s}i": Decimal(2 ** (10 * (n + 1))) for n, s in enumerate("KMGTPE")}}
+
+
+def _magnitude(value: str) -> Decimal:
+    """The number a quantity string (QUANTITY) stands for."""
+    parts = re.fullmatch(r"\+?([0-9.]+)(.*)", value)
+    assert parts is not None  # a QUANTITY
+    number, suffix = parts.groups()
+    with localcontext(Context(prec=40, Emax=MAX_EXPONENT, Emin=-MAX_EXPONENT)):
+        if suffix[:1] in ("e", "E") and suffix not in _SCALE:
+            exponent = int(suffix[1:])
+            return Decimal(number).scaleb(max(-MAX_EXPONENT, min(MAX_EXPONENT, exponent)))
+        return Decimal(number) * _SCALE[suffix]
+
+
+MAX_EXPONENT = 10**6  # past this a quantity is out of range either way
 
 
 def image(value: str) -> str:

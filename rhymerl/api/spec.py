@@ -47,15 +47,9 @@ Seed = Annotated[int, Field(ge=0, le=2**32 - 1, description="0 to 2**32-1 (sampl
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 
 
-def _int64(value: str | int) -> str | int:
-    if isinstance(value, int) and value > MAX_INT64:
-        raise ValueError(f"{value} is over the largest quantity, 2**63-1")
-    return value
-
-
 Quantity = Annotated[str | Annotated[int, WithJsonSchema({"type": "integer", "minimum": 0, "maximum": MAX_INT64})],
-                     AfterValidator(quantity), AfterValidator(_int64),
-                     Field(description="Kubernetes quantity, e.g. '500m', '2Gi' or 4 (an integer at most 2**63-1)")]
+                     AfterValidator(quantity),
+                     Field(description="Kubernetes quantity, e.g. '500m', '2Gi' or 4 (at most 2**63-1)")]
 
 
 class Strict(BaseModel):

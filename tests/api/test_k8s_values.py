@@ -73,9 +73,11 @@ def test_the_rules_by_hand() -> None:
     for bad in ("-x", "x-", "a b", "x" * 64):
         with pytest.raises(ValueError):
             label_value(bad)
-    for good in ("500m", "4", "2Gi", "1.5", ".5", "1e9", "1E-3", "64M", "0", "+1", 4, 0):
+    for good in ("500m", "4", "2Gi", "1.5", ".5", "1e9", "1E-3", "64M", "0", "+1", 4, 0, "9223372036854775807",
+                 "7Ei", "9.2e18", "9E", "1e-999999999"):
         assert quantity(good) == good
-    for bad in ("lots", "-4", "64GB", "20 Gi", "2gi", "1Ki2", "", -1, "1.2.3", True):
+    for bad in ("lots", "-4", "64GB", "20 Gi", "2gi", "1Ki2", "", -1, "1.2.3", True,
+                "9223372036854775808", "8Ei", "99999999999999999999Ei", "1e19", "10E", "1e999999999999", 2**63):
         with pytest.raises(ValueError):
             quantity(bad)
     for good in ("python:3.11-slim", "ghcr.io/rhymerl/worker-gpu:0.1.0", "localhost:5000/a/b",

@@ -63,8 +63,8 @@ def test_a_time_or_count_past_its_bound_names_the_field_and_line() -> None:
 def test_a_quantity_past_int64_is_one_problem_naming_the_field() -> None:
     with pytest.raises(SpecError) as exc:
         parse_job(HEAD + "spec:\n  train:\n    resources:\n      memory: 9223372036854775808\n", "job.yaml")
-    assert str(exc.value) == ("job.yaml: spec.train.resources.memory: 9223372036854775808 is over the largest "
-                              "quantity, 2**63-1 (line 6)")
+    assert str(exc.value) == ("job.yaml: spec.train.resources.memory: 9223372036854775808 is more than 2^63-1, "
+                              "which no quantity may represent (Kubernetes' resource.Quantity) (line 6)")
 
 
 SCALARS = [(p.removeprefix("spec."), node) for p, node in LEAVES
