@@ -19,7 +19,8 @@ bench_app = App(help="Benchmarks: tables and plots, measured side by side in one
 @bench_app.command("schedule")
 def schedule(
     trace: Annotated[str, typer.Option("--trace", help="trace CSV (step,prompt_id,input_len,output_len) "
-                                       "or synthetic:NAME (math, code)")] = "synthetic:math",
+                                       "or synthetic:NAME (math, code; held-out class: dapo-math, vl-video, code-14b, "
+                                       "search-agent)")] = "synthetic:math",
     workers: Annotated[int, typer.Option("--workers", min=1, help="rollout workers (data-parallel engines)")] = 16,
     groups: Annotated[int, typer.Option("--groups", min=1, help="HistoPipe ranking groups K")] = 8,
     steps: Annotated[int | None, typer.Option("--steps", min=1, help="steps to simulate after warm-up "
@@ -37,7 +38,8 @@ def schedule(
     train_time: Annotated[float, typer.Option("--train-time", min=0.0, help="training seconds per step")] = 0.0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     synthetic: Annotated[list[str] | None, typer.Option("--synthetic", help="KEY=VALUE override of a synthetic "
-                                                        "trace's generator, e.g. prompts_per_step=128")] = None,
+                                                        "trace's generator, e.g. prompts_per_step=128, or seed=3 "
+                                                        "for another instance")] = None,
 ) -> None:
     """Replay a workload trace under every rollout scheduling policy: table, Gantt plots, JSON."""
     from rich.console import Console

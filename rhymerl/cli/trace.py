@@ -36,22 +36,28 @@ def export(
 
 @trace_app.command("synth")
 def synth(
-    name: Annotated[str, typer.Argument(help="synthetic trace: math or code")],
+    name: Annotated[str, typer.Argument(help="synthetic trace: math, code (recurring ids) or the held-out class "
+                                        "dapo-math, vl-video, code-14b, search-agent (docs/scheduling.md)")],
     out: Annotated[Path, typer.Option("-o", "--out", help="trace CSV to write")],
     steps: Annotated[int | None, typer.Option("--steps", min=1, help="steps to generate (default: the "
                                               "preset's)")] = None,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="another seed draws another instance of the same "
+                                      "shape")] = 0,
     no_ids: Annotated[bool, typer.Option("--no-ids", help="leave out the prompt_id column (as some systems "
                                          "do)")] = False,
+    knobs: Annotated[list[str] | None, typer.Option("--set", help="KEY=VALUE override of a generator knob, e.g. "
+                                                    "truncated_share=0.2 (repeat)")] = None,
 ) -> None:
     """Generate a synthetic trace calibrated to published workload figures (docs/scheduling.md)."""
     from rhymerl.tools.traces import synthetic, write_trace
     from rhymerl.tools.traces.io import output_file
+    from rhymerl.tools.traces.synthetic import parse_overrides
 
     output_file(out)
     overrides: dict[str, object] = {"seed": seed}
     if steps is not None:
         overrides["steps"] = steps
+    overrides.update(parse_overrides(list(knobs or ()), option="--set"))
     tr = synthetic(name, **overrides)
     rows = zip(tr.step.tolist(), tr.prompt_id, tr.input_len.tolist(), tr.output_len.tolist(), strict=True)
     n = write_trace(out, ((s, None if no_ids else p, i, o) for s, p, i, o in rows))
@@ -74,14 +80,16 @@ def stats(
         tr = load_trace(source, progress=progress)
     console = Console()
     t = Table(title=escape(f"{tr.name}: {len(tr)} responses, {tr.num_steps} steps, {tr.ids} prompt ids"))
-    for col in ("step", "responses", "prompts", "median out", "p90 out", "max out", "mean in"):
+    longest = int(tr.output_len.max())
+    for col in ("step", "responses", "prompts", "median out", "p90 out", "max out", "at longest %", "mean in"):
         t.add_column(col, justify="right")
     for rows in tr.step_rows():
         out_len = tr.output_len[rows]
         step = int(tr.step[rows[0]])
         prompts = len({tr.prompt_id[i] for i in rows.tolist()})
         t.add_row(str(tr.source_steps[step - 1]), str(rows.size), str(prompts), f"{np.median(out_len):.0f}",
-                  f"{np.percentile(out_len, 90):.0f}", str(int(out_len.max())), f"{tr.input_len[rows].mean():.0f}")
+                  f"{np.percentile(out_len, 90):.0f}", str(int(out_len.max())),
+                  f"{100 * np.mean(out_len == longest):.1f}", f"{tr.input_len[rows].mean():.0f}")
     print_table(console, t)
     console.print(tr.id_note(), markup=False, highlight=False, soft_wrap=True)
     if tr.ids == "stable":
