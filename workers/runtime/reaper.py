@@ -27,6 +27,7 @@ from pathlib import Path
 
 OWNER_ENV = "RHYMERL_RAY_OWNER"
 GONE_TIMEOUT_S = 30.0  # a killed process is reaped by its parent or init; this long is a stuck kernel
+SETTLE_S = 0.5  # no process of the run seen for this long: none is left to start another
 
 
 def carrying(token_prefix: str) -> list[int]:
@@ -47,20 +48,28 @@ def carrying(token_prefix: str) -> list[int]:
 
 
 def sweep(token: str, timeout_s: float = GONE_TIMEOUT_S) -> list[int]:
-    """SIGKILL every process carrying `token` until none is left (or `timeout_s` passed); the pids
-    killed. Whatever still ran has had its chance to stop gracefully (ray.shutdown) or never will
-    (its driver is dead); every file it wrote is written whole or not at all."""
+    """SIGKILL every process carrying `token` until none has been left for SETTLE_S (or `timeout_s`
+    passed); the pids killed. Whatever still ran has had its chance to stop gracefully
+    (ray.shutdown) or never will (its driver is dead); every file it wrote is written whole or not at
+    all. The settling covers a raylet that, in its last moments, starts again an agent killed before
+    it."""
     killed: list[int] = []
     deadline = time.monotonic() + timeout_s
-    while pids := carrying(token):
+    quiet_since: float | None = None
+    while time.monotonic() < deadline:
+        pids = carrying(token)
+        if not pids:
+            quiet_since = quiet_since or time.monotonic()
+            if time.monotonic() - quiet_since >= SETTLE_S:
+                break
+        else:
+            quiet_since = None
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
             except OSError:
                 pass
-        if time.monotonic() > deadline:
-            break
         time.sleep(0.05)
     return sorted(set(killed))
 
