@@ -33,7 +33,7 @@ def trace_file(tmp_path: Path, body: bytes, header: bytes = HEADER) -> Path:
     (b"1,a,2," + b"9" * 5000 + b"\n", "output_len: 99999999999999999999... (5000 digits) is over the maximum 16777216"),
     (b"1,a,2,1_0\n", "output_len: '1_0' is not an integer"),
     (b"1,a,2,\xd9\xa3\n", "output_len: '\u0663' is not an integer"),
-    (b"1," + b"p" * 257 + b",2,3\n", "prompt_id: 257 characters; at most 256"),
+    (b"1," + b"p" * 257 + b",2,3\n", "prompt_id: 257 characters; must be 1 to 256"),
     (b"1,a\x1b,2,3\n", "prompt_id: control character U+001B at position 2"),
     (b"1,a\xff,2,3\n", "not UTF-8: byte 0xff at column 4"),
     (b"1,a\x00,2,3\n", "NUL byte at column 4"),

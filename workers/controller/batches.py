@@ -63,7 +63,6 @@ class BatchSampler:
         self.open: dict[GroupKey, int] = {}  # groups launched and not complete, in launch order -> their version
         self.finished: dict[SampleRef, _Finished] = {}
         self.ahead: Round | None = None
-        self.fresh_version: int | None = None  # the version new groups start with (None: the fleet's)
 
     def sample_batch(self, state: LoopState) -> Batch:
         """Roll out and score the next prompts of the epoch (advancing `state.cursor`)."""
@@ -91,24 +90,21 @@ class BatchSampler:
             batch.kept += [key for key, g in got if not dynamic.enabled or g.informative]
         return batch
 
-    def run_ahead(self, state: LoopState) -> None:
-        """Launch the next step's first round now, if the job and the backend allow it."""
+    def run_ahead(self, state: LoopState, version: int | None = None) -> None:
+        """Launch the next step's first round now, if the job and the backend allow it; `version`: the
+        policy version it starts with (None: the fleet's current one)."""
         algo = self.job.spec.algorithm
         if not pipelined(self.job, self.fleet.transport) or state.epoch > algo.epochs:
             return
         by_id = {p.prompt_id: p for p in self.prompts}
         take = [by_id[pid] for pid in self.next_prompts(state)]
-        self.ahead = self._launch(take, state.epoch, state.step + 1, state.cursor + len(take))
+        self.ahead = self._launch(take, state.epoch, state.step + 1, state.cursor + len(take), version)
 
     def resume_ahead(self, state: LoopState, resumed: InFlight) -> None:
         """A resumed run: launch the round the checkpointed run had started ahead, with the policy
         version it had."""
         if resumed.ahead is not None:
-            self.fresh_version = resumed.ahead
-            try:
-                self.run_ahead(state)
-            finally:
-                self.fresh_version = None
+            self.run_ahead(state, resumed.ahead)
 
     def next_prompts(self, state: LoopState) -> list[str]:
         """The prompts the next step starts with (none after the last step)."""
@@ -144,8 +140,9 @@ class BatchSampler:
         data = self.job.spec.data
         return epoch_order(len(self.prompts), data.seed, epoch, data.shuffle)
 
-    def _launch(self, take: list[Prompt], epoch: int, step: int, cursor_after: int) -> Round:
-        fresh = self.fleet.version if self.fresh_version is None else self.fresh_version
+    def _launch(self, take: list[Prompt], epoch: int, step: int, cursor_after: int,
+                version: int | None = None) -> Round:
+        fresh = self.fleet.version if version is None else version
         versions = self.again | {(epoch, p.prompt_id): fresh for p in take}
         self.again = {}
         self.open |= versions

@@ -101,12 +101,18 @@ def prompt_id(value: object, where: str) -> str:
     if not isinstance(value, str):
         kind = {dict: "an object", list: "an array", float: "a fraction", bool: "true/false"}.get(type(value), "null")
         raise DataError(f"{where}: prompt_id: must be a string or an integer, not {kind}")
+    return prompt_id_text(value, where, DataError)
+
+
+def prompt_id_text(value: str, where: str, error: type[UserError]) -> str:
+    """The rule for a prompt id's text wherever one is read (prompt files, workload traces): 1 to
+    MAX_PROMPT_ID characters, no control character; else `error` prefixed with `where`."""
     if not 1 <= len(value) <= MAX_PROMPT_ID:
-        raise DataError(f"{where}: prompt_id: {len(value)} characters; must be 1 to {MAX_PROMPT_ID}")
+        raise error(f"{where}: prompt_id: {len(value)} characters; must be 1 to {MAX_PROMPT_ID}")
     control = CONTROL.search(value)
     if control:
-        raise DataError(f"{where}: prompt_id: control character U+{ord(control.group()):04X} at position "
-                        f"{control.start() + 1}")
+        raise error(f"{where}: prompt_id: control character U+{ord(control.group()):04X} at position "
+                    f"{control.start() + 1}")
     return value
 
 

@@ -180,9 +180,4 @@ def main(cfg: ContentionBenchConfig, out: Path | None, console: Console) -> None
     result = run_bench(cfg, console)
     md = render(result, console)
     if out is not None:
-        with user_paths("write", out):
-            out.mkdir(parents=True, exist_ok=True)
-            report.write_json(out / "results.json", result, indent=1)
-            report.write_text(out / "table.md", md)
-            plot(result, out / "contention.png")
-        console.print(f"results in {out}", markup=False, highlight=False)
+        report.write_results(out, result, md, lambda path: plot(result, path), "contention.png", console)

@@ -407,10 +407,5 @@ def main(cfg: RecoveryBenchConfig, out: Path | None, console: Console) -> dict[s
                                "remeasured": r.remeasured, "remeasure_s": round(r.remeasure_s, 3),
                                "profile_x_per_pass": [round(x, 3) for x in r.trajectory]} for r in runs]}
     if out is not None:
-        with user_paths("write the bench results into", out):
-            out.mkdir(parents=True, exist_ok=True)
-            report.write_json(out / "results.json", summary, indent=1)
-            report.write_text(out / "table.md", md)
-            plot(summary, runs, out / "recovery.png")
-        console.print(f"results in {out}")
+        report.write_results(out, summary, md, lambda path: plot(summary, runs, path), "recovery.png", console)
     return summary

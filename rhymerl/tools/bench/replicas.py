@@ -28,7 +28,7 @@ from rich.table import Table
 from rhymerl.algorithms.scheduling.factory import POLICIES
 from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.api.spec import SchedulingSpec
-from rhymerl.errors import OptionError, user_paths
+from rhymerl.errors import OptionError
 from rhymerl.tools.bench import report
 from rhymerl.tools.bench.tables import print_table
 from rhymerl.tools.bench.workload import RunWorkload, load_run_workload
@@ -192,9 +192,4 @@ def main(cfg: ReplicaBenchConfig, out: Path | None, console: Console) -> None:
     result = run_bench(cfg, console)
     md = render(result, console)
     if out is not None:
-        with user_paths("write", out):
-            out.mkdir(parents=True, exist_ok=True)
-            report.write_json(out / "results.json", result, indent=1)
-            report.write_text(out / "table.md", md)
-            plot(result, out / "makespan.png")
-        console.print(f"results in {out}", markup=False, highlight=False)
+        report.write_results(out, result, md, lambda path: plot(result, path), "makespan.png", console)

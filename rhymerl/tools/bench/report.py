@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import os
 import platform
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.console import Console
 
+from rhymerl.errors import user_paths
 from rhymerl.workers import atomic
 
 
@@ -41,3 +44,14 @@ def write_json(path: Path, data: Any, indent: int = 2) -> None:
 def write_text(path: Path, text: str) -> None:
     """A bench's text output (table.md, a note), atomically."""
     atomic.write_text(path, text)
+
+
+def write_results(out: Path, result: Any, table_md: str, plot: Callable[[Path], None], png: str,
+                  console: Console) -> None:
+    """A bench's committed outputs in `out`: results.json, table.md and the plot `png`; says where."""
+    with user_paths("write the bench results into", out):
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / "results.json", result, indent=1)
+        write_text(out / "table.md", table_md)
+        plot(out / png)
+    console.print(f"results in {out}", markup=False, highlight=False)

@@ -19,6 +19,7 @@ from typing import IO
 import numpy as np
 
 from rhymerl.errors import UserError, user_paths
+from rhymerl.workers.task.prompts import prompt_id_text
 from rhymerl.workers.text_lines import text_lines
 
 from .model import PromptIds, Trace
@@ -34,10 +35,8 @@ class TraceError(UserError):
 
 MAX_LEN = 1 << 24  # tokens of one prompt or response: 16M, past every model's context
 MAX_STEP = 10**9
-MAX_PROMPT_ID = 256  # characters, as for a JSONL prompt file's prompt_id
 MAX_LINE_BYTES = 1 << 20
 PROGRESS_ROWS = 1 << 16
-CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 DIGITS = re.compile(r"[+-]?[0-9]+")
 
 Progress = Callable[[int, int], None]
@@ -78,13 +77,7 @@ def _prompt_id(path: Path | str, lineno: int, text: str) -> str:
     pid = text.strip()
     if not pid:
         raise TraceError(f"{path}:{lineno}: prompt_id: empty; leave the column out when responses have no prompt id")
-    if len(pid) > MAX_PROMPT_ID:
-        raise TraceError(f"{path}:{lineno}: prompt_id: {len(pid)} characters; at most {MAX_PROMPT_ID}")
-    control = CONTROL.search(pid)
-    if control:
-        raise TraceError(f"{path}:{lineno}: prompt_id: control character U+{ord(control.group()):04X} at position "
-                         f"{control.start() + 1}")
-    return pid
+    return prompt_id_text(pid, f"{path}:{lineno}", TraceError)
 
 
 def parse_trace(stream: IO[bytes], path: Path | str, name: str | None = None, size: int = 0,
