@@ -10,6 +10,7 @@ first load that full state (written by any rank count), then train.
 from __future__ import annotations
 
 import math
+import os
 import sys
 
 import torch
@@ -88,3 +89,10 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # The results are on disk and the group is left. Skip the interpreter's teardown: destroying the
+    # FSDP2 and gloo objects after the group is gone aborts now and then in torch's C++ destructors
+    # ("terminate called without an active exception" with no Python frame, about 1 run in 80 on
+    # two cores), which says nothing about the training this script checks.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
