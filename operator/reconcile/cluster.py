@@ -9,12 +9,13 @@ stop setting. Every write is counted (`writes`), which is how the tests prove an
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import logging
 import socket
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib.metadata import version
@@ -27,6 +28,7 @@ from rhymerl.api.crd import PLURAL
 from rhymerl.api.spec import API_VERSION, GROUP, KIND, VERSION
 from rhymerl.operator.manifests.labels import INSTANCE_KEY, MANAGED_BY, MANAGED_BY_KEY
 from rhymerl.operator.reconcile.diff import Manifest, ObjectRef
+from rhymerl.operator.reconcile.watch import PAGE, Cache
 
 log = logging.getLogger(__name__)
 FIELD_MANAGER = "rhymerl-operator"
@@ -57,11 +59,14 @@ KINDS: dict[str, Kind] = {
     "Service": Kind("", "v1", "services"),
     "StatefulSet": Kind("apps", "v1", "statefulsets"),
     "PodDisruptionBudget": Kind("policy", "v1", "poddisruptionbudgets"),
+    "NetworkPolicy": Kind("networking.k8s.io", "v1", "networkpolicies"),
 }
 POD = Kind("", "v1", "pods")
 EVENT = Kind("", "v1", "events")
 SECRET = Kind("", "v1", "secrets")
 RLJOB = Kind(GROUP, VERSION, PLURAL)
+LEASE = Kind("coordination.k8s.io", "v1", "leases")
+BY_PLURAL: dict[str, Kind] = {k.plural: k for k in [*KINDS.values(), POD, RLJOB]}
 
 
 def ours(obj: Mapping[str, Any], job: str) -> bool:
@@ -82,19 +87,24 @@ def now_rfc3339() -> str:
 
 
 class Cluster:
-    """Async access to the API server through `api`; `on_write(verb, kind)` hears of every write."""
+    """Async access to the API server through `api`; `on_write(verb, kind)` hears of every write. With a
+    `cache` (watch.py), reads of a kind its informers listed come from memory and writes update it."""
 
     def __init__(self, api: ApiClient, timeout_s: float = 30.0,
-                 on_write: Callable[[str, str], None] | None = None) -> None:
+                 on_write: Callable[[str, str], None] | None = None, cache: Cache | None = None) -> None:
         self.api = api
+        self.cache = cache
+        self.calls: Counter[str] = Counter()  # API requests by method (watches included)
         self.api.user_agent = USER_AGENT
         self.timeout_s = timeout_s
         self.writes: Counter[tuple[str, str]] = Counter()
         self._on_write = on_write
         self._host = socket.gethostname()
+        self._created: set[tuple[str, str, str]] = set()  # (namespace, name, owner uid): create_once's
 
     async def _call(self, method: str, path: str, *, query: Sequence[tuple[str, str]] = (),
                     body: Any = None, content_type: str = JSON) -> Any:
+        self.calls[method] += 1
         serialized = await self.api.param_serialize(
             method, path, query_params=list(query), body=body, auth_settings=["BearerToken"],
             header_params={"Content-Type": content_type, "Accept": JSON})
@@ -113,27 +123,76 @@ class Cluster:
     # reads
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        if self.cache is not None:
+            cached, found = self.cache.get(KIND, namespace, name)
+            if cached:
+                fresh: dict[str, Any] | None = copy.deepcopy(found)
+                return fresh
         try:
             job: dict[str, Any] = await self._call("GET", RLJOB.path(namespace, name))
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
+        if self.cache is not None:
+            self.cache.wrote(KIND, job)
         return job
 
     async def list_jobs(self, namespaces: Sequence[str] | None) -> list[dict[str, Any]]:
-        """Every RLJob in `namespaces` (None: in every namespace)."""
+        """Every RLJob in `namespaces` (None: in every namespace), page by page."""
         found: list[dict[str, Any]] = []
         for namespace in namespaces if namespaces is not None else [None]:
-            listed = await self._call("GET", RLJOB.path(namespace))
-            found += listed.get("items") or []
+            if self.cache is not None and self.cache.ready(KIND, namespace or ""):
+                found += [{"metadata": {"namespace": ns, "name": n}} for ns, n in self.cache.names(KIND)
+                          if namespace is None or ns == namespace]
+                continue
+            cont: str | None = None
+            while True:
+                listed = await self.list_page(RLJOB.plural, namespace, None, PAGE, cont)
+                found += listed.get("items") or []
+                cont = (listed.get("metadata") or {}).get("continue") or None
+                if cont is None:
+                    break
         return found
 
+    async def list_page(self, plural: str, namespace: str | None, selector: str | None, limit: int,
+                        cont: str | None) -> Mapping[str, Any]:
+        """One page of a list (`limit` objects at most; `cont`: the previous page's continue token)."""
+        query = [("limit", str(limit))] + ([("labelSelector", selector)] if selector else []) + \
+            ([("continue", cont)] if cont else [])
+        listed: Mapping[str, Any] = await self._call("GET", BY_PLURAL[plural].path(namespace), query=query)
+        return listed
+
+    async def watch(self, plural: str, namespace: str | None, selector: str | None, resource_version: str,
+                    timeout_s: int) -> AsyncIterator[Mapping[str, Any]]:
+        """The events of one watch request from `resource_version`, until the server ends it (`timeout_s`)."""
+        query = [("watch", "true"), ("allowWatchBookmarks", "true"), ("resourceVersion", resource_version),
+                 ("timeoutSeconds", str(timeout_s))] + ([("labelSelector", selector)] if selector else [])
+        self.calls["WATCH"] += 1
+        serialized = await self.api.param_serialize(
+            "GET", BY_PLURAL[plural].path(namespace), query_params=query, auth_settings=["BearerToken"],
+            header_params={"Accept": JSON})
+        response = await self.api.call_api(*serialized, _request_timeout=timeout_s + self.timeout_s)
+        if not 200 <= response.status <= 299:
+            text = (await response.read()).decode("utf-8", "replace")
+            raise ApiException.from_response(http_resp=response, body=text, data=None)
+        stream = response.response
+        try:
+            async for line in stream.content:
+                if line.strip():
+                    yield json.loads(line)
+        finally:
+            stream.release()
+
     async def _list(self, kind: Kind, namespace: str, job: str) -> list[dict[str, Any]]:
+        kind_name = {v: k for k, v in KINDS.items()}.get(kind, "Pod")
+        if self.cache is not None:
+            cached = self.cache.children(kind_name, namespace, job)
+            if cached is not None:
+                return [copy.deepcopy(obj) for obj in cached if ours(obj, job)]
         listed = await self._call("GET", kind.path(namespace), query=[("labelSelector", job_selector(job))])
         items = listed.get("items") or []
         api_version = f"{kind.group}/{kind.version}" if kind.group else kind.version
-        kind_name = {v: k for k, v in KINDS.items()}.get(kind, "Pod")
         out = []
         for item in items:
             if ours(item, job):  # the selector again: not every API server (nor every test double) filters
@@ -146,6 +205,10 @@ class Cluster:
         for kind in KINDS.values():
             found += await self._list(kind, namespace, job)
         return found
+
+    async def list_kind(self, kind: str, namespace: str, job: str) -> list[dict[str, Any]]:
+        """The children of one kind (a key of KINDS) that carry job `job`'s labels."""
+        return await self._list(KINDS[kind], namespace, job)
 
     async def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         return await self._list(POD, namespace, job)
@@ -162,6 +225,24 @@ class Cluster:
         value = (secret.get("data") or {}).get(key)
         return base64.b64decode(value).decode() if value is not None else None
 
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The leader-election Lease (leader.py); None if there is none."""
+        try:
+            lease: dict[str, Any] = await self._call("GET", LEASE.path(namespace, name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return lease
+
+    async def write_lease(self, namespace: str, body: Mapping[str, Any], create: bool) -> dict[str, Any]:
+        """Create the Lease, or replace it if it is still the version read (else 409)."""
+        if create:
+            lease: dict[str, Any] = await self._call("POST", LEASE.path(namespace), body=body)
+        else:
+            lease = await self._call("PUT", LEASE.path(namespace, body["metadata"]["name"]), body=body)
+        return lease
+
     # writes
 
     async def apply(self, obj: Manifest) -> dict[str, Any]:
@@ -172,7 +253,30 @@ class Cluster:
             "PATCH", kind.path(meta["namespace"], meta["name"]), body=obj, content_type=APPLY_PATCH,
             query=[("fieldManager", FIELD_MANAGER), ("force", "true")])
         self._wrote("apply", obj["kind"])
+        if self.cache is not None:
+            self.cache.wrote(obj["kind"], result)
         return result
+
+    async def create_once(self, obj: Manifest) -> bool:
+        """Create `obj` unless it exists (a 409 leaves it as it is: never read, never rewritten), at most
+        one request per object and owner for this process's lifetime. True if this call created it.
+        For the job's Ray token Secret: the operator may create Secrets, not read them."""
+        meta = obj["metadata"]
+        owners = meta.get("ownerReferences") or [{}]
+        key = (meta["namespace"], meta["name"], str(owners[0].get("uid", "")))
+        if key in self._created:
+            return False
+        try:
+            kind = SECRET if obj["kind"] == "Secret" else KINDS[obj["kind"]]
+            await self._call("POST", kind.path(meta["namespace"]), body=obj)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            self._created.add(key)
+            return False
+        self._created.add(key)
+        self._wrote("create", obj["kind"])
+        return True
 
     async def delete(self, namespace: str, ref: ObjectRef) -> None:
         """Delete one child; its pods and the like go with it (background garbage collection)."""
@@ -183,6 +287,29 @@ class Cluster:
             if exc.status != 404:
                 raise
         self._wrote("delete", ref.kind)
+        if self.cache is not None:
+            self.cache.deleted(ref.kind, namespace, ref.name)
+
+    async def scale_to_zero(self, namespace: str, name: str) -> None:
+        """StatefulSet `name` to zero replicas, by a merge patch of that one field (a deleted job's: the
+        operator applies no more manifests for it)."""
+        result = await self._call("PATCH", KINDS["StatefulSet"].path(namespace, name),
+                                  body={"spec": {"replicas": 0}}, content_type=MERGE_PATCH,
+                                  query=[("fieldManager", FIELD_MANAGER)])
+        self._wrote("patch", "StatefulSet")
+        if self.cache is not None:
+            self.cache.wrote("StatefulSet", result)
+
+    async def delete_job(self, namespace: str, name: str) -> None:
+        """Delete the RLJob (its time to live ran out); its children go with it (background collection)."""
+        try:
+            await self._call("DELETE", RLJOB.path(namespace, name), query=[("propagationPolicy", "Background")])
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        self._wrote("delete", KIND)
+        if self.cache is not None:
+            self.cache.deleted(KIND, namespace, name)
 
     async def delete_pod(self, namespace: str, name: str) -> None:
         try:
@@ -194,9 +321,11 @@ class Cluster:
 
     async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         """Merge `status` into the job's status (the status subresource: spec and metadata untouched)."""
-        await self._call("PATCH", RLJOB.path(namespace, name, "status"), body={"status": dict(status)},
-                         content_type=MERGE_PATCH)
+        result = await self._call("PATCH", RLJOB.path(namespace, name, "status"), body={"status": dict(status)},
+                                  content_type=MERGE_PATCH)
         self._wrote("patch", "RLJob/status")
+        if self.cache is not None:
+            self.cache.wrote(KIND, result)
 
     async def set_finalizers(self, job: Mapping[str, Any], finalizers: Sequence[str]) -> None:
         """Replace the job's finalizers, if it has not changed since it was read (else 409)."""
@@ -204,8 +333,16 @@ class Cluster:
         patch: dict[str, Any] = {"metadata": {"finalizers": list(finalizers) or None}}
         if meta.get("resourceVersion"):
             patch["metadata"]["resourceVersion"] = meta["resourceVersion"]
-        await self._call("PATCH", RLJOB.path(meta["namespace"], meta["name"]), body=patch, content_type=MERGE_PATCH)
+        try:
+            result = await self._call("PATCH", RLJOB.path(meta["namespace"], meta["name"]), body=patch,
+                                      content_type=MERGE_PATCH)
+        except ApiException as exc:
+            if exc.status == 409 and self.cache is not None:
+                self.cache.stale(KIND, meta["namespace"], meta["name"])
+            raise
         self._wrote("patch", "RLJob")
+        if self.cache is not None:
+            self.cache.wrote(KIND, result)
 
     async def event(self, job: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         """Record a Kubernetes Event about `job` (what `kubectl describe rljob` lists); a refused or failed

@@ -9,11 +9,20 @@ unchanged job gives the same object and the operator writes nothing.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rhymerl.api.roles import ROLES
-from rhymerl.api.spec import CONDITION_TYPES, Condition, Failures, Phase, RLJobStatus, RoleStatus
+from rhymerl.api.spec import (
+    CONDITION_TYPES,
+    AutoscalingStatus,
+    Condition,
+    Failures,
+    Phase,
+    RLJobStatus,
+    RoleStatus,
+)
+from rhymerl.operator.reconcile.lifecycle import SUSPEND_MARGIN_S, Suspension, format_time
 from rhymerl.operator.reconcile.pods import PodView
 
 Status = Literal["True", "False", "Unknown"]
@@ -34,6 +43,9 @@ class Observation:
     invalid: str | None = None  # the spec's problems, when it does not validate
     selector: str = ""  # of the rollout pods
     refused: tuple[str, ...] = ()  # children the API server would not write: "Kind/name: its message"
+    suspension: Suspension = field(default_factory=Suspension)  # where the suspend protocol stands (lifecycle.py)
+    deadline_exceeded: str | None = None  # spec.active_deadline_seconds passed: why
+    autoscaling: AutoscalingStatus | None = None  # spec.rollout.autoscaling's decision (autoscale.py), when on
 
 
 @dataclass(frozen=True)
@@ -71,6 +83,18 @@ def _role_ready(role: str, desired: int, ready: int, label: str) -> tuple[Status
     return "False", "ReplicasNotReady", f"{ready}/{desired} {label} pods ready"
 
 
+def _rollout_ready(obs: Observation, ready: int) -> tuple[Status, str, str]:
+    """RolloutReady; CapacityShort when rollout pods wait for a node (spot capacity gone): the job goes on
+    with the rollout workers it has (the fleet runs with those that joined)."""
+    desired = obs.desired.get("rollout", 0)
+    waiting = [p.name for p in obs.pods if p.role == "rollout" and p.unschedulable and not p.deleting]
+    if not waiting or ready >= desired:
+        return _role_ready("rollout", desired, ready, "rollout")
+    goes_on = f"the job goes on with {ready}" if ready else "the job waits for one"
+    return ("False", "CapacityShort", f"{ready}/{desired} rollout pods ready; {len(waiting)} wait for a node "
+            f"({_listed(sorted(waiting))}): {goes_on}")
+
+
 def _degraded(obs: Observation) -> tuple[Status, str, str]:
     """The most urgent thing keeping pods from running, naming the pods (or the children not written)."""
     if obs.refused:
@@ -93,10 +117,21 @@ def _degraded(obs: Observation) -> tuple[Status, str, str]:
 def _suspended(obs: Observation) -> tuple[Status, str, str]:
     if not obs.suspend:
         return "False", "NotSuspended", "spec.suspend is false"
-    remaining = [p.name for p in obs.pods]
+    s = obs.suspension
+    until = format_time(s.deadline) if s.deadline is not None else "?"
+    remaining = sorted(p.name for p in obs.pods)
+    waiting = f"waiting for {len(remaining)} pods to stop ({_listed(remaining)})" if remaining else \
+        "every role is scaled to zero"
+    if s.stage == "checkpoint":
+        return ("True", "CheckpointPending", f"the controller pod finishes its step and checkpoints it (SIGTERM); "
+                f"the other roles are scaled to zero once it is gone, or at {until} (its grace period "
+                f"controller.termination_grace_seconds {s.grace_s} s plus {SUSPEND_MARGIN_S} s) at the latest")
+    if s.timed_out:
+        return ("True", "CheckpointTimedOut", f"the controller pod was not gone by {until}: every role was scaled "
+                f"to zero without waiting for its checkpoint; {waiting}; set spec.suspend to false to resume from "
+                "the last checkpoint it completed")
     if remaining:
-        return ("True", "CheckpointPending", f"scaling every role to zero; waiting for {len(remaining)} pods to "
-                f"stop ({_listed(sorted(remaining))}); the job resumes from its last checkpoint")
+        return "True", "ScalingDown", f"the controller pod stopped after its checkpoint; {waiting}"
     return "True", "Suspended", "every role is scaled to zero; set spec.suspend to false to resume from the last checkpoint"
 
 
@@ -108,6 +143,8 @@ def _failed(obs: Observation) -> tuple[Status, str, str]:
         return ("True", "BackoffLimitExceeded", f"{f.crashes} crashes exceed spec.failure_policy.backoff_limit "
                 f"{obs.backoff_limit}; last: {f.lastFailure}; every role is scaled to zero (raise backoff_limit "
                 "to resume from the last checkpoint)")
+    if obs.deadline_exceeded is not None:
+        return "True", "DeadlineExceeded", obs.deadline_exceeded
     return "False", "WithinBackoffLimit", (f"{f.crashes} crashes counted, backoff_limit {obs.backoff_limit}; "
                                            f"{f.preemptions} preemptions (not counted)")
 
@@ -116,7 +153,7 @@ def conditions(obs: Observation) -> list[Condition]:
     """Every condition type, in CONDITION_TYPES order, without lastTransitionTime (see `with_times`)."""
     ready = ready_counts(obs.pods)
     parts: dict[str, tuple[Status, str, str]] = {}
-    parts["RolloutReady"] = _role_ready("rollout", obs.desired.get("rollout", 0), ready["rollout"], "rollout")
+    parts["RolloutReady"] = _rollout_ready(obs, ready["rollout"])
     parts["TrainReady"] = _role_ready("train", obs.desired.get("train", 0), ready["train"], "train")
     parts["Degraded"] = _degraded(obs)
     parts["Suspended"] = _suspended(obs)
@@ -133,6 +170,10 @@ def conditions(obs: Observation) -> list[Condition]:
         parts["Ready"] = ("False", "Suspended", "the job is suspended")
     elif not wanted:
         parts["Ready"] = ("False", "ScaledToZero", "no pods wanted")
+    elif gated := sorted({g for p in obs.pods if not p.deleting for g in p.gated}):
+        held = sum(1 for p in obs.pods if p.gated and not p.deleting)
+        parts["Ready"] = ("False", "SchedulingGated", f"{held} pods wait for their scheduling gates to be removed "
+                          f"({', '.join(gated)}: Kueue admits the job's pod group whole, once it fits its queue)")
     elif short:
         parts["Ready"] = ("False", "RolesNotReady", "pods ready: " + ", ".join(short))
     else:
@@ -176,9 +217,9 @@ def status(obs: Observation, previous: Mapping[str, Any], now: str) -> dict[str,
     out = RLJobStatus(
         phase=phase(obs, conds), observedGeneration=obs.generation, conditions=conds,
         roles={role: RoleStatus(desired=obs.desired.get(role, 0), ready=ready[role]) for role in ROLES},
-        replicas=ready["rollout"], selector=obs.selector, failures=obs.failures,
+        replicas=ready["rollout"], selector=obs.selector, failures=obs.failures, autoscaling=obs.autoscaling,
     )
-    return out.model_dump(mode="json", exclude={"progress"})
+    return out.model_dump(mode="json", exclude={"progress"} | ({"autoscaling"} if obs.autoscaling is None else set()))
 
 
 def operator_part(current: Mapping[str, Any]) -> dict[str, Any]:

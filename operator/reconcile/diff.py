@@ -12,14 +12,18 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from rhymerl.operator.manifests.builders import SPEC_HASH_ANNOTATION
+from rhymerl.operator.manifests.labels import COMPONENT_KEY
+
 Manifest = dict[str, Any]
 
 DESIRED_HASH = "rhymerl.io/desired-hash"
+APPLIED = "rhymerl.io/applied"  # what the pods run from, as written, with the spec hash it was built for: pinned
 # Fields the API server refuses to change: a difference there means delete, then create anew.
 IMMUTABLE: dict[str, tuple[tuple[str, ...], ...]] = {
     "StatefulSet": (("spec", "selector"), ("spec", "serviceName"), ("spec", "volumeClaimTemplates"),
@@ -178,12 +182,63 @@ def plan(desired: Sequence[Manifest], actual: Iterable[Manifest]) -> Plan:
     return Plan(tuple(apply), tuple(delete), requeue, tuple(unchanged))
 
 
-def scaled_to_zero(objects: Sequence[Manifest]) -> list[Manifest]:
-    """`objects` with every StatefulSet at zero replicas: what a finished or failed job keeps (its
-    Services, spec and volume claims stay; its pods, GPUs included, are released)."""
+def scaled_to_zero(objects: Sequence[Manifest], roles: Collection[str] | None = None) -> list[Manifest]:
+    """`objects` with every StatefulSet (of `roles`, None: all) at zero replicas: what a finished or
+    failed job keeps (its Services, spec and volume claims stay; its pods, GPUs included, are released)."""
     out = []
     for obj in objects:
-        if obj["kind"] == "StatefulSet":
+        role = obj["metadata"].get("labels", {}).get(COMPONENT_KEY)
+        if obj["kind"] == "StatefulSet" and (roles is None or role in roles):
             obj = {**obj, "spec": {**obj["spec"], "replicas": 0}}
+        out.append(obj)
+    return out
+
+
+def _spec_hash(obj: Manifest) -> str | None:
+    meta = obj.get("spec", {}).get("template", {}).get("metadata", {}) if obj["kind"] == "StatefulSet" else \
+        obj.get("metadata", {})
+    found = (meta.get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
+    return str(found) if found is not None else None
+
+
+def _pods_read(obj: Manifest) -> dict[str, Any] | None:
+    """The part of `obj` the job's pods run from: a StatefulSet's spec but its replicas, the ConfigMap's data."""
+    if obj["kind"] == "StatefulSet":
+        return {k: v for k, v in obj.get("spec", {}).items() if k != "replicas"}
+    if obj["kind"] == "ConfigMap":
+        return dict(obj.get("data") or {})
+    return None
+
+
+def pinned(desired: Sequence[Manifest], actual: Iterable[Manifest]) -> list[Manifest]:
+    """`desired` with what the job's pods run from kept as the operator last wrote it while the user's
+    spec (its hash, builders.spec_hash) stays the same: a StatefulSet's spec but its replicas, the spec
+    ConfigMap's data. So a new operator release, whose builders render the same spec differently,
+    restarts no pod and hands no running pod a spec.yaml its image cannot read; its rendering takes
+    effect with the user's next change that moves the hash. What was written is in each object's
+    APPLIED annotation (as kubectl's last-applied-configuration), so a hand edit is still repaired:
+    to what the operator wrote, not to the live object."""
+    have = {key(obj): obj for obj in actual}
+    out = []
+    for obj in desired:
+        part = _pods_read(obj)
+        if part is None:
+            out.append(obj)
+            continue
+        digest = _spec_hash(obj)
+        live = have.get(key(obj))
+        try:
+            applied = json.loads(((live or {}).get("metadata", {}).get("annotations") or {}).get(APPLIED, "null"))
+        except ValueError:
+            applied = None
+        if isinstance(applied, dict) and applied.get("hash") == digest and isinstance(applied.get("content"), dict):
+            part = applied["content"]
+        meta = dict(obj["metadata"])
+        record = json.dumps({"hash": digest, "content": part}, sort_keys=True, separators=(",", ":"))
+        meta["annotations"] = {**meta.get("annotations", {}), APPLIED: record}
+        if obj["kind"] == "StatefulSet":
+            obj = {**obj, "metadata": meta, "spec": {**part, "replicas": obj["spec"].get("replicas")}}
+        else:
+            obj = {**obj, "metadata": meta, "data": part}
         out.append(obj)
     return out

@@ -1,12 +1,18 @@
-"""The kopf side: which events wake which job, one pass at a time per job, and a periodic resync.
+"""Which events wake which job, one pass at a time per job, a periodic resync, and who may reconcile.
 
-Handlers are kopf *event* handlers on RLJobs and on the StatefulSets and pods the operator labelled:
-each one only wakes its job (`kick`); the pass itself reads everything fresh (reconciler.reconcile). An
-RLJob's first event after a start is its `resume`, an ADDED its `create`, a MODIFIED its `update`; a
-child changed by hand wakes the job too, and the resync loop (every `resync_s`) repairs anything a
-missed event left behind. Why not kopf's change handlers and timers: they keep state in the object
-(an annotation written after every change) and a timer puts kopf's finalizer on every RLJob, while this
-operator writes nothing when nothing changed and has a finalizer only where Redis needs cleaning.
+The operator's informers (watch.py) list and watch its RLJobs and, under its managed-by label, the
+children it made and their pods; every event only wakes its job (`kick`), and the pass reads the job
+and its children from the informers' cache (reconciler.reconcile through cluster.Cluster), so a pass
+at rest makes no API call. A child changed by hand wakes the job too, and the resync loop (every
+`resync_s`) passes over every cached job, as client-go's resync does, repairing what a lost write left.
+kopf runs the process: login, startup and cleanup, the health probe. (`cached=False`: the kopf event
+handlers of before, every read from the API; kept to measure the difference, benchmarks/operator-scale.)
+Why not kopf's change handlers and timers: they keep state in the object (an annotation written after
+every change) and a timer puts kopf's finalizer on every RLJob, while this operator writes nothing when
+nothing changed and has a finalizer only where Redis needs cleaning.
+
+With leader election (leader.py) only the Lease's holder runs passes; the other replica keeps its
+cache warm and marks jobs dirty, and passes over every job the moment it takes over.
 
 Per job, passes never overlap: a kick during a pass marks the job dirty and one more pass follows.
 A failed pass (a 409 conflict, a timeout) is retried with backoff, at most every `resync_s`.
@@ -18,18 +24,20 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
 from rhymerl.api.crd import PLURAL
-from rhymerl.api.spec import GROUP, VERSION
+from rhymerl.api.spec import GROUP, KIND, VERSION
 from rhymerl.operator.manifests.labels import INSTANCE_KEY, MANAGED_BY, MANAGED_BY_KEY
-from rhymerl.operator.reconcile.cluster import Cluster
+from rhymerl.operator.reconcile.cluster import KINDS, POD, RLJOB, Cluster, now_rfc3339
+from rhymerl.operator.reconcile.leader import LeaderElector
 from rhymerl.operator.reconcile.metrics import Metrics
 from rhymerl.operator.reconcile.reconciler import reconcile
+from rhymerl.operator.reconcile.watch import OURS, Cache, Informer
 
 log = logging.getLogger(__name__)
 JobKey = tuple[str, str]
@@ -49,24 +57,83 @@ class Operator:
     """Serves the RLJobs of `namespaces` (None: every namespace) through `cluster`."""
 
     def __init__(self, cluster: Cluster, namespaces: list[str] | None, resync_s: float = 30.0,
-                 retry_s: float = 1.0, max_parallel: int = 8, metrics: Metrics | None = None) -> None:
+                 retry_s: float = 1.0, max_parallel: int = 8, metrics: Metrics | None = None,
+                 cached: bool = True, elector: LeaderElector | None = None) -> None:
         self.cluster = cluster
+        self.cached = cached
+        self.elector = elector
+        self.leading = elector is None
+        if elector is not None:
+            elector.on_change = self._leading
+        self._elect: asyncio.Task[None] | None = None
+        self._takeover: asyncio.Task[None] | None = None
         self.namespaces = namespaces
+        if cached and cluster.cache is None:
+            cluster.cache = Cache(self._informers())
+        self.synced = cluster.cache is None  # passes wait for the first full list of every kind
+        self._sync: asyncio.Task[None] | None = None
         self.resync_s = resync_s
         self.retry_s = retry_s
         self.metrics = metrics or Metrics()
         self.last_resync = time.monotonic()
         self.passes = 0  # reconcile passes finished, failed ones included
+        self.now: Callable[[], str] = now_rfc3339  # the clock of every pass (tests set it)
         self._jobs: dict[JobKey, _Job] = {}
         self._parallel = asyncio.Semaphore(max_parallel)
         self._resync: asyncio.Task[None] | None = None
 
+    def _informers(self) -> list[Informer]:
+        out = []
+        for namespace in self.namespaces if self.namespaces is not None else [None]:
+            for kind, info in [(KIND, RLJOB), *KINDS.items(), ("Pod", POD)]:
+                out.append(Informer(self.cluster, info.plural, kind, namespace, None if info is RLJOB else OURS,
+                                    self._job_event if info is RLJOB else self._child_event,
+                                    api_version=f"{info.group}/{info.version}" if info.group else info.version))
+        return out
+
+    def _job_event(self, type_: str, body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata", {})
+        if type_ == "DELETED":
+            self.forget(meta["namespace"], meta["name"])
+        else:
+            self.kick(meta["namespace"], meta["name"])
+
+    def _child_event(self, type_: str, body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata", {})
+        job = (meta.get("labels") or {}).get(INSTANCE_KEY)
+        if not job:
+            return
+        if body.get("kind") == "Pod" and (type_ == "DELETED" or meta.get("deletionTimestamp")):
+            self.pod_gone(meta["namespace"], job, body)
+        self.kick(meta["namespace"], job)
+
+    async def _await_sync(self) -> None:
+        assert self.cluster.cache is not None
+        await self.cluster.cache.synced()
+        self.synced = True
+        for key, state in list(self._jobs.items()):
+            if state.dirty:
+                self.kick(*key)
+
+    def _leading(self, leading: bool) -> None:
+        self.leading = leading
+        if leading:
+            for key in list(self._jobs):
+                self.kick(*key)
+            self._takeover = asyncio.get_running_loop().create_task(self.resync_once())
+        else:
+            for state in self._jobs.values():
+                if state.task is not None and not state.task.done():
+                    state.task.cancel()
+
     # scheduling
 
     def kick(self, namespace: str, name: str) -> None:
-        """Make sure a pass of job `namespace/name` starts after this moment."""
+        """Make sure a pass of job `namespace/name` starts after this moment (once this replica leads)."""
         state = self._jobs.setdefault((namespace, name), _Job())
         state.dirty = True
+        if not (self.leading and self.synced):
+            return
         if state.task is None or state.task.done():
             state.task = asyncio.get_running_loop().create_task(self._run((namespace, name), state))
 
@@ -82,7 +149,7 @@ class Operator:
             started = time.perf_counter()
             async with self._parallel:
                 try:
-                    outcome = await reconcile(self.cluster, key[0], key[1], list(gone.values()))
+                    outcome = await reconcile(self.cluster, key[0], key[1], list(gone.values()), self.now)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
@@ -149,6 +216,13 @@ class Operator:
             await asyncio.wait(tasks)
 
     async def stop(self) -> None:
+        if self._sync is not None:
+            self._sync.cancel()
+        if self._elect is not None:
+            self._elect.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._elect
+            self._elect = None
         if self._resync is not None:
             self._resync.cancel()
         for state in self._jobs.values():
@@ -161,6 +235,10 @@ class Operator:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._resync = None
+        if self.cluster.cache is not None:
+            await self.cluster.cache.stop()
+        if self.elector is not None:
+            await self.elector.release()
 
     # kopf
 
@@ -171,11 +249,27 @@ class Operator:
 
         @kopf.on.startup(registry=registry)
         async def start(**_: Any) -> None:
-            self._resync = asyncio.get_running_loop().create_task(self._resync_forever())
+            loop = asyncio.get_running_loop()
+            if self.cluster.cache is not None:
+                self.cluster.cache.start()
+                self._sync = loop.create_task(self._await_sync())
+            if self.elector is not None:
+                self._elect = loop.create_task(self.elector.run())
+            self._resync = loop.create_task(self._resync_forever())
 
         @kopf.on.cleanup(registry=registry)
         async def cleanup(**_: Any) -> None:
             await self.stop()
+
+        @kopf.on.probe(id="resync", registry=registry)
+        def resync_age(**_: Any) -> float:
+            age = time.monotonic() - self.last_resync
+            if age > 3 * self.resync_s + 60:
+                raise kopf.PermanentError(f"no resync for {age:.0f} s")
+            return round(age, 1)
+
+        if self.cached:
+            return registry
 
         @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
         async def rljob(type: str, namespace: str | None, name: str, **_: Any) -> None:
@@ -199,12 +293,5 @@ class Operator:
             if type == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
                 self.pod_gone(namespace, job, dict(body))
             self.kick(namespace, job)
-
-        @kopf.on.probe(id="resync", registry=registry)
-        def resync_age(**_: Any) -> float:
-            age = time.monotonic() - self.last_resync
-            if age > 3 * self.resync_s + 60:
-                raise kopf.PermanentError(f"no resync for {age:.0f} s")
-            return round(age, 1)
 
         return registry

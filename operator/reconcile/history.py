@@ -7,7 +7,14 @@ not a Kubernetes object), which is why an RLJob with `history.store: redis` carr
 
 The Redis password: the job's `history.redis_password_secret`, read through the API when the operator
 may get Secrets in the job's namespace; otherwise RHYMERL_REDIS_PASSWORD in the operator's own environment (the
-Helm chart fills it from its Redis Secret, so the operator needs no permission on Secrets).
+Helm chart fills it from its Redis Secret, so the operator needs no permission on Secrets). With neither,
+the cleanup cannot authenticate: it says so, and ends as any cleanup that keeps failing does.
+
+Order and bounds (reconciler._finalize): the job's StatefulSets go to zero first, and the keys are
+deleted once its pods are gone (they write keys while they run), or STOP_WAIT_S after the deletion
+began; a failing cleanup is retried with backoff, Degraded saying why, until CLEANUP_DEADLINE_S after
+the deletion began, when the finalizer is released with a Warning event naming the keys left behind.
+Deletion never hangs on Redis.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import redis.asyncio as aioredis
 from rhymerl.api.history_keys import glob_escape, history_key_prefix
 
 FINALIZER = "rhymerl.io/history-cleanup"
+STOP_WAIT_S = 120  # after the deletion began, for the job's pods to stop before its keys are deleted anyway
+CLEANUP_DEADLINE_S = 600  # after the deletion began, when a cleanup that keeps failing releases the finalizer
 SCAN_BATCH = 500
 
 

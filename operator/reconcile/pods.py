@@ -7,7 +7,8 @@ code, REJOIN_EXIT_CODE: a pod asking to join its job's next Ray head) is not a c
 as restarts. The kubelet keeps only the last termination, so restarts seen together are classed by
 it. A pod taken away by the
 platform (spot preemption, eviction, node shutdown or loss: the DisruptionTarget condition, or the
-pod's reason) is a preemption: the StatefulSet replaces it and it never counts as a crash. Which pods
+pod's reason) is a preemption: the StatefulSet replaces it and it never counts as a crash, nor does a
+restart of its containers seen with it (a container killed with its node). Which pods
 are already counted is kept in status.failures.counted, so an operator restart counts nothing twice.
 """
 
@@ -51,6 +52,7 @@ class PodView:
     crash: str | None  # "container X exited 1 (Error)" for the last non-zero exit, if any
     crash_looping: bool
     clean_restart: bool = False  # every restarted container last ended cleanly (CLEAN_EXIT_CODES)
+    gated: tuple[str, ...] = ()  # scheduling gates holding it (Kueue's, until it admits the job's pod group)
 
 
 def _conditions(pod: Pod) -> dict[str, Mapping[str, Any]]:
@@ -115,6 +117,7 @@ def view(pod: Pod) -> PodView:
         ready=ready and not meta.get("deletionTimestamp"), deleting=bool(meta.get("deletionTimestamp")),
         restarts=restarts, preempted=preemption(pod), unschedulable=unschedulable, waiting=waiting, crash=crash,
         crash_looping=looping and crash is not None, clean_restart=bool(restarts) and clean,
+        gated=tuple(str(g.get("name", "")) for g in (pod.get("spec") or {}).get("schedulingGates") or []),
     )
 
 
@@ -154,10 +157,10 @@ def count(previous: Failures, pods: Sequence[PodView], gone: Iterable[PodView] =
         seen.add(pod.uid)
         before = known.get(pod.uid, CountedPod(pod=pod.name, uid=pod.uid))
         new_restarts = max(0, pod.restarts - before.restarts)
-        if new_restarts and pod.clean_restart:
+        if new_restarts and (pod.clean_restart or pod.preempted):
             clean += new_restarts
-            notes.append(FailureNote("restart", pod.name, f"pod {pod.name}: container restarted after a clean exit "
-                                     "(not a crash)"))
+            why = "while the platform took the pod away" if pod.preempted else "after a clean exit"
+            notes.append(FailureNote("restart", pod.name, f"pod {pod.name}: container restarted {why} (not a crash)"))
         elif new_restarts:
             crashes += new_restarts
             last = f"pod {pod.name}: {pod.crash or 'container restarted'}"

@@ -1,7 +1,8 @@
 """The operator process (`rhymerl operator`): kopf, the API client, metrics and the health endpoint.
 
-Runs as ONE replica (a Deployment with strategy Recreate): kopf runs standalone, without peering, so
-two operators would both write. Nothing is lost across a restart: every pass reads the cluster fresh and
+kopf runs standalone, without peering. With RHYMERL_LEADER_ELECTION=true (the chart's default) only the
+holder of the Lease `rhymerl-operator` in RHYMERL_NAMESPACE reconciles (leader.py), so two replicas may run;
+without it, ONE replica (a Deployment with strategy Recreate): two operators would both write. Nothing is lost across a restart: every pass reads the cluster fresh and
 the failure count lives in the RLJob's status. Resources are discovered at start (kopf's scanning is
 off, so the operator needs no permission on namespaces or CRDs): install the CRD before the operator.
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +23,7 @@ from prometheus_client import start_http_server
 from rhymerl.errors import UserError
 from rhymerl.operator.reconcile.cluster import Cluster
 from rhymerl.operator.reconcile.handlers import Operator
+from rhymerl.operator.reconcile.leader import LeaderElector
 from rhymerl.operator.reconcile.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -61,7 +65,7 @@ async def serve(namespaces: list[str] | None, *, metrics_port: int | None = 9090
                 resync_s: float = 30.0, configuration: Configuration | None = None,
                 registry: kopf.OperatorRegistry | None = None, stop_flag: asyncio.Event | None = None,
                 ready_flag: asyncio.Event | None = None, kopf_settings: kopf.OperatorSettings | None = None,
-                on_start: Callable[[Operator], Any] | None = None) -> None:
+                on_start: Callable[[Operator], Any] | None = None, cached: bool = True) -> None:
     """Serve the RLJobs of `namespaces` (None: every namespace) until `stop_flag` is set or a signal
     stops kopf. `registry`: where the handlers go (default: `cluster_registry()`)."""
     configuration = configuration or await load_configuration()
@@ -73,7 +77,7 @@ async def serve(namespaces: list[str] | None, *, metrics_port: int | None = 9090
     try:
         await _run(configuration, namespaces, metrics, resync_s=resync_s, health_port=health_port,
                    registry=registry, stop_flag=stop_flag, ready_flag=ready_flag, kopf_settings=kopf_settings,
-                   on_start=on_start)
+                   on_start=on_start, cached=cached)
     finally:
         if exporter is not None:
             await asyncio.to_thread(exporter.shutdown)
@@ -83,9 +87,16 @@ async def serve(namespaces: list[str] | None, *, metrics_port: int | None = 9090
 async def _run(configuration: Configuration, namespaces: list[str] | None, metrics: Metrics, *, resync_s: float,
                health_port: int | None, registry: kopf.OperatorRegistry | None, stop_flag: asyncio.Event | None,
                ready_flag: asyncio.Event | None, kopf_settings: kopf.OperatorSettings | None,
-               on_start: Callable[[Operator], Any] | None) -> None:
+               on_start: Callable[[Operator], Any] | None, cached: bool) -> None:
     async with ApiClient(configuration) as api:
-        op = Operator(Cluster(api, on_write=metrics.wrote), namespaces, resync_s=resync_s, metrics=metrics)
+        cluster = Cluster(api, on_write=metrics.wrote)
+        elector = None
+        if os.environ.get("RHYMERL_LEADER_ELECTION") == "true":
+            if not os.environ.get("RHYMERL_NAMESPACE"):
+                raise UserError("RHYMERL_LEADER_ELECTION=true needs RHYMERL_NAMESPACE: the namespace of the Lease")
+            elector = LeaderElector(cluster, os.environ["RHYMERL_NAMESPACE"],
+                                    os.environ.get("RHYMERL_POD_NAME") or socket.gethostname())
+        op = Operator(cluster, namespaces, resync_s=resync_s, metrics=metrics, elector=elector, cached=cached)
         handlers = op.register(registry if registry is not None else cluster_registry())
         if on_start is not None:
             on_start(op)

@@ -42,7 +42,7 @@ SHORT_NAMES = ["rlj"]
 
 _KEEP = ("type", "description", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
          "pattern", "maxLength", "minLength", "format", "required", "maxItems", "minItems", "maxProperties",
-         "x-kubernetes-validations")
+         "x-kubernetes-validations", "x-kubernetes-preserve-unknown-fields")
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,9 @@ RULES: dict[type[BaseModel], tuple[Rule, ...]] = {
              "replicas: must lie between min_replicas and max_replicas", ".replicas"),
         Rule("self.resources.gpu >= self.gpus_per_replica",
              "resources.gpu: must be at least gpus_per_replica (a replica's GPUs are its pod's)", ".resources.gpu"),
+        Rule("!self.autoscaling.enabled || self.min_replicas < self.max_replicas",
+             "autoscaling: min_replicas equals max_replicas: nothing to scale; raise max_replicas, or leave "
+             "autoscaling off", ".autoscaling"),
     ),
     SpotSpec: (
         Rule("!self.enabled || (has(self.node_selector) && size(self.node_selector) > 0) || "

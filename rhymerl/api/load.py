@@ -239,7 +239,7 @@ def problems_from(error: ValidationError, lines: dict[tuple[str, ...], int],
             # validators name the offending field first: "max_replicas: must be >= min_replicas" (or
             # a path below the validated model: "rollout.engine: ...")
             field, sep, rest = reason.partition(": ")
-            if sep and all(part.isidentifier() for part in field.split(".")):
+            if sep and all(part.isidentifier() or part.isdigit() for part in field.split(".")):
                 loc = (*loc, *field.split("."))
                 reason = rest
         if item["type"] == "extra_forbidden":

@@ -19,6 +19,8 @@ from rhymerl.api.k8s_values import (
     QualifiedName,
     quantity,
 )
+from rhymerl.api.pod import PodOverrides
+from rhymerl.api.sources import data_source, model_source
 
 GROUP = "rhymerl.io"
 VERSION = "v1alpha1"
@@ -61,12 +63,13 @@ class Strict(BaseModel):
 
 
 class ModelSpec(Strict):
-    path: str = Field(
+    path: Annotated[str, AfterValidator(model_source)] = Field(
         "builtin:tiny-arith",
         max_length=MAX_PATH,
         description="'builtin:tiny-arith' (the embedded model) or a model directory: config.json, "
         "model.safetensors (or shards with their index) and tokenizer.json, as rhymerl writes them or as a "
-        "Hugging Face Llama or Qwen2 model ships",
+        "Hugging Face Llama or Qwen2 model ships; in a cluster also s3://BUCKET/PREFIX, hf://ORG/NAME[@REVISION] "
+        "or pvc://CLAIM/PATH, fetched once into each pod's data volume before the role starts",
     )
     implementation: Literal["native", "transformers"] = Field(
         "native", description="native: rhymerl's own Llama (tied embeddings, no grouped-query attention), which "
@@ -78,11 +81,12 @@ class ModelSpec(Strict):
 
 
 class DataSpec(Strict):
-    source: str = Field(
+    source: Annotated[str, AfterValidator(data_source)] = Field(
         "builtin:arith-chain",
         max_length=MAX_PATH,
         description="'builtin:arith-chain' (generated, seeded) or a JSONL file with 'prompt' and 'answer' fields "
-        "(optional 'prompt_id')",
+        "(optional 'prompt_id'); in a cluster also s3://BUCKET/KEY, hf://datasets/ORG/NAME[@REVISION]/FILE or "
+        "pvc://CLAIM/PATH, fetched once into each pod's data volume",
     )
     num_prompts: PositiveInt = Field(32, le=100_000, description="prompts generated for a builtin source (at "
                                      "most 100000, generated in memory at start; a JSONL source has no such cap)")
@@ -192,10 +196,23 @@ def importance_level(spec: RLJobSpec, pipelined: bool) -> Literal["none", "token
     return "token" if spec.rollout.engine == "vllm" or pipelined else "none"
 
 
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
 class Resources(Strict):
     cpu: Quantity = "1"
     memory: Quantity = "2Gi"
     gpu: NonNegInt = Field(0, le=64, description="GPUs of one pod, all on one node (at most 64)")
+    extra: dict[QualifiedName, Quantity] = Field(
+        default_factory=dict, max_length=16, description="other resources of one pod, requested and limited alike "
+        "(extended resources such as rdma/hca or a device plugin's; ephemeral-storage); at most 16")
+
+    @model_validator(mode="after")
+    def _extra_not_named(self) -> Resources:
+        for key in self.extra:
+            if key in ("cpu", "memory", GPU_RESOURCE):
+                raise ValueError(f"extra: {key} has its own field (cpu, memory, gpu)")
+        return self
 
 
 MAX_SCHEDULING_ITEMS = 32  # node selector labels or tolerations of one role: CEL cost bounds need a cap
@@ -247,6 +264,8 @@ class Placement(Strict):
     tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_SCHEDULING_ITEMS,
                                           description=f"at most {MAX_SCHEDULING_ITEMS}")
     topology_spread: TopologySpread = Field(default_factory=TopologySpread)
+    pod: PodOverrides = Field(default_factory=PodOverrides, description="what the role's pods get besides the "
+                              "operator's: volumes, env, a service account, init containers, labels, scheduling")
 
 
 class SpotSpec(Strict):
@@ -344,13 +363,21 @@ class DraftPrefixSpec(Strict):
 
 class SpeculationSpec(Strict):
     method: Literal["none", "history", "ngram", "draft-model"] = "history"
-    reward_weighted: bool = Field(True, description="history: rank branches by summed reward, not frequency")
+    reward_weighted: bool = Field(
+        False, description="history: rank branches by the summed reward of the responses through them (RhymeRL), "
+        "not by their number; measured no better on the quickstart's rollouts (benchmarks/reward-weighting)"
+    )
     window: DraftWindowSpec = Field(default_factory=DraftWindowSpec)
     prefix: DraftPrefixSpec = Field(default_factory=DraftPrefixSpec)
     min_prob: float = Field(
         0.5, ge=0.0, le=1.0,
         description="history: end a draft before the token whose path probability under the branch priorities "
                     "drops below this (0: follow the best branch to the window, as the paper does)",
+    )
+    group_drafts: bool = Field(
+        True, description="history: also draft from the responses of the same prompt's group generated so far in "
+        "the current step (on each rollout worker, a sample moved there included), in every epoch, the first "
+        "included; each sequence drafts from whichever of history and group matches the longer suffix"
     )
     disable_above_batch: PositiveInt | None = Field(
         None, le=MAX_BATCH, description="switch speculation off above this many running sequences; default: "
@@ -369,6 +396,18 @@ class SpeculationSpec(Strict):
         if self.method == "draft-model" and not self.draft_model:
             raise ValueError("draft_model: required when method is draft-model")
         return self
+
+
+class AutoscalingSpec(Strict):
+    """The operator sizes the rollout fleet from the controller's recommendation (status.progress.
+    recommendedRolloutWorkers), within min_replicas and max_replicas."""
+
+    enabled: bool = Field(False, description="true: the operator sets the rollout pod count (spec.rollout.replicas is "
+                          "only the starting size; do not point an HorizontalPodAutoscaler or a KEDA ScaledObject at the "
+                          "scale subresource as well: docs/operations.md, \"Autoscaling\")")
+    cooldown_seconds: NonNegInt = Field(300, le=DAY_S, description="least time between two changes of the rollout "
+                                        f"pod count (at most {DAY_S}, a day)")
+    max_step: PositiveInt = Field(2, le=MAX_REPLICAS, description="most rollout pods added or removed in one change")
 
 
 class RolloutSpec(Placement):
@@ -397,6 +436,11 @@ class RolloutSpec(Placement):
     )
     resources: Resources = Field(default_factory=Resources)
     spot: SpotSpec = Field(default_factory=SpotSpec)
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    termination_grace_seconds: int = Field(
+        60, ge=10, le=DAY_S, description="SIGTERM to SIGKILL of a rollout pod (10 to 86400): its workers hand their "
+        "unfinished samples back with their tokens in it (a scale-down, an eviction, a spot notice; a node's own "
+        "shutdown grace may be shorter: docs/operations.md, \"Spot\")")
 
     @model_validator(mode="after")
     def _replica_bounds(self) -> RolloutSpec:
@@ -404,8 +448,15 @@ class RolloutSpec(Placement):
             raise ValueError("max_replicas: must be >= min_replicas")
         if not self.min_replicas <= self.replicas <= self.max_replicas:
             raise ValueError("replicas: must lie between min_replicas and max_replicas")
+        if self.autoscaling.enabled and self.min_replicas == self.max_replicas:
+            raise ValueError(f"autoscaling: min_replicas equals max_replicas ({self.max_replicas}): nothing to scale; "
+                             "raise max_replicas, or leave autoscaling off")
         if self.resources.gpu < self.gpus_per_replica:
             raise ValueError("resources: gpu must be at least gpus_per_replica (a replica's GPUs are its pod's)")
+        affinity = self.pod.affinity
+        if self.spot.enabled and self.spot.node_selector and affinity is not None and affinity.nodeAffinity is not None:
+            raise ValueError("pod.affinity.nodeAffinity: spot.node_selector sets the rollout pods' node affinity; "
+                             "put the node labels there")
         return self
 
 
@@ -442,6 +493,16 @@ class ControllerSpec(Placement):
     """The job's one controller pod (the step loop)."""
 
     resources: Resources = Field(default_factory=Resources)
+
+    @model_validator(mode="after")
+    def _own_account(self) -> ControllerSpec:
+        if self.pod.service_account_name is not None:
+            raise ValueError("pod.service_account_name: the controller runs as the job's own account (it patches "
+                             "the job's status); set it on the other roles")
+        return self
+    termination_grace_seconds: int = Field(
+        900, ge=30, le=86_400, description="SIGTERM to SIGKILL of the controller pod (30 to 86400): long enough to "
+        "finish a step and checkpoint it, which it does on SIGTERM (suspend, eviction, a spot notice)")
 
 
 class SecretKeyRef(Strict):
@@ -497,12 +558,19 @@ class FailurePolicySpec(Strict):
                                      "(at most 1000); spot preemptions and evictions never count")
 
 
+# The image family (images/README.md): one Python and one Ray in both, CUDA and vLLM only in the GPU one.
+WORKER_CPU_IMAGE = "ghcr.io/rhymerl/worker-cpu:0.1.0"
+WORKER_GPU_IMAGE = "ghcr.io/rhymerl/worker-gpu:0.1.0"
+_BY_GPUS = (f"default: {WORKER_GPU_IMAGE} when the role's pods have GPUs (rollout: or engine vllm), "
+            f"{WORKER_CPU_IMAGE} otherwise")
+
+
 class ImagesSpec(Strict):
-    controller: ImageRef = "ghcr.io/rhymerl/worker-cpu:0.1.0"
-    rollout: ImageRef = "ghcr.io/rhymerl/worker-gpu:0.1.0"
-    train: ImageRef = "ghcr.io/rhymerl/worker-gpu:0.1.0"
-    reward: ImageRef = "ghcr.io/rhymerl/worker-cpu:0.1.0"
-    history: ImageRef = "ghcr.io/rhymerl/worker-cpu:0.1.0"
+    controller: ImageRef = WORKER_CPU_IMAGE
+    rollout: ImageRef | None = Field(None, description=_BY_GPUS)
+    train: ImageRef | None = Field(None, description=_BY_GPUS)
+    reward: ImageRef = WORKER_CPU_IMAGE
+    history: ImageRef = WORKER_CPU_IMAGE
     pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     pull_secrets: list[Annotated[Dns1123Subdomain, Field(max_length=253)]] = Field(
         default_factory=list, max_length=16, description="imagePullSecrets of every pod (Secrets in the job's "
@@ -516,8 +584,16 @@ class RLJobSpec(Strict):
         "role a Ray actor on a local Ray cluster, as in a cluster, with pipelined rollout at "
         "algorithm.max_off_policy_steps >= 1); a cluster always runs ray"
     )
-    suspend: bool = Field(False, description="true: checkpoint, then scale every role to zero; false again: "
-                          "resume from the last checkpoint")
+    suspend: bool = Field(False, description="true: the controller pod finishes its step and checkpoints, then "
+                          "every role is scaled to zero (the other roles once the controller pod is gone, or after "
+                          "controller.termination_grace_seconds plus a minute); false again: resume from the last "
+                          "checkpoint")
+    active_deadline_seconds: PositiveInt | None = Field(
+        None, le=31_536_000, description="the job Fails (reason DeadlineExceeded) once it has run this long since "
+        "it started or was last resumed, and every role is scaled to zero (at most a year)")
+    ttl_seconds_after_finished: NonNegInt | None = Field(
+        None, le=31_536_000, description="delete the RLJob (and its children) this long after it Succeeded or "
+        "Failed (at most a year); unset: keep it")
     model: ModelSpec = Field(default_factory=ModelSpec)
     data: DataSpec = Field(default_factory=DataSpec)
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
@@ -539,6 +615,9 @@ class RLJobSpec(Strict):
         return self
 
 
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # a job with it is queued by Kueue (docs/operations.md)
+
+
 class Metadata(Strict):
     name: str = Field(
         "rljob", pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", max_length=MAX_JOB_NAME,
@@ -557,6 +636,14 @@ class RLJob(Strict):
     kind: Literal["RLJob"] = "RLJob"
     metadata: Metadata = Field(default_factory=Metadata)
     spec: RLJobSpec = Field(default_factory=RLJobSpec)
+
+    @model_validator(mode="after")
+    def _queued_at_one_size(self) -> RLJob:
+        rollout = self.spec.rollout
+        if KUEUE_QUEUE_LABEL in self.metadata.labels and rollout.min_replicas != rollout.max_replicas:
+            raise ValueError(f"spec.rollout: a job labelled {KUEUE_QUEUE_LABEL} is admitted whole, at one size: "
+                             f"min_replicas ({rollout.min_replicas}) must equal max_replicas ({rollout.max_replicas})")
+        return self
 
 
 Phase = Literal["Pending", "Running", "Suspended", "Succeeded", "Failed"]
@@ -622,6 +709,14 @@ class Failures(BaseModel):
     counted: list[CountedPod] = Field(default_factory=list)
 
 
+class AutoscalingStatus(BaseModel):
+    """What spec.rollout.autoscaling decided last (the operator's)."""
+
+    replicas: NonNegInt = Field(0, description="rollout pods the operator runs now")
+    lastScaleTime: str = Field("", description="RFC 3339 time the count last changed (empty: it has not)")
+    message: str = Field("", max_length=1024, description="why the count is what it is")
+
+
 class RLJobStatus(BaseModel):
     """Written by the operator, except `progress` (the job's controller pod); never by users."""
 
@@ -633,3 +728,5 @@ class RLJobStatus(BaseModel):
     selector: str = Field("", description="label selector of the rollout pods (the scale subresource's, for HPA)")
     progress: Progress | None = None
     failures: Failures = Field(default_factory=Failures)
+    autoscaling: AutoscalingStatus | None = Field(None, description="spec.rollout.autoscaling's last decision "
+                                                  "(absent when it is off)")

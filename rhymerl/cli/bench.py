@@ -82,6 +82,59 @@ def scale(
     main(cfg, writable_folder(out) if out else None, Console())
 
 
+@bench_app.command("spot", epilog="Prices and preemption inputs, with their sources: rhymerl/tools/sim/spot.py's "
+                   "docstring and benchmarks/spot/README.md.")
+def spot(
+    out: Annotated[Path | None, typer.Option("--out", help="folder for results.json, table.md and the plot")] = None,
+    gpus: Annotated[str, typer.Option("--gpus", help="comma-separated fleet sizes (the elastic fleet's "
+                                      "largest)")] = "16,64,256",
+    trace: Annotated[list[str] | None, typer.Option("--trace", help="synthetic:NAME, scaled with the GPUs, or a "
+                                                    "trace CSV as it is (repeat; default: math, code and the "
+                                                    "held-out class)")] = None,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="steps simulated (after one epoch of history where "
+                                       "prompt ids recur)")] = 6,
+    prompts_per_gpu: Annotated[int, typer.Option("--prompts-per-gpu", min=1, help="GRPO groups per GPU per "
+                                                 "step")] = 4,
+    train_time: Annotated[float, typer.Option("--train-time", min=0.0, help="training seconds per step")] = 60.0,
+    on_demand: Annotated[float | None, typer.Option("--on-demand", min=0.0, help="on-demand $ per GPU-hour "
+                                                    "(default: a public list price, see the epilog)")] = None,
+    spot_price: Annotated[float | None, typer.Option("--spot", min=0.0, help="spot $ per GPU-hour")] = None,
+    rate: Annotated[float, typer.Option("--preemptions", min=0.0, help="spot preemptions per GPU-hour")] = 0.25,
+    grace: Annotated[float, typer.Option("--grace", min=0.0, help="seconds from a preemption notice until the "
+                                         "GPU is gone")] = 120.0,
+    missed: Annotated[float, typer.Option("--missed-notice", min=0.0, max=1.0, help="share of preemptions "
+                                          "without a usable notice (in-progress tokens lost)")] = 0.1,
+    replacement: Annotated[float, typer.Option("--replacement", min=0.0, help="seconds until a requested spot GPU "
+                                               "has joined")] = 300.0,
+    seed: Annotated[int, typer.Option("--seed", help="seeds the preemptions")] = 0,
+    policy: Annotated[str | None, typer.Option("--policy", help="scheduling policy (default: the "
+                                               "default's)")] = None,
+    search: Annotated[bool, typer.Option("--search", help="evaluate the fleet-size recommendation against every "
+                                         "fixed size 1..GPUS (one --gpus value), on-demand")] = False,
+) -> None:
+    """A step's seconds and dollars on a fixed on-demand, a fixed spot and an elastic spot fleet (simulated);
+    with --search, the fleet-size recommendation against the best fixed size."""
+    from rich.console import Console
+
+    from rhymerl.algorithms.scheduling.factory import POLICIES
+    from rhymerl.tools.bench.spot import TRACES, SpotConfig, main
+    from rhymerl.tools.sim.spot import PreemptionModel, Prices
+
+    sizes = _ints("--gpus", gpus)
+    if any(n < 1 for n in sizes):
+        raise OptionError("--gpus: fleet sizes must be >= 1")
+    if search and len(sizes) != 1:
+        raise OptionError("--search: give one --gpus value, the largest size searched")
+    if policy is not None and policy not in POLICIES:
+        raise OptionError(f"--policy: unknown '{policy}'; choose from {', '.join(POLICIES)}")
+    prices = Prices(**{k: v for k, v in (("on_demand", on_demand), ("spot", spot_price)) if v is not None})
+    model = PreemptionModel(rate_per_gpu_h=rate, grace_s=grace, missed_notice=missed, replacement_s=replacement,
+                            seed=seed)
+    cfg = SpotConfig(traces=tuple(trace) if trace else TRACES, gpus=sizes, prompts_per_gpu=prompts_per_gpu,
+                     steps=steps, train_time_s=train_time, prices=prices, model=model, policy=policy, search=search)
+    main(cfg, writable_folder(out) if out else None, Console())
+
+
 def _ints(option: str, text: str) -> tuple[int, ...]:
     try:
         return tuple(int(v) for v in text.split(","))

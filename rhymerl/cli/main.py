@@ -50,7 +50,7 @@ def _load(job: Path, overrides: list[str]) -> RLJob:
     spec (and the run folder's copy of it) does not depend on the directory it was run from."""
     parsed = load_job(job, overrides)
     source = parsed.spec.data.source
-    if not source.startswith("builtin:"):
+    if not source.startswith("builtin:") and "://" not in source:  # a fetched source is no path
         parsed.spec.data.source = str((job.parent / source).resolve())
     return parsed
 
@@ -160,6 +160,25 @@ def worker(
     from rhymerl.cli.worker import serve
 
     raise typer.Exit(serve(role, spec))  # a RunFailed exits 1: the restarted pod resumes the run
+
+
+@app.command(epilog="A pod's fetch step (the operator's init container) runs it with the job's sources; by hand it "
+             "fetches a cluster job's model and data to this machine. s3:// reads AWS_ENDPOINT_URL and the AWS "
+             "credentials from the environment, hf:// HF_TOKEN and HF_ENDPOINT.")
+def fetch(
+    into: Annotated[Path, typer.Option("--into", help="folder: the model goes to INTO/model, data to INTO/data/FILE")],
+    model: Annotated[str | None, typer.Option("--model", help="s3://BUCKET/PREFIX, hf://ORG/NAME (or "
+                                              "ORG/NAME@REVISION) or pvc://CLAIM/PATH")] = None,
+    data: Annotated[str | None, typer.Option("--data", help="s3://BUCKET/KEY, hf://datasets/ORG/NAME/FILE "
+                                             "(or ORG/NAME@REVISION/FILE) or pvc://CLAIM/PATH")] = None,
+) -> None:
+    """Fetch a job's model and data once (a marker records the source; a second run skips what is there)."""
+    from rhymerl.workers.runtime.fetch import fetch_all
+
+    if model is None and data is None:
+        raise UserError("give --model, --data or both")
+    for line in fetch_all(into, model, data):
+        typer.echo(line)
 
 
 @app.command(epilog="The step budget is fixed, not timed: the same seed gives the same weights on the same "

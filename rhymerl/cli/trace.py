@@ -34,6 +34,29 @@ def export(
     typer.echo(f"wrote {n} rows to {out}")
 
 
+@trace_app.command("convert")
+def convert(
+    logs: Annotated[list[Path], typer.Argument(help="log files (JSONL), or folders of them ({step}.jsonl)")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="trace CSV to write")],
+    source: Annotated[str, typer.Option("--from", help="log class: verl (veRL rollout_data_dir dumps, or packed "
+                                        "per-step length lists) or agent (multi-turn responses with tool latency); "
+                                        "docs/formats.md")],
+    tokenizer: Annotated[Path | None, typer.Option("--tokenizer", help="verl logs of texts: the policy's tokenizer "
+                                                   "folder (tokenizer.json), to count prompt and response "
+                                                   "tokens")] = None,
+) -> None:
+    """Convert another system's rollout logs into a workload trace CSV, one row per response."""
+    from rhymerl.tools.traces.convert import SOURCES
+    from rhymerl.tools.traces.convert import convert as run_convert
+    from rhymerl.tools.traces.io import TraceError, output_file
+
+    if source not in SOURCES:
+        raise TraceError(f"--from: {source!r} is not a log class; choose one of {', '.join(SOURCES)}")
+    output_file(out)
+    n = run_convert(source, logs, out, tokenizer)
+    typer.echo(f"wrote {n} rows to {out}")
+
+
 @trace_app.command("synth")
 def synth(
     name: Annotated[str, typer.Argument(help="synthetic trace: math, code (recurring ids) or the held-out class "
@@ -50,7 +73,7 @@ def synth(
 ) -> None:
     """Generate a synthetic trace calibrated to published workload figures (docs/scheduling.md)."""
     from rhymerl.tools.traces import synthetic, write_trace
-    from rhymerl.tools.traces.io import output_file
+    from rhymerl.tools.traces.io import output_file, turns_text
     from rhymerl.tools.traces.synthetic import parse_overrides
 
     output_file(out)
@@ -60,7 +83,8 @@ def synth(
     overrides.update(parse_overrides(list(knobs or ()), option="--set"))
     tr = synthetic(name, **overrides)
     rows = zip(tr.step.tolist(), tr.prompt_id, tr.input_len.tolist(), tr.output_len.tolist(), strict=True)
-    n = write_trace(out, ((s, None if no_ids else p, i, o) for s, p, i, o in rows))
+    turns = [turns_text(*tr.turns.of_row(i)) for i in range(len(tr))] if tr.turns is not None else None
+    n = write_trace(out, ((s, None if no_ids else p, i, o) for s, p, i, o in rows), turns=turns)
     typer.echo(f"wrote {n} rows to {out}")
 
 
@@ -92,6 +116,8 @@ def stats(
                   f"{100 * np.mean(out_len == longest):.1f}", f"{tr.input_len[rows].mean():.0f}")
     print_table(console, t)
     console.print(tr.id_note(), markup=False, highlight=False, soft_wrap=True)
+    if tr.turns is not None:
+        console.print(tr.turns_note(), markup=False, highlight=False, soft_wrap=True)
     if tr.ids == "stable":
         for k in groups or [8, 16]:
             rep = rank_stability(tr, k)

@@ -233,6 +233,19 @@ def _controller(job: RLJob, registry: CollectorRegistry, endpoints: Endpoints, s
         node.stop(head)
 
 
+def wanted_rollout(body: Mapping[str, Any], job: RLJob, last: int) -> int:
+    """The rollout workers a cluster's controller wants, from its RLJob `body` as read now (`last`: the value
+    before): spec.rollout.replicas within the bounds, as the operator clamps the StatefulSet's replicas; with
+    spec.rollout.autoscaling on, max_replicas: the operator sizes the StatefulSet, the fleet takes every
+    rollout pod that joins, and a pod's SIGTERM (the highest ordinals go first) is what makes its workers
+    leave (a fleet that retired workers of its own would retire others than the StatefulSet removes)."""
+    rollout = (body.get("spec") or {}).get("rollout") or {}
+    bounds = job.spec.rollout
+    if (rollout.get("autoscaling") or {}).get("enabled"):
+        return bounds.max_replicas
+    return min(max(int(rollout.get("replicas", last)), bounds.min_replicas), bounds.max_replicas)
+
+
 class _StatusReporter:
     """The controller pod's channel to its RLJob: status.progress (each step, and what it waits for),
     and the spec's rollout.replicas; in a cluster only (pods as processes print what they would say)."""
@@ -263,7 +276,8 @@ class _StatusReporter:
             self._send(lambda: report(self.api, self.namespace, self.job.metadata.name, row, finished))
 
     def wanted(self) -> Callable[[], int] | None:
-        """The RLJob's spec.rollout.replicas, read again every SPEC_EVERY_S (None outside a cluster)."""
+        """The RLJob's spec.rollout.replicas, read again every SPEC_EVERY_S (None outside a cluster); with
+        spec.rollout.autoscaling on, max_replicas: the fleet follows the pods there are."""
         if self.api is None:
             return None
         return self._spec_replicas
@@ -280,10 +294,7 @@ class _StatusReporter:
             try:
                 body: Any = CustomObjectsApi(self.api).get_namespaced_custom_object(
                     GROUP, VERSION, self.namespace, PLURAL, self.job.metadata.name)
-                rollout = (body.get("spec") or {}).get("rollout") or {}
-                bounds = self.job.spec.rollout  # as the operator clamps the StatefulSet's replicas
-                self._replicas = min(max(int(rollout.get("replicas", self._replicas)), bounds.min_replicas),
-                                     bounds.max_replicas)
+                self._replicas = wanted_rollout(body, self.job, self._replicas)
             except Exception as exc:  # the last value holds: a read that fails never stops the run
                 print(f"controller: could not read spec.rollout.replicas ({type(exc).__name__}: {exc})",
                       file=sys.stderr, flush=True)

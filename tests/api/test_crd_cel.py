@@ -71,6 +71,8 @@ STATIC = [
      {"rollout": {"max_replicas": 4}}, {"replicas": 5}),
     ("spec.rollout", "self.resources.gpu >= self.gpus_per_replica",
      {"rollout": {"gpus_per_replica": 2, "resources": {"gpu": 2}}}, {"gpus_per_replica": 4}),
+    ("spec.rollout", "!self.autoscaling.enabled", {"rollout": {"max_replicas": 4, "autoscaling": {"enabled": True}}},
+     {"max_replicas": 1, "replicas": 1}),
     ("spec.rollout.spot", "!self.enabled", {}, {"enabled": True}),
     ("spec.data", "self.min_ops <= self.median_ops", {}, {"median_ops": 60}),
     ("spec.algorithm", "self.group_size >= 2", {}, {"group_size": 1}),

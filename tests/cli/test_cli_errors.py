@@ -53,7 +53,7 @@ def test_validate_of_every_example_passes_and_notes_what_only_a_cluster_has(repo
     res = rhymerl("validate", *map(str, examples))
     assert res.returncode == 0, res.stderr
     assert len(res.stdout.splitlines()) == len(examples)
-    assert "data: /data/math.jsonl is not on this machine" in res.stdout
+    assert "data: /opt/math-grpo/math.jsonl is not on this machine" in res.stdout
 
 
 def test_a_set_that_fails_validation_names_the_set_item_not_a_line(repo: Path) -> None:

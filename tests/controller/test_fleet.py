@@ -15,6 +15,7 @@ from rhymerl.algorithms.scheduling.base import SampleState, Scheduler
 from rhymerl.algorithms.scheduling.baselines import Reallocate
 from rhymerl.algorithms.scheduling.costmodel import TableProfile
 from rhymerl.algorithms.scheduling.executor import Executor
+from rhymerl.algorithms.scheduling.histopipe import HistoPipe
 from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.algorithms.scheduling.types import Action, Move, RoundPlan, Sample, Watch
 from rhymerl.api import RLJob, parse_job
@@ -140,6 +141,16 @@ def test_a_move_mid_generation_keeps_the_samples_tokens_and_counts_it_once(model
     assert sched.moves and any(m.generated >= 5 for m in sched.moves)
     assert rnd.counts["migrated"] == sched.stats.intra_step > 0  # those not refused (finished first)
     assert sched.stats.finished == len(one) == 24
+
+
+def test_the_default_shared_queue_emits_the_tokens_of_the_per_worker_placement_it_replaced(
+        model_dir: Path, tmp_path: Path) -> None:
+    paper = HistoPipe(3, groups=2, placement="per-worker")
+    before, _ = Fleet(_job(model_dir, 3), tmp_path / "per-worker", scheduler=paper).round(PROMPTS)
+    f = Fleet(_job(model_dir, 3), tmp_path / "shared")
+    after, rnd = f.round(PROMPTS)
+    assert isinstance(f.fleet.sched, HistoPipe) and f.fleet.sched.placement == "shared"
+    assert after == before and len(after) == 24 and len(rnd.workers) == 3
 
 
 def test_reallocation_hears_every_event_and_rebalances_samples_with_their_tokens(

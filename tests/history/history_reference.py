@@ -23,7 +23,7 @@ def reward_weights(rewards: Sequence[float], reward_weighted: bool) -> list[int]
 
 
 class ReferenceIndex:
-    def __init__(self, responses: Sequence[tuple[Sequence[int], float]], reward_weighted: bool = True) -> None:
+    def __init__(self, responses: Sequence[tuple[Sequence[int], float]], reward_weighted: bool = False) -> None:
         self.seqs = [list(tokens) for tokens, _ in responses]
         self.weights = reward_weights([float(r) for _, r in responses], reward_weighted)
 

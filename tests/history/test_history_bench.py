@@ -15,11 +15,17 @@ from typer.testing import CliRunner
 
 from rhymerl.algorithms.drafting import _suffix_index as native
 from rhymerl.cli.bench import bench_app
-from rhymerl.tools.bench.acceptance import BOUND, AcceptanceConfig
+from rhymerl.tools.bench.acceptance import (
+    BOUND,
+    FASTEST_GROUP,
+    FASTEST_HISTORY_GROUP,
+    GROUP,
+    AcceptanceConfig,
+)
 from rhymerl.tools.bench.acceptance import run as run_acceptance
 from rhymerl.tools.bench.draft_replay import accepted_lengths
 from rhymerl.tools.bench.draft_sources import arctic_status
-from rhymerl.tools.bench.draft_workloads import synthetic_workload
+from rhymerl.tools.bench.draft_workloads import late_divergence_workload, synthetic_workload
 from rhymerl.tools.bench.drafter import DrafterBenchConfig
 from rhymerl.tools.bench.drafter import run as run_drafter
 from rhymerl.workers.dumps import RolloutRecord, write_step
@@ -64,6 +70,18 @@ def test_synthetic_histories_share_long_spans_between_epochs() -> None:
     assert 0.6 < bound < 0.99  # similar, not identical (RhymeRL §5.1 reports 75-93%)
 
 
+def test_a_late_divergence_history_drafts_the_rewarded_tail_only_when_weighted() -> None:
+    from rhymerl.algorithms.drafting import HistoryIndex
+
+    (unit,) = late_divergence_workload(prompts=1, responses=4, trunk=40, tail=10, wrong_share=0.75, noise=0.0)
+    assert [r for _, r in unit.history] == [0.0, 0.0, 0.0, 1.0]  # three slipped, one correct
+    right, wrong = unit.history[3][0], unit.history[0][0]
+    assert (right[:40] == wrong[:40]).all() and (right[40:] != wrong[40:]).any()
+    trunk = right[:40]
+    assert HistoryIndex.build(unit.history, reward_weighted=True).draft(trunk, 10).tolist() == right[40:].tolist()
+    assert HistoryIndex.build(unit.history).draft(trunk, 10).tolist() == wrong[40:].tolist()
+
+
 def write_run(run_dir: Path, epochs: int = 3, prompts: int = 2, samples: int = 3) -> None:
     rng = np.random.default_rng(0)
     bases = {p: rng.integers(0, 50, size=120) for p in range(prompts)}
@@ -86,17 +104,22 @@ def test_acceptance_bench_replays_each_epoch_against_the_previous_one(tmp_path: 
     write_run(tmp_path / "run")
     with_arctic = arctic_status()[0]
     results = run_acceptance(AcceptanceConfig(dumps=tmp_path / "run", arctic=with_arctic), tmp_path / "out", QUIET)
-    assert [p["epochs"] for p in results["pairs"]] == ["1->2", "2->3"]
+    assert [p["epochs"] for p in results["pairs"]] == ["none->1", "1->2", "2->3"]
     assert (tmp_path / "out" / "acceptance.png").stat().st_size > 0
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
     methods = saved["all"]
-    expected = {"histospec (reward)", "histospec (frequency)", "n-gram", BOUND}
+    expected = {"histospec (reward)", "histospec (frequency)", "n-gram", BOUND, FASTEST_GROUP, FASTEST_HISTORY_GROUP}
     assert expected <= set(methods)
     assert any(name.startswith("arctic") for name in methods) == with_arctic
-    for m in methods.values():
-        assert m["tokens"] == 2 * 2 * 3 * 120
+    lead = f"{GROUP}, 1 sibling 128 steps ahead"
+    for name, m in methods.items():  # group and n-gram replay the first epoch too, the lead only that one
+        epochs = 1 if name in (lead, FASTEST_GROUP) else 3 if name in (GROUP, "n-gram") else 2
+        assert m["tokens"] == epochs * 2 * 3 * 120
         assert 0.0 <= m["accepted_fraction"] <= 1.0 and m["tokens_per_step"] >= 1.0
     assert methods["histospec (reward)"]["accepted_fraction"] > 0.5
+    first = saved["pairs"][0]["methods"]  # siblings generated together: nobody runs ahead, a lead does
+    assert first[GROUP]["tokens_per_step"] < first[lead]["tokens_per_step"]
+    assert [g["epochs"] for g in saved["group_index"]] == ["none->1", "1->2", "2->3"]
     assert methods[BOUND]["accepted_fraction"] >= methods["histospec (reward)"]["accepted_fraction"]
 
 
@@ -128,10 +151,11 @@ def test_bench_commands_are_registered_and_report_bad_runs(tmp_path: Path) -> No
         assert runner.invoke(bench_app, [command, "--help"]).exit_code == 0
     result = runner.invoke(bench_app, ["acceptance", "--dumps", str(tmp_path / "missing"), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2
-    write_run(tmp_path / "single", epochs=1)
+    write_run(tmp_path / "single", epochs=1)  # no history to replay; group drafts still are
     result = runner.invoke(bench_app, ["acceptance", "--dumps", str(tmp_path / "single"), "--no-arctic",
                                        "--out", str(tmp_path / "o")])
-    assert result.exit_code == 2
+    assert result.exit_code == 0
+    assert [p["epochs"] for p in json.loads((tmp_path / "o" / "results.json").read_text())["pairs"]] == ["none->1"]
 
 
 @pytest.mark.skipif(not arctic_status()[0], reason="arctic-inference is not installed")

@@ -100,33 +100,33 @@ def test_priority_is_the_summed_weight_and_count_of_occurrences(
     assert native.priority(pattern) == ReferenceIndex(hist, reward_weighted).priority(pattern)
 
 
-def test_draft_follows_the_highest_reward_branch() -> None:
+def test_a_reward_weighted_draft_follows_the_highest_reward_branch_and_the_default_the_most_frequent() -> None:
     hist = [
         ([9, 1, 2, 3, 4, 4, 4], 1.0),  # one correct response takes branch 4
         ([8, 1, 2, 3, 5, 5, 5], 0.0),  # two wrong ones take branch 5
         ([7, 1, 2, 3, 5, 5, 6], 0.0),
     ]
-    assert HistoryIndex.build(hist).draft([1, 2, 3], 3).tolist() == [4, 4, 4]
-    assert HistoryIndex.build(hist, reward_weighted=False).draft([1, 2, 3], 3).tolist() == [5, 5, 5]
+    assert HistoryIndex.build(hist, reward_weighted=True).draft([1, 2, 3], 3).tolist() == [4, 4, 4]
+    assert HistoryIndex.build(hist).draft([1, 2, 3], 3).tolist() == [5, 5, 5]
 
 
 def test_each_draft_token_re_ranks_the_branches_below_the_chosen_one() -> None:
     hist = [([1, 2, 3, 4, 6], 1.0), ([1, 2, 3, 4, 7], 0.9), ([1, 2, 3, 4, 7], 0.9), ([0, 2, 3, 5], 0.0)]
     # after 1 2 3 the branch 4 carries 1.0 + 0.9 + 0.9; below it, 7 (1.8) beats 6 (1.0)
-    assert HistoryIndex.build(hist).draft([1, 2, 3], 5).tolist() == [4, 7]
+    assert HistoryIndex.build(hist, reward_weighted=True).draft([1, 2, 3], 5).tolist() == [4, 7]
 
 
 def test_equal_rewards_fall_back_to_frequency_and_then_to_the_smaller_token() -> None:
     hist = [([1, 2, 3, 8], 0.0), ([1, 2, 3, 8], 0.0), ([1, 2, 3, 6], 0.0)]
-    assert HistoryIndex.build(hist).draft([1, 2, 3], 1).tolist() == [8]
+    assert HistoryIndex.build(hist, reward_weighted=True).draft([1, 2, 3], 1).tolist() == [8]
     tie = [([1, 2, 3, 8], 1.0), ([1, 2, 3, 6], 1.0)]
-    assert HistoryIndex.build(tie).draft([1, 2, 3], 1).tolist() == [6]
+    assert HistoryIndex.build(tie, reward_weighted=True).draft([1, 2, 3], 1).tolist() == [6]
 
 
 def test_negative_rewards_are_shifted_so_the_worst_response_still_weighs_epsilon() -> None:
     assert reward_weights([-3.0, -1.0, -2.0], True) == [1, 1 + 2**20, 1 + 2**19]
     hist = [([1, 2, 3, 4], -3.0), ([1, 2, 3, 4], -3.0), ([1, 2, 3, 5], -1.0)]
-    index = HistoryIndex.build(hist)
+    index = HistoryIndex.build(hist, reward_weighted=True)
     assert index.priority([3, 4]) == (2, 2)  # two worst responses: epsilon each, still counted
     assert index.priority([3, 5]) == (1 + 2**20, 1)
     assert index.draft([1, 2, 3], 1).tolist() == [5]
@@ -134,8 +134,8 @@ def test_negative_rewards_are_shifted_so_the_worst_response_still_weighs_epsilon
 
 def test_all_zero_rewards_rank_by_frequency() -> None:
     hist = [([1, 2, 3, 4], 0.0), ([1, 2, 3, 5], 0.0), ([1, 2, 3, 5], 0.0)]
-    assert HistoryIndex.build(hist).priority([1, 2, 3, 5]) == (2, 2)
-    assert HistoryIndex.build(hist).draft([1, 2, 3], 1).tolist() == [5]
+    assert HistoryIndex.build(hist, reward_weighted=True).priority([1, 2, 3, 5]) == (2, 2)
+    assert HistoryIndex.build(hist, reward_weighted=True).draft([1, 2, 3], 1).tolist() == [5]
 
 
 def test_prefix_match_falls_back_from_seven_tokens_to_three() -> None:
@@ -144,7 +144,7 @@ def test_prefix_match_falls_back_from_seven_tokens_to_three() -> None:
         ([20, 21, 22, 23, 14, 15, 16, 2], 1.0),  # only the last 3 tokens match here, continues with 2
         ([30, 31, 32, 33, 34, 15, 16, 3], 1.0),  # only the last 2 tokens match here
     ]
-    index = HistoryIndex.build(hist)
+    index = HistoryIndex.build(hist, reward_weighted=True)
     assert index.draft([10, 11, 12, 13, 14, 15, 16], 1).tolist() == [1]  # longest (7) match wins
     assert index.draft([99, 11, 12, 13, 14, 15, 16], 1).tolist() == [1]  # 6 tokens
     assert index.draft([99, 98, 97, 96, 14, 15, 16], 1).tolist() == [2]  # 3 tokens: both 1 and 2 follow, 2 has reward

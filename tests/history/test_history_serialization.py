@@ -26,7 +26,7 @@ def sample_index(seed: int = 0, n: int = 6, length: int = 80) -> HistoryIndex:
         flip = rng.random(length) < 0.1
         seq[flip] = rng.integers(0, 20, size=int(flip.sum()))
         hist.append((seq, float(rng.normal())))
-    return HistoryIndex.build(hist)
+    return HistoryIndex.build(hist, reward_weighted=True)
 
 
 SMALL = sample_index(n=3, length=30).to_bytes()

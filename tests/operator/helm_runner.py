@@ -17,6 +17,8 @@ VARIANTS: dict[str, list[str]] = {
     "full": ["-f", str(FULL_VALUES)],
     "existing-secret": ["--set", "redis.enabled=true", "--set", "redis.auth.existingSecret=team-redis",
                         "--set", "redis.auth.existingSecretPasswordKey=password"],
+    "external-redis": ["--set", "operator.redisPasswordSecret.name=ext-redis",
+                       "--set", "operator.redisPasswordSecret.key=pw"],
 }
 
 

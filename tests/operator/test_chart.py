@@ -34,7 +34,7 @@ def test_helm_lint_strict_passes(helm: Path, values: Path | None) -> None:
 
 
 def test_values_outside_the_schema_are_refused(helm: Path) -> None:
-    res = run_helm(helm, "template", "x", str(CHART), "--set", "operator.replicas=2")
+    res = run_helm(helm, "template", "x", str(CHART), "--set", "operator.replicas=3")
     assert res.returncode != 0 and "replicas" in res.stderr
 
 
@@ -104,7 +104,9 @@ def test_the_operator_may_manage_every_kind_it_creates_and_nothing_broader(chart
     assert {("rhymerl.io", "rljobs", "get"), ("rhymerl.io", "rljobs/status", "get"),
             ("rhymerl.io", "rljobs/status", "patch"), ("", "pods", "watch"), ("", "events", "create")} <= grants
     assert all("*" not in grant for grant in grants)
-    assert not {g for g in grants if g[1] in {"secrets", "nodes", "clusterroles", "clusterrolebindings"}}
+    assert not {g for g in grants if g[1] in {"nodes", "clusterroles", "clusterrolebindings"}}
+    # each job's Ray token: created, never read, listed, watched or changed
+    assert {g for g in grants if g[1] == "secrets"} == {("", "secrets", "create")}
     assert not {g for g in grants if g[1] == "pods" and g[2] not in {"get", "list", "watch"}}
 
 
@@ -139,6 +141,15 @@ def test_redis_takes_its_password_from_the_chart_secret_or_an_existing_one(chart
     refs = [e["valueFrom"]["secretKeyRef"] for d in existing if d["kind"] == "Deployment"
             for e in d["spec"]["template"]["spec"]["containers"][0]["env"] if "secretKeyRef" in e.get("valueFrom", {})]
     assert refs == [{"name": "team-redis", "key": "password"}] * 2  # the operator and redis
+
+
+def test_the_operator_gets_the_password_of_a_redis_outside_the_chart_from_a_secret_named_in_its_values(
+        chart: Objects) -> None:
+    operator = _one(chart["external-redis"], "Deployment")
+    env = {e["name"]: e.get("valueFrom") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RHYMERL_REDIS_PASSWORD"] == {"secretKeyRef": {"name": "ext-redis", "key": "pw"}}
+    default = _one([d for d in chart["default"] if d["kind"] == "Deployment"], "Deployment")
+    assert "RHYMERL_REDIS_PASSWORD" not in {e["name"] for e in default["spec"]["template"]["spec"]["containers"][0]["env"]}
 
 
 def test_the_service_monitor_scrapes_the_metrics_service_port(chart: Objects) -> None:

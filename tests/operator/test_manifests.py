@@ -22,7 +22,7 @@ from rhymerl.operator.manifests import (
     selector_string,
     spec_hash,
 )
-from rhymerl.operator.manifests.builders import GPU_RESOURCE
+from rhymerl.operator.manifests.builders import GPU_RESOURCE, localized
 from rhymerl.operator.manifests.roles import argv, environment
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,6 +56,7 @@ def test_children_come_in_a_fixed_order_with_names_derived_from_the_job() -> Non
         *[("Service", f"math-grpo-{r}") for r in ROLES],
         *[("StatefulSet", f"math-grpo-{r}") for r in ROLES],
         ("PodDisruptionBudget", "math-grpo-rollout"), ("PodDisruptionBudget", "math-grpo-history"),
+        ("NetworkPolicy", "math-grpo-pods"), ("NetworkPolicy", "math-grpo-dist"),
     ]
 
 
@@ -214,7 +215,7 @@ def test_the_config_map_holds_a_spec_that_parses_back_to_the_same_job() -> None:
         job = load_job(example)
         config = desired(job, OWNER)[0]
         assert config["kind"] == "ConfigMap"
-        assert parse_job(config["data"]["spec.yaml"]) == job
+        assert parse_job(config["data"]["spec.yaml"]) == localized(job)  # fetched sources: where they land
 
 
 def test_pods_run_the_roles_command_and_environment_and_mount_the_spec() -> None:
@@ -223,7 +224,8 @@ def test_pods_run_the_roles_command_and_environment_and_mount_the_spec() -> None
         container = _pod(objects, role)["containers"][0]
         assert [*container["command"], *container["args"]] == argv(role)
         values = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-        assert values == environment("math-grpo", role)
+        user = {e.name: e.value for e in getattr(_cluster().spec, role).pod.env}  # the example's PYTHONPATH
+        assert values == {**environment("math-grpo", role), **user}
         assert {"name": "spec", "mountPath": "/etc/rhymerl", "readOnly": True} in container["volumeMounts"]
     assert _pod(objects, "rollout")["containers"][0]["image"] == "ghcr.io/rhymerl/worker-gpu:0.1.0"
     assert _pod(objects, "controller")["containers"][0]["image"] == "ghcr.io/rhymerl/worker-cpu:0.1.0"

@@ -109,7 +109,7 @@ def _json_schema(node: dict[str, Any]) -> dict[str, Any]:
             out["enum"] = [*out["enum"], None]
     if "properties" in node:
         out["properties"] = {k: _json_schema(v) for k, v in node["properties"].items()}
-        out["additionalProperties"] = False
+        out["additionalProperties"] = bool(node.get("x-kubernetes-preserve-unknown-fields"))
     elif isinstance(node.get("additionalProperties"), dict):
         out["additionalProperties"] = _json_schema(node["additionalProperties"])
     if isinstance(node.get("items"), dict):

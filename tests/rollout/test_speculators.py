@@ -134,7 +134,7 @@ def test_a_sequence_without_history_is_generated_plainly(model: TinyLlama) -> No
     reqs = _requests(2)
     params = SamplingParams(temperature=1.0, seed=3, max_response_length=20)
     engine = TorchEngine(model, EOS, max_batch_size=8)
-    drafts = HistoryDrafts(SpeculationSpec(), {}, DraftCapController(SpeculationSpec()))
+    drafts = HistoryDrafts(SpeculationSpec(group_drafts=False), {}, DraftCapController(SpeculationSpec()))
     out = engine.generate(reqs, params, drafts)
     assert sum(r.drafted for r in out) == 0
     assert torch.tensor([len(r.response_ids) for r in out]).min() >= 1
@@ -231,3 +231,61 @@ def test_parked_speculation_does_not_ask_the_drafter(model: TinyLlama) -> None:
     assert control.off_passes > 0.7 * control.passes
     assert sum(r.drafted for r in spec) > 0  # probes
     assert counting.draft_calls < 0.35 * control.passes
+
+
+def test_group_drafts_in_a_first_epoch_are_accepted_and_change_nothing(model: TinyLlama) -> None:
+    reqs = _requests(2)
+    params = SamplingParams(temperature=0.0, seed=6, max_response_length=24)
+    engine = TorchEngine(model, EOS, max_batch_size=3)  # later siblings run behind earlier ones
+    plain = engine.generate(reqs, params)
+    spec = engine.generate(reqs, params, HistoryDrafts(SpeculationSpec(), {}, DraftCapController(SpeculationSpec())))
+    assert [r.response_ids for r in spec] == [r.response_ids for r in plain]
+    # greedy siblings repeat each other: the ones behind draft from the ones ahead
+    assert sum(r.accepted for r in spec) > 0.3 * sum(len(r.response_ids) for r in spec)
+
+
+def test_group_samples_moved_between_sessions_with_group_drafts_keep_their_tokens(model: TinyLlama) -> None:
+    reqs = _requests(2)
+    params = SamplingParams(temperature=1.0, seed=8, max_response_length=30)
+    engine = TorchEngine(model, EOS, max_batch_size=8)
+    plain = engine.generate(reqs, params)
+    longest = max(len(r.prompt_ids) for r in reqs)
+    src, dst = (engine.session(params, HistoryDrafts(SpeculationSpec(), {}, DraftCapController(SpeculationSpec())),
+                               max_prompt_len=longest) for _ in range(2))
+    for i, r in enumerate(reqs):
+        src.add(i, r)
+    done: dict[int, GenResult] = {}
+    for _ in range(4):
+        done.update(src.step())
+    for k in src.running()[::2]:
+        dst.add(k, reqs[k], src.take(k))
+    for session in (src, dst):
+        while session.busy:
+            done.update(session.step())
+    assert [done[i].response_ids for i in range(len(reqs))] == [r.response_ids for r in plain]
+
+
+def _group_source() -> HistoryDrafts:
+    spec = SpeculationSpec(min_prob=0.0)
+    return HistoryDrafts(spec, {}, DraftCapController(spec))
+
+
+def test_a_resumed_samples_tokens_draft_for_its_siblings_on_the_receiving_worker() -> None:
+    source = _group_source()
+    moved = [5, 6, 7, 8, 9, 10]
+    source.begin(0, GenRequest([1], 0, "p"))
+    source.settle([0], [0], [0], [moved])  # what the engine's prefill does for a resumed sample
+    source.begin(1, GenRequest([1], 1, "p"))
+    source.settle([1], [0], [0], [[5, 6]])
+    assert source.propose([0, 1], 2) == [[], [7, 8]]  # window 2; the moved one has nothing ahead of it
+
+
+def test_a_finished_siblings_last_tokens_stay_in_its_group() -> None:
+    source = _group_source()
+    source.begin(0, GenRequest([1], 0, "p"))
+    source.settle([0], [0], [0], [[5, 6, 7, 8]])
+    source.end(0)  # finished before anything drafted: its tokens were never fed
+    source.begin(1, GenRequest([1], 1, "p"))
+    source.begin(2, GenRequest([1], 2, "q"))
+    source.settle([1, 2], [0, 0], [0, 0], [[5, 6], [5, 6]])
+    assert source.propose([1, 2], 2) == [[7, 8], []]  # another prompt's group has nothing to offer

@@ -29,8 +29,9 @@ def _config(k: int = K, max_len: int = MAX_LEN) -> SimpleNamespace:
                            model_config=SimpleNamespace(max_model_len=max_len))
 
 
-def _spec() -> SpeculationSpec:
-    return SpeculationSpec.model_validate({"window": {"initial": 2, "step": 2, "max": K}})
+def _spec(group_drafts: bool = False) -> SpeculationSpec:
+    """History drafts alone by default: the reference drafter below knows no groups."""
+    return SpeculationSpec.model_validate({"window": {"initial": 2, "step": 2, "max": K}, "group_drafts": group_drafts})
 
 
 @dataclass
@@ -188,6 +189,18 @@ def test_rows_without_a_sampled_token_or_without_history_get_no_draft() -> None:
     table = np.zeros((2, MAX_LEN), dtype=np.int32)
     table[:, :5] = [1, 5, 6, 3, 3]
     assert proposer.propose([[3], []], np.array([5, 5]), table) == [[], []]
+
+
+def test_requests_of_a_group_draft_for_each_other_without_history() -> None:
+    proposer = HistoryProposer(_config())
+    proposer.configure(_spec(group_drafts=True), None)
+    prompt = [1, 5, 6]
+    proposer.set_step([prompt, [1, 9]], [None, None])
+    table = np.zeros((3, MAX_LEN), dtype=np.int32)
+    table[0, :7] = [*prompt, 11, 12, 13, 14]   # ahead
+    table[1, :5] = [*prompt, 11, 12]           # behind: the one ahead drafts for it
+    table[2, :4] = [1, 9, 11, 12]              # another prompt's group has nothing to offer
+    assert proposer.propose([[14], [12], [12]], np.array([7, 5, 4]), table) == [[], [13, 14], []]
 
 
 def test_a_forced_draft_offers_filler_on_every_sampling_row_within_the_length() -> None:

@@ -16,10 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from pods_as_processes import Cluster, Kubelet, Pod, pods_of
+from pods_as_processes import Cluster, Kubelet, Pod, gcs_answers, pods_of
 
+from rhymerl.api import RLJob
 from rhymerl.api.load import parse_job
 from rhymerl.operator.manifests import desired
+from rhymerl.operator.manifests.builders import Manifest, ray_token_secret
 from rhymerl.workers import dumps
 
 pytestmark = pytest.mark.slow
@@ -58,6 +60,11 @@ def _metrics_rows(controller: Pod) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
+def _objects(job: RLJob, token: str = "0123456789abcdef" * 4) -> list[Manifest]:
+    """What the operator makes for `job`: its children and its Ray token Secret (pods mount it)."""
+    return [*desired(job, owner=None), ray_token_secret(job, None, token)]
+
+
 def _user_code(tmp_path: Path) -> Path:
     code = tmp_path / "user_code"
     code.mkdir()
@@ -79,7 +86,8 @@ def test_a_job_runs_across_the_rendered_pods_while_its_fleet_grows_shrinks_loses
     assert res.returncode == 0, res.stderr
     holds = tmp_path / "holds"
     holds.mkdir()
-    cluster = Cluster(desired(parse_job(JOB), owner=None), tmp_path / "pods",
+    token = "5eed" * 16
+    cluster = Cluster(_objects(parse_job(JOB), token), tmp_path / "pods",
                       {"PYTHONPATH": str(code), "RHYMERL_OBJECT_STORE_BYTES": str(200 * 2**20),
                        "RAY_gcs_rpc_server_reconnect_timeout_s": "5",  # a node gives up on a lost head sooner
                        "RAY_raylet_start_wait_time_s": "120",  # eight nodes starting on two cores register slowly
@@ -115,6 +123,10 @@ def test_a_job_runs_across_the_rendered_pods_while_its_fleet_grows_shrinks_loses
     replaced: list[str] = []
     try:
         reached("metrics:1")  # step 1 done: the job is scaled to 4 rollout workers
+        # Ray token authentication is on: the head's GCS refuses a client without the job's token
+        head = f"127.0.0.1:{cluster.head_port}"
+        assert (gcs_answers(head, None), gcs_answers(head, "0" * 64), gcs_answers(head, token)) == \
+            ("UNAUTHENTICATED", "UNAUTHENTICATED", "OK")
         subprocess.run([rhymerl, "scale", str(run_dir), "--rollout", "4"], check=True, capture_output=True)
         for i in (2, 3):
             kubelet.add(cluster.pod("rollout", i))
@@ -172,7 +184,7 @@ def test_rollout_pods_run_vllm_with_the_train_pods_weights(tmp_path: Path) -> No
                                 "rollout: {engine: vllm, replicas: 1, max_replicas: 1,")
                     .replace("num_prompts: 8", "num_prompts: 4").replace("max_off_policy_steps: 0",
                                                                          "max_off_policy_steps: 1"))
-    pods = pods_of(desired(job, owner=None), tmp_path / "pods",
+    pods = pods_of(_objects(job), tmp_path / "pods",
                    {"PYTHONPATH": str(user_code), "RHYMERL_OBJECT_STORE_BYTES": str(200 * 2**20),
                     "RAY_raylet_start_wait_time_s": "120"})
     kubelet = Kubelet(pods)

@@ -93,7 +93,7 @@ def test_the_ray_backend_produces_the_in_process_tokens_losses_and_metrics_rows_
     assert all(m["rollout_makespan_s"] >= max(m["rollout_busy_s"]) * 0.9 for m in ours + theirs)
     assert [m["policy_lag_max"] for m in ours] == [0, 0, 0, 0]
     # history drafts in epoch 2 (how many a pass may verify depends on measured times: not compared)
-    assert all(m["spec_rate"] > 0 for m in ours[2:]) and all(m["spec_rate"] == 0 for m in ours[:2])
+    assert all(m["spec_rate"] > 0 for m in ours[2:])  # epoch 1 drafts from siblings only (group drafts)
     assert [r.policy_version for r in dumps.read_run(out)] == [r.policy_version for r in dumps.read_run(in_process)]
 
 
@@ -119,12 +119,17 @@ def test_at_off_policy_1_rollout_runs_one_version_behind_and_records_it(pipeline
 
 
 def assert_same_run(out: Path, reference: Path) -> None:
-    """Tokens, rewards, policy versions and final weights of the uninterrupted run."""
+    """Tokens, rewards and policy versions of the uninterrupted run, and its final weights to float
+    rounding: on the shared queue a sample's batch-mates depend on when workers free a slot, so its
+    behaviour log-probabilities (the importance weights at off-policy 1) differ in the last bits.
+    A sample lost, doubled or trained at another version shifts an Adam step (up to lr = 2e-4 a weight)
+    by far more than 2e-5."""
     assert samples(out) == samples(reference)
     assert [(r.step, r.policy_version) for r in dumps.read_run(out)] == \
         [(r.step, r.policy_version) for r in dumps.read_run(reference)]
     ours, theirs = (load_file(str(p / "checkpoints" / "step_000004" / "model.safetensors")) for p in (out, reference))
-    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert ours.keys() == theirs.keys()
+    assert all(torch.allclose(ours[k], theirs[k], rtol=0.0, atol=2e-5) for k in ours)
 
 
 def assert_step_2_kept_step_3s_round(out: Path) -> None:
@@ -272,7 +277,7 @@ def test_without_its_history_worker_rollout_goes_on_without_drafts_and_says_so(
     out = tmp_path / "run"
     # a third epoch: the restarted worker (it refills from the train worker's dumps, which may be busy
     # training) need not be back within the 10 s step 4 waits for it, but is by step 5
-    res = run(out, [*TINY, *RAY, "algorithm.epochs=3"],
+    res = run(out, [*TINY, *RAY, "algorithm.epochs=3", "rollout.speculation.group_drafts=false"],
               {"RHYMERL_CRASH_AT": "history-worker:3", "RHYMERL_CRASH_ONCE_DIR": str(once)})
     assert res.returncode == 0, res.stderr
     assert [s for s in samples(out) if s[0] <= 4] == samples(in_process)  # drafts never change tokens
@@ -351,7 +356,7 @@ def test_rollout_workers_run_vllm_with_history_drafts_and_the_transformers_train
     rows = metrics(out)
     # every step's tokens were sampled with the weights the train worker had (float rounding only)
     assert all(m["rollout_logprob_diff_max"] < 1e-3 for m in rows)
-    assert all(m["spec_rate"] > 0 for m in rows[2:]) and all(m["spec_rate"] == 0 for m in rows[:2])
+    assert all(m["spec_rate"] > 0 for m in rows[2:])
 
 
 def test_a_run_resumed_from_a_checkpoint_that_left_deferred_groups_open_trains_each_of_them_once(

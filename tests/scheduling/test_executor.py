@@ -136,7 +136,7 @@ def test_a_second_move_of_a_sample_in_flight_is_refused_at_once() -> None:
 
 
 def test_a_leaving_workers_samples_go_to_the_least_loaded_live_workers_longest_first() -> None:
-    sched = HistoPipe(3, groups=1, two_tier=False)
+    sched = HistoPipe(3, placement="per-worker", groups=1, two_tier=False)
     plan = sched.plan_round(1, [Sample(i, "p", 4) for i in range(6)])
     fleet = ToyFleet([list(q) for q in plan.queues], [[], [], []], dict.fromkeys(range(6), 0))
     ex = _wire(fleet, sched)
@@ -160,7 +160,7 @@ def _placed(fleet: ToyFleet) -> list[int]:
 @given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2), st.integers(1, 4), st.booleans()), max_size=20))
 def test_every_sample_stays_on_exactly_one_worker_and_the_books_agree_whatever_the_fleet_answers(
         rebalances: list[tuple[int, int, int, bool]]) -> None:
-    sched = HistoPipe(3, groups=1, two_tier=False)
+    sched = HistoPipe(3, placement="per-worker", groups=1, two_tier=False)
     plan: RoundPlan = sched.plan_round(1, [Sample(i, "p", 4) for i in range(8)])
     fleet = ToyFleet([list(q) for q in plan.queues], [[], [], []], {i: i % 3 for i in range(8)})
     ex = _wire(fleet, sched)
@@ -177,7 +177,7 @@ def test_every_sample_stays_on_exactly_one_worker_and_the_books_agree_whatever_t
 
 
 def test_a_joining_worker_gets_an_index_and_the_fleet_shrinks_only_where_nothing_is_left() -> None:
-    sched = HistoPipe(2, groups=1, two_tier=False)
+    sched = HistoPipe(2, placement="per-worker", groups=1, two_tier=False)
     sched.plan_round(1, [Sample(i, "p", 4) for i in range(4)])
     assert sched.add_worker() == 2 and sched.workers == 3
     sched.set_workers(2)  # index 2 holds nothing

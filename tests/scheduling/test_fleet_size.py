@@ -48,17 +48,30 @@ def test_the_bounds_hold_and_without_history_the_minimum_is_recommended() -> Non
     assert (recommend(np.full(4, 100.0), 10.0, FLAT, (3, 8)).workers,
             recommend(np.full(4, 100.0), 10.0, FLAT, (3, 8)).reason) == (3, "bounds")
     assert recommend(np.zeros(0), 10.0, FLAT, (2, 8)).workers == 2
+    # nothing predicts yet: the fleet keeps the size it has, within the bounds
+    assert recommend(np.zeros(0), 10.0, FLAT, (2, 8), current=5).workers == 5
+    assert recommend(np.zeros(0), 10.0, FLAT, (2, 8), current=12).workers == 8
     with pytest.raises(ValueError, match="bounds"):
         recommend(np.full(4, 1.0), 1.0, FLAT, (3, 2))
 
 
-def test_predicted_lengths_spread_a_prompts_last_group_and_stand_in_the_mean_for_new_prompts() -> None:
+def test_predicted_lengths_spread_a_prompts_last_group_and_new_prompts_share_the_latest_lengths() -> None:
     h = LengthHistory()
     h.observe("a", [10, 20, 30, 40])
     lengths = predicted_lengths(h, ["a", "new"], 2)
     assert list(lengths[:2]) == pytest.approx([17.5, 32.5])  # the group's 25th and 75th percentiles
-    assert list(lengths[2:]) == [25.0, 25.0]
+    assert list(lengths[2:]) == pytest.approx([17.5, 32.5])  # the same of every length seen
+    # prompt ids that never recur: the new prompts' four samples take the 1/8 .. 7/8 quantiles
+    assert list(predicted_lengths(h, ["x", "y"], 2)) == pytest.approx([13.75, 21.25, 28.75, 36.25])
     assert predicted_lengths(LengthHistory(), ["x"], 4).size == 0
+    assert predicted_lengths(h, [], 4).size == 0  # the run's last step: nothing comes next
+
+
+def test_the_latest_lengths_are_bounded_and_keep_the_newest() -> None:
+    h = LengthHistory(recent=3)
+    h.observe("a", [1, 2])
+    h.observe("b", [3, 4])
+    assert list(h.recent()) == [2.0, 3.0, 4.0]
 
 
 def test_calibration_is_measured_over_predicted_summed_over_a_steps_rounds() -> None:

@@ -62,7 +62,7 @@ def test_equal_share_gives_the_remainder_to_the_longest_groups() -> None:
 
 
 def test_a_worker_with_short_work_on_an_odd_step_gets_long_work_on_the_next() -> None:
-    sched = HistoPipe(4, groups=4, two_tier=False)
+    sched = HistoPipe(4, placement="per-worker", groups=4, two_tier=False)
     for i in range(4):
         sched.prime(f"p{i}", [100 * (i + 1)] * 2)
     sid = 0
@@ -81,7 +81,7 @@ def test_a_worker_with_short_work_on_an_odd_step_gets_long_work_on_the_next() ->
 
 
 def test_without_history_histopipe_reports_its_fallback_and_splits_workers_equally() -> None:
-    sched = HistoPipe(4, groups=2)
+    sched = HistoPipe(4, placement="per-worker", groups=2)
     plan = sched.plan_round(1, [Sample(sid=i, prompt_id=f"p{i}", input_len=10 * i) for i in range(8)])
     assert plan.ranking == "prompt-length"
     assert plan.workers_per_group == [2, 2]

@@ -59,7 +59,7 @@ def test_long_groups_defer_to_the_next_step_and_fall_back_to_intra_step() -> Non
 
 def _two_group_scheduler(inter_step: bool = True) -> tuple[HistoPipe, list[Sample]]:
     """4 workers, 2 ranking groups of 2 prompts x 5 samples; history: short prompts 100, long 1000 tokens."""
-    sched = HistoPipe(4, groups=2, two_tier=False,
+    sched = HistoPipe(4, placement="per-worker", groups=2, two_tier=False,
                       migration=MigrationSpec(tail_fraction=0.2, min_lambda=1.1, inter_step=inter_step))
     for p, n in (("s0", 100), ("s1", 100), ("l0", 1000), ("l1", 1000)):
         sched.prime(p, [n] * 5)
@@ -131,7 +131,7 @@ def test_the_last_step_never_defers_to_a_step_that_will_not_come() -> None:
 
 
 def test_groups_without_history_are_never_migrated() -> None:
-    sched = HistoPipe(2, groups=2)
+    sched = HistoPipe(2, placement="per-worker", groups=2)
     plan = sched.plan_round(1, [Sample(sid=i, prompt_id=f"p{i}", input_len=1) for i in range(4)])
     actions = []
     for sid in range(3):

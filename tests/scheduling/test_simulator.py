@@ -55,7 +55,7 @@ def _alternating_trace() -> Trace:
 def test_alternating_groups_fill_each_others_bubbles_across_two_steps() -> None:
     tr = _alternating_trace()
     sync = simulate(tr, EqualSplit(2), _cfg(2), warmup_steps=1)
-    pipe = simulate(tr, HistoPipe(2, groups=2, two_tier=False), _cfg(2), warmup_steps=1)
+    pipe = simulate(tr, HistoPipe(2, placement="per-worker", groups=2, two_tier=False), _cfg(2), warmup_steps=1)
     assert sync.makespan == pytest.approx(8.0)
     assert pipe.makespan == pytest.approx(6.0)  # each worker: one short and one long sample
     assert pipe.bubble_ratio == pytest.approx(0.0)
@@ -64,9 +64,9 @@ def test_alternating_groups_fill_each_others_bubbles_across_two_steps() -> None:
 
 def test_the_off_policy_bound_holds_the_pipeline_back() -> None:
     tr = _alternating_trace()
-    on_policy = simulate(tr, HistoPipe(2, groups=2, two_tier=False, staleness=0), _cfg(2), warmup_steps=1)
+    on_policy = simulate(tr, HistoPipe(2, placement="per-worker", groups=2, two_tier=False, staleness=0), _cfg(2), warmup_steps=1)
     assert on_policy.makespan == pytest.approx(8.0)  # step 3 must wait for step 2 to train
-    slow_train = simulate(tr, HistoPipe(2, groups=2, two_tier=False, staleness=0), _cfg(2, train_time_s=1.0),
+    slow_train = simulate(tr, HistoPipe(2, placement="per-worker", groups=2, two_tier=False, staleness=0), _cfg(2, train_time_s=1.0),
                           warmup_steps=1)
     assert slow_train.makespan == pytest.approx(9.0)
 
@@ -89,9 +89,9 @@ def test_an_outlier_migrates_off_a_short_groups_worker_with_its_tokens() -> None
     mig = MigrationSpec(tail_fraction=0.25, min_lambda=1.1)
     cfg = SimConfig(workers=2, profile=TableProfile.constant(1.0, prefill_seconds_per_token=0.01))
     # no work stealing: an idle worker would take started samples too (recomputing them), not the subject here
-    moved = simulate(tr, HistoPipe(2, groups=2, two_tier=False, migration=mig, work_stealing=False), cfg,
+    moved = simulate(tr, HistoPipe(2, placement="per-worker", groups=2, two_tier=False, migration=mig, work_stealing=False), cfg,
                      warmup_steps=1)
-    kept = simulate(tr, HistoPipe(2, groups=2, two_tier=False, migration=MigrationSpec(enabled=False),
+    kept = simulate(tr, HistoPipe(2, placement="per-worker", groups=2, two_tier=False, migration=MigrationSpec(enabled=False),
                                   work_stealing=False), cfg, warmup_steps=1)
     assert moved.intra_step == 1 and moved.migrated_samples == 1
     [(t, _, src, dst)] = moved.migrations
@@ -110,7 +110,7 @@ def test_the_default_roofline_simulates_a_thousand_sample_step() -> None:
 
 
 def test_a_step_may_start_only_within_the_off_policy_bound() -> None:
-    pipe = HistoPipe(2, staleness=1)
+    pipe = HistoPipe(2, placement="per-worker", staleness=1)
     assert pipe.may_start(3, trained_through=1, completed_through=1)
     assert not pipe.may_start(4, trained_through=1, completed_through=3)  # would use weights 2 versions old
     sync = EqualSplit(2, staleness=1)
@@ -130,7 +130,8 @@ def test_each_step_reports_its_own_makespan_bubbles_and_throughput() -> None:
 def test_the_bound_prices_work_at_the_even_split_batch_where_bigger_batches_are_cheaper_per_token() -> None:
     prof = RooflineProfile()
     lb = lower_bound(np.array([100, 300]), np.array([1000, 3000]), 2, 64, prof, NO_SPECULATION)
-    by_hand = (1000 * prof.iteration_time(64, 600) + 3000 * prof.iteration_time(64, 1800)) / 64
+    decode = (1000 * prof.iteration_time(64, 600) + 3000 * prof.iteration_time(64, 1800)) / 64
+    by_hand = decode + 400 * 2 * prof.params / (prof.peak_flops * prof.compute_efficiency)  # + both prompts' prefill
     assert lb.work_per_worker == pytest.approx(by_hand / 2)
     assert lb.longest_sample == pytest.approx(3000 * prof.iteration_time(1, 1800))
 

@@ -22,7 +22,7 @@ def _trace() -> Trace:
 
 
 def _run(stealing: bool):  # type: ignore[no-untyped-def]
-    sched = HistoPipe(2, groups=2, two_tier=False, migration=NO_MIGRATION, work_stealing=stealing,
+    sched = HistoPipe(2, placement="per-worker", groups=2, two_tier=False, migration=NO_MIGRATION, work_stealing=stealing,
                       profile=TableProfile.constant())
     return simulate(_trace(), sched, SimConfig(workers=2, profile=TableProfile.constant()), warmup_steps=1)
 
@@ -47,15 +47,16 @@ def test_an_idle_worker_takes_waiting_samples_of_its_step_from_a_busy_worker() -
 
 def test_steady_state_and_per_step_bounds_are_reported() -> None:
     r = _run(stealing=True)
-    # the bound's batch is the even split ceil(7 / 3 / 2) = 2: a token costs 1 s / 2 = 0.5 s of work
-    assert [s.work_bound for s in r.steps] == pytest.approx([11 * 0.5 / 2, 4 * 0.5 / 2, 4 * 0.5 / 2])
+    # the bound's batch is the even split of the two steps off-policyness 1 releases, ceil(2 x 7 / 3 / 2) = 3:
+    # a token costs 1 s / 3 of work
+    assert [s.work_bound for s in r.steps] == pytest.approx([11 / 3 / 2, 4 / 3 / 2, 4 / 3 / 2])
     assert [s.longest_sample for s in r.steps] == pytest.approx([10.0, 2.0, 3.0])
     assert r.steps[0].bound == pytest.approx(10.0)
     # completions: step 3 at 5, step 2 at 10, step 4 at 13: (13 - 5) / 2 steps, against steps 2 and 4's work / N
     t, lb = r.steady_state()
     assert t == pytest.approx(4.0)
-    assert lb == pytest.approx((2.75 + 1.0) / 2)
-    assert r.steady_gap == pytest.approx(4.0 / 1.875 - 1.0)
+    assert lb == pytest.approx((11 / 6 + 4 / 6) / 2)
+    assert r.steady_gap == pytest.approx(4.0 / 1.25 - 1.0)
 
 
 # a pass costs in proportion to its batch (compute-bound decoding, as on a CPU): a smaller batch finishes sooner
@@ -64,7 +65,7 @@ LINEAR = TableProfile(batch_sizes=(1, 64), context_lens=(0, 100_000), seconds=((
 
 
 def test_a_joining_worker_takes_half_of_the_busiest_workers_unfinished_samples_the_cheapest_first() -> None:
-    sched = HistoPipe(1, groups=1, two_tier=False, migration=NO_MIGRATION, profile=LINEAR)
+    sched = HistoPipe(1, placement="per-worker", groups=1, two_tier=False, migration=NO_MIGRATION, profile=LINEAR)
     plan = sched.plan_round(1, [Sample(i, "p", 10) for i in range(4)])
     assert plan.queues == [[0, 1, 2, 3]]
     joined = sched.add_worker()
@@ -84,8 +85,8 @@ def test_a_joining_worker_takes_half_of_the_busiest_workers_unfinished_samples_t
 
 
 def test_started_samples_move_only_where_a_smaller_batch_finishes_sooner() -> None:
-    flat = HistoPipe(1, groups=1, two_tier=False, migration=NO_MIGRATION, profile=TableProfile.constant(0.01))
-    linear = HistoPipe(1, groups=1, two_tier=False, migration=NO_MIGRATION, profile=LINEAR)
+    flat = HistoPipe(1, placement="per-worker", groups=1, two_tier=False, migration=NO_MIGRATION, profile=TableProfile.constant(0.01))
+    linear = HistoPipe(1, placement="per-worker", groups=1, two_tier=False, migration=NO_MIGRATION, profile=LINEAR)
     for sched in (flat, linear):
         sched.plan_round(1, [Sample(i, "p", 10) for i in range(4)])
         sched.add_worker()
@@ -98,7 +99,7 @@ def test_started_samples_move_only_where_a_smaller_batch_finishes_sooner() -> No
 
 
 def test_the_scheduler_refuses_to_steal_a_sample_it_was_not_offered() -> None:
-    sched = HistoPipe(2, groups=2, two_tier=False, migration=NO_MIGRATION)
+    sched = HistoPipe(2, placement="per-worker", groups=2, two_tier=False, migration=NO_MIGRATION)
     plan = sched.plan_round(1, [Sample(0, "p", 10), Sample(1, "q", 10), Sample(2, "q", 10)])
     busy = next(w for w in range(2) if len(plan.queues[w]) == 2)
     idle = 1 - busy
@@ -112,7 +113,7 @@ def test_the_scheduler_refuses_to_steal_a_sample_it_was_not_offered() -> None:
     with pytest.raises(SchedulingError):  # only one of the two was offered
         greedy.on_idle(idle, 1, {busy: [(plan.queues[busy][1], 0)]})
     assert sched.on_idle(idle, 1, {}) == []
-    assert HistoPipe(2, work_stealing=False).on_idle(0, 1, {1: [(5, 0), (6, 0)]}) == []
+    assert HistoPipe(2, placement="per-worker", work_stealing=False).on_idle(0, 1, {1: [(5, 0), (6, 0)]}) == []
 
 
 def test_the_jobs_work_stealing_switch_reaches_the_scheduler() -> None:

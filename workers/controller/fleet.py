@@ -383,7 +383,8 @@ class RolloutFleet:
                 len(r.workers)) for r in rounds]
         k = calibration(ran, input_len, self.sched.profile, speed)
         return recommend(lengths, input_len, self.sched.profile, (spec.rollout.min_replicas, spec.rollout.max_replicas),
-                         speculation=speed, calibration=k, train_s=train_s if pipelined(self.job, self.transport) else None)
+                         speculation=speed, calibration=k, train_s=train_s if pipelined(self.job, self.transport) else None,
+                         current=len(self.members))
 
     def end_step(self) -> None:
         for m in self._live():

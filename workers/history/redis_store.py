@@ -63,13 +63,13 @@ def ping(url: str, password: str | None = None, timeout_s: float = PING_TIMEOUT_
 
 
 class RedisHistoryStore:
-    def __init__(self, client: redis.Redis, prefix: str, reward_weighted: bool = True) -> None:
+    def __init__(self, client: redis.Redis, prefix: str, reward_weighted: bool = False) -> None:
         self.client = client
         self.prefix = prefix
         self.reward_weighted = reward_weighted
 
     @classmethod
-    def connect(cls, url: str, prefix: str, reward_weighted: bool = True, password: str | None = None,
+    def connect(cls, url: str, prefix: str, reward_weighted: bool = False, password: str | None = None,
                 timeout_s: float = 10.0) -> RedisHistoryStore:
         client = _client(url, password, timeout_s)
         try:

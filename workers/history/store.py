@@ -24,7 +24,7 @@ class HistoryStore(Protocol):
 
 
 class MemoryHistoryStore:
-    def __init__(self, reward_weighted: bool = True) -> None:
+    def __init__(self, reward_weighted: bool = False) -> None:
         self.reward_weighted = reward_weighted
         self._blobs: dict[str, tuple[int, bytes]] = {}  # prompt id -> (epoch of its responses, index)
 

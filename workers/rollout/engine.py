@@ -79,7 +79,9 @@ class DraftSource(Protocol):
         """After verification: per slot, draft length, accepted prefix length, tokens appended."""
         ...
 
-    def end(self, slot: int) -> None: ...
+    def end(self, slot: int) -> None:
+        """The sequence in `slot` finished or was taken; a finished one was settled first."""
+        ...
 
     def move(self, src: list[int], dst: list[int]) -> None:
         """Running sequences were packed from slots src[i] to dst[i]."""
@@ -176,8 +178,7 @@ class TorchEngine:
             grow[s] = 1 + a  # the fed token plus the accepted draft stay cached; the rest is rolled back
             kept = emit(s, target_rows[s][: a + 1], behaviour_rows[s][: a + 1])
             last[s] = kept[-1]
-            if b.owner[s] >= 0:
-                settled.append((s, draft_len[s], a, kept))
+            settled.append((s, draft_len[s], a, kept))  # a finished one too: its last tokens draft for its group
         b.lens[:rows] += torch.tensor(grow, device=self.device)
         b.last[:rows] = torch.tensor(last, device=self.device)
         if drafts is not None and settled:
@@ -193,7 +194,8 @@ class EngineSession:
     runs one pass, returning what finished; `take` removes a waiting or running request and
     returns its partial result (to resume it elsewhere). The draft source's per-slot state
     follows: `begin` when a request is admitted (a resumed one is then fed its generated tokens
-    through `settle` with nothing drafted), `end` when it finishes or is taken.
+    through `settle` with nothing drafted), `end` when it is taken or, once its last tokens were
+    settled, when it finishes.
     """
 
     def __init__(self, engine: TorchEngine, params: SamplingParams, drafts: DraftSource | None, *, slots: int,
@@ -217,6 +219,7 @@ class EngineSession:
         self._results: dict[int, GenResult] = {}
         self._queue: deque[int] = deque()
         self._finished: list[tuple[int, GenResult]] = []
+        self._ended: list[int] = []  # slots finished in this pass, ended in the draft source once settled
 
     # ------------------------------------------------------------------ queries
     @property
@@ -281,6 +284,13 @@ class EngineSession:
         del self._requests[key]
         return self._results.pop(key)
 
+    def _end_finished(self) -> None:
+        """Tell the draft source which sequences finished, after their last tokens were settled."""
+        ended, self._ended = self._ended, []
+        if self.drafts is not None:
+            for slot in ended:
+                self.drafts.end(slot)
+
     @torch.inference_mode()
     def step(self) -> list[tuple[int, GenResult]]:
         """Admit waiting requests into free slots, then run one pass; returns the requests that
@@ -322,6 +332,7 @@ class EngineSession:
         t0 = time.perf_counter()
         self.engine._verify(self._b, self._cache, running, proposals, self.params, self._results, self._emit,
                             self.drafts)
+        self._end_finished()
         if self.engine.threads is not None:
             self.engine.threads.observe(threads, time.perf_counter() - t0, len(running) + sum(map(len, proposals)))
 
@@ -343,8 +354,7 @@ class EngineSession:
         res.response_ids += kept
         if kept[-1] == eos or len(res.response_ids) >= limit:
             b.owner[slot] = -1
-            if self.drafts is not None:
-                self.drafts.end(slot)
+            self._ended.append(slot)
             del self._requests[key]
             self._finished.append((key, self._results.pop(key)))
         return kept
@@ -395,8 +405,9 @@ class EngineSession:
             if drafts is not None:
                 drafts.begin(slot, self._requests[key])
             kept = self._emit(slot, [tok], [logprob])
-            if drafts is not None and b.owner[slot] >= 0:
+            if drafts is not None:
                 drafts.settle([slot], [0], [0], [prefix + kept])
+        self._end_finished()
 
 
 class _Emit(Protocol):

@@ -1,7 +1,8 @@
 """Speculation inside the RL loop: which draft source each rollout uses, and what it achieved.
 
 From the second epoch on, each prompt's rollout drafts from the index of its previous epoch's
-responses (method `history`); `ngram` drafts from each sequence's own context. The cost profile
+responses (method `history`), and in every epoch from its group's responses of the current step as
+they are generated (`group_drafts`); `ngram` drafts from each sequence's own context. The cost profile
 that decides the per-pass cap is measured once per machine and cached (rollout/verify_cost.py); the
 passes of every step correct it, and after each step what they showed is kept in the cache and
 cells shown measured disturbed are measured again (ProfileStore.update).
@@ -63,7 +64,7 @@ class RolloutSpeculation:
         rollout worker receives them from a history worker)."""
         spec = self.control.spec
         if self.method == "history":
-            return HistoryDrafts(spec, indexes, self.control) if indexes else None
+            return HistoryDrafts(spec, indexes, self.control) if indexes or spec.group_drafts else None
         if self.method == "ngram":
             return NgramDrafts(spec, self.control)
         return None

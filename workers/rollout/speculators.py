@@ -1,4 +1,5 @@
-"""Draft sources the torch engine verifies: history (HistoSpec), n-gram (own context), none.
+"""Draft sources the torch engine verifies: history (HistoSpec, with the group's own responses), n-gram
+(own context), none.
 
 Each keeps per-slot drafting state in step with what the engine emitted, and asks one shared
 `DraftCapController` for the pass's draft cap, so the AIMD window of each sequence (RhymeRL §5.4)
@@ -21,7 +22,13 @@ from rhymerl.algorithms.drafting.adaptive_cap import (
     CostProfile,
     choose_cap,
 )
-from rhymerl.algorithms.drafting.index import AimdWindows, HistoryDrafter, HistoryIndex, ngram_draft
+from rhymerl.algorithms.drafting.index import (
+    AimdWindows,
+    GroupIndex,
+    HistoryDrafter,
+    HistoryIndex,
+    ngram_draft,
+)
 from rhymerl.api.spec import SpeculationSpec
 from rhymerl.workers.rollout.engine import GenRequest
 
@@ -132,23 +139,33 @@ class DraftCapController:
 
 
 class HistoryDrafts:
-    """HistoSpec: drafts from the previous epoch's responses to the same prompt (native index).
+    """HistoSpec: drafts from the previous epoch's responses to the same prompt (native index) and,
+    with `group_drafts`, from the responses of the prompt's group generated so far by this source's
+    engine (a `GroupIndex` per prompt; a resumed sample's tokens join it when it is admitted).
 
     Emitted tokens are fed to the drafter lazily, in one native call just before it next drafts:
-    while speculation is parked nothing is drafted, and the matcher catches up on the way back.
+    while speculation is parked nothing is drafted, and the matcher catches up on the way back. A
+    finishing or taken sequence's unfed tokens are fed before it is forgotten, so its group keeps them.
     """
 
     def __init__(self, spec: SpeculationSpec, indexes: Mapping[str, HistoryIndex], control: DraftCapController) -> None:
+        self.spec = spec
         self.drafter = HistoryDrafter(spec)
         self.indexes = indexes
         self.control = control
-        self.handle: dict[int, int] = {}  # slot -> drafter handle (only prompts that have history)
+        self.groups: dict[str, GroupIndex] | None = {} if spec.group_drafts else None
+        self.handle: dict[int, int] = {}  # slot -> drafter handle (prompts with history or a group)
         self.pending: dict[int, list[int]] = {}  # slot -> emitted tokens the drafter has not seen
 
     def begin(self, slot: int, request: GenRequest) -> None:
         index = self.indexes.get(request.prompt_id)
-        if index is not None:
-            self.handle[slot] = self.drafter.add(index)
+        group = None
+        if self.groups is not None:
+            group = self.groups.get(request.prompt_id)
+            if group is None:
+                group = self.groups[request.prompt_id] = GroupIndex.for_spec(self.spec)
+        if index is not None or group is not None:
+            self.handle[slot] = self.drafter.add(index, group=group)
             self.pending[slot] = []
 
     def propose(self, slots: list[int], batch_size: int) -> list[list[int]]:
@@ -192,8 +209,11 @@ class HistoryDrafts:
 
     def end(self, slot: int) -> None:
         handle = self.handle.pop(slot, None)
-        self.pending.pop(slot, None)
+        pending = self.pending.pop(slot, None)
         if handle is not None:
+            if pending and self.groups is not None:
+                self.drafter.feed(np.array([handle], dtype=np.int64), np.array([0, len(pending)], dtype=np.int64),
+                                  np.array(pending, dtype=np.int32))
             self.drafter.remove(handle)
 
     def move(self, src: list[int], dst: list[int]) -> None:

@@ -26,6 +26,10 @@ the torch engine's `DraftCapController`, fed each step's batch size, the drafts 
 verification accepted, and priced from vLLM's own pass times (`set_step(profile=...)`,
 workers/rollout/vllm_engine.py measures them).
 
+With `group_drafts`, each prompt of the step also gets a `GroupIndex` that every request of that
+prompt grows as its tokens are fed (so the group's requests draft for each other, from the first
+epoch on), as in the torch engine.
+
 Same index objects, same native drafter and the same knobs (`SpeculationSpec`) as the torch
 engine's `HistoryDrafts`: nothing about drafting is implemented twice.
 """
@@ -40,7 +44,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
-from rhymerl.algorithms.drafting.index import HistoryDrafter, HistoryIndex
+from rhymerl.algorithms.drafting.index import GroupIndex, HistoryDrafter, HistoryIndex
 from rhymerl.api.spec import SpeculationSpec
 from rhymerl.workers.rollout.speculators import DraftCapController
 
@@ -52,7 +56,7 @@ FILLER = 0
 class _Row:
     """Drafting state of one request, keyed by its tokens at the last call."""
 
-    handle: int  # -1: its prompt has no history (or is not one of the step's prompts)
+    handle: int  # -1: nothing to draft from (no history nor group, or not one of the step's prompts)
     length: int  # tokens (prompt + generated) at the last call
     draft: NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     passes: int = 0  # engine steps that gave it tokens
@@ -85,6 +89,7 @@ class HistoryProposer:
         self.force = -1
         """>= 0: offer that many filler tokens on every row, history or not (cost measurement)."""
         self.prompts: dict[bytes, HistoryIndex | None] = {}
+        self.groups: dict[bytes, GroupIndex] = {}  # the step's prompts' groups (group_drafts)
         self.lengths_desc: list[int] = []  # the step's prompt lengths, longest first
         self.rows: dict[tuple[int, bytes], list[_Row]] = {}  # (tokens held, their bytes) -> states
         self.lengths_held: dict[int, int] = {}  # states held per length (most lengths hold none)
@@ -100,7 +105,7 @@ class HistoryProposer:
 
     def set_step(self, prompts: Sequence[Sequence[int]], indexes: Sequence[HistoryIndex | None]) -> None:
         """The prompts of the requests about to be generated and each one's history index (None: no
-        history, no drafts). Forgets every request of earlier steps."""
+        history; group drafts only). Forgets every request and group of earlier steps."""
         if len(prompts) != len(indexes):
             raise ValueError(f"{len(prompts)} prompts, {len(indexes)} indexes")
         handles = [r.handle for states in self.rows.values() for r in states if r.handle >= 0]
@@ -108,6 +113,7 @@ class HistoryProposer:
             self.drafter.remove(np.asarray(handles, dtype=np.int64))
         self.rows, self.lengths_held, self.stats = {}, {}, ProposerStats()
         self.prompts = {np.asarray(t, dtype=np.int32).tobytes(): i for t, i in zip(prompts, indexes, strict=True)}
+        self.groups = {key: GroupIndex.for_spec(self.spec) for key in self.prompts} if self.spec.group_drafts else {}
         self.lengths_desc = sorted({len(t) for t in prompts}, reverse=True)
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
@@ -241,8 +247,8 @@ class HistoryProposer:
     def _fresh(self, row: NDArray[np.integer[Any]], n: int) -> _Row:
         for length in self.lengths_desc:
             if length <= n and (key := row[:length].tobytes()) in self.prompts:
-                index = self.prompts[key]
-                if index is None:
+                index, group = self.prompts[key], self.groups.get(key)
+                if index is None and group is None:
                     return _Row(-1, length)
-                return _Row(self.drafter.add(index), length)
+                return _Row(self.drafter.add(index, group=group), length)
         return _Row(-1, n)

@@ -25,10 +25,7 @@ from rhymerl.api.roles import ROLES, Role, train_ranks
 from rhymerl.errors import UserError
 from rhymerl.workers.controller.stopping import held_signals
 from rhymerl.workers.runtime.cluster import NAMESPACE, ray_leaves_signals_alone, role_capacity, role_resources
-
-# Ray's token authentication needs the token on every node; the job's Ray ports are reachable only
-# inside its namespace (the operator's Services are headless and cluster-internal).
-RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+from rhymerl.workers.runtime.ray_network import POD_PORTS, SHARED_HOST_WORKER_PORTS, RayPorts, auth_env
 
 
 class NodeError(UserError):
@@ -42,25 +39,25 @@ def _ray_cli() -> str:
 PORT_BASE_ENV = "RHYMERL_RAY_PORT_BASE"
 
 
-def _ports() -> list[str]:
-    """Ray's node ports from RHYMERL_RAY_PORT_BASE up (a block of 64) and a session folder (its socket
-    files) named after it, for several nodes sharing one IP and one /tmp (pods as processes); a pod
-    has its own IP and filesystem, so Ray's defaults serve there."""
+def _ports(head: bool) -> list[str]:
+    """Every port Ray opens, fixed (ray_network.py): a pod's from POD_PORTS, which the operator's
+    NetworkPolicy names. Several nodes sharing one IP and one /tmp (pods as processes) each get a
+    block of 64 from RHYMERL_RAY_PORT_BASE and a session folder (its socket files) named after it."""
     base_text = os.environ.get(PORT_BASE_ENV)
     if not base_text:
-        return []
+        return POD_PORTS.args(head)
     base = int(base_text)
-    return [f"--temp-dir=/tmp/rhymerl-ray-{base}", f"--node-manager-port={base}", f"--object-manager-port={base + 1}", f"--metrics-export-port={base + 2}",
-            f"--dashboard-agent-grpc-port={base + 3}", f"--dashboard-agent-listen-port={base + 4}",
-            f"--runtime-env-agent-port={base + 5}", f"--min-worker-port={base + 16}", f"--max-worker-port={base + 63}"]
+    return [f"--temp-dir=/tmp/rhymerl-ray-{base}", *RayPorts(base, SHARED_HOST_WORKER_PORTS).args(head)]
 
 
-def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+def _start(args: list[str], log: Path, head: bool = False) -> subprocess.Popen[bytes]:
+    """`ray start --block` with `args`, the fixed ports, and token authentication when the pod has a
+    token (ray_network.auth_env)."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    args = [*args, *_ports()]
+    args = [*args, *_ports(head)]
     with log.open("ab") as out:
         return subprocess.Popen([_ray_cli(), "start", "--block", "--disable-usage-stats", *args],
-                                stdout=out, stderr=subprocess.STDOUT, env=os.environ | RAY_ENV)
+                                stdout=out, stderr=subprocess.STDOUT, env=os.environ | auth_env(os.environ))
 
 
 def _ip() -> str:
@@ -72,7 +69,7 @@ def start_head(port: int, role: Role, log: Path, object_store_bytes: int | None 
             f"--resources={json.dumps(role_resources(role))}"]
     if object_store_bytes:
         args.append(f"--object-store-memory={object_store_bytes}")
-    return _start(args, log)
+    return _start(args, log, head=True)
 
 
 def join(address: str, role: Role, log: Path, object_store_bytes: int | None = None, units: int = 1,
@@ -127,7 +124,7 @@ def connect(address: str, timeout_s: float, head: subprocess.Popen[bytes] | None
     """Connect this process to the head at `address` as the driver of the steps; a SIGTERM meanwhile
     reaches this process's own handler once connected, as in cluster.local_ray."""
     wait_reachable(address, timeout_s, head, head_log)
-    os.environ.update(RAY_ENV)
+    os.environ.update(auth_env(os.environ))
     with held_signals(), ray_leaves_signals_alone():
         ray.init(address=address, namespace=NAMESPACE, configure_logging=False, log_to_driver=True)
 

@@ -67,9 +67,10 @@ events. It may grant the per-job Role only because it holds the same rljobs/stat
 (Kubernetes forbids granting what one does not have).
 */}}
 {{- define "rhymerl.operatorRules" }}
+{{- /* delete: a finished job whose ttl_seconds_after_finished ran out */}}
 - apiGroups: [rhymerl.io]
   resources: [rljobs]
-  verbs: [get, list, watch, patch, update]
+  verbs: [get, list, watch, patch, update, delete]
 - apiGroups: [rhymerl.io]
   resources: [rljobs/status]
   verbs: [get, patch, update]
@@ -91,6 +92,13 @@ events. It may grant the per-job Role only because it holds the same rljobs/stat
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
   verbs: [get, list, watch, create, patch, update, delete]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, list, watch, create, patch, update, delete]
+{{- /* each job's Ray token: created once, never read, listed or changed (deleted with its RLJob) */}}
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [create]
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]

@@ -6,6 +6,7 @@ responses, its batched AIMD drafter, and the adaptive draft cap.
 
 from rhymerl.algorithms.drafting.index import (
     AimdWindows,
+    GroupIndex,
     HistoryDrafter,
     HistoryIndex,
     IndexFormatError,
@@ -13,4 +14,4 @@ from rhymerl.algorithms.drafting.index import (
     ngram_draft,
 )
 
-__all__ = ["AimdWindows", "HistoryDrafter", "HistoryIndex", "IndexFormatError", "IndexStats", "ngram_draft"]
+__all__ = ["AimdWindows", "GroupIndex", "HistoryDrafter", "HistoryIndex", "IndexFormatError", "IndexStats", "ngram_draft"]

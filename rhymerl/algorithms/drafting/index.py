@@ -8,10 +8,11 @@ drafts of the whole batch in one call (matching is incremental, O(1) per accepte
 
 Drafting rule (§5.3, §5.4): match the longest suffix of the sequence, at most `prefix_max` tokens
 long and at least `prefix_min`, that occurs in the history and has a continuation; then follow the
-highest-priority branch, where a branch's priority is the summed reward of the responses through
-it (rewards shifted so the worst weighs a small epsilon; ties by frequency, then smaller token id),
-or its frequency alone with `reward_weighted=False`; draft up to the sequence's AIMD window
-(start 2, +2 after a fully accepted draft, back to 2 after any rejection, at most 32).
+highest-priority branch, where a branch's priority is the number of responses through it (ties by
+smaller token id), or with `reward_weighted=True` their summed reward (RhymeRL's rule: rewards
+shifted so the worst weighs a small epsilon; ties by frequency; measured no better here,
+benchmarks/reward-weighting); draft up to the sequence's AIMD window (start 2, +2 after a fully
+accepted draft, back to 2 after any rejection, at most 32).
 Data structure, format and numbers: docs/history-index.md.
 """
 
@@ -80,7 +81,7 @@ class HistoryIndex:
         self._native = native
 
     @classmethod
-    def build(cls, responses: Iterable[tuple[Tokens, float]], *, reward_weighted: bool = True) -> HistoryIndex:
+    def build(cls, responses: Iterable[tuple[Tokens, float]], *, reward_weighted: bool = False) -> HistoryIndex:
         """Index (token_ids, reward) pairs; rewards must be finite, any sign."""
         seqs: list[NDArray[np.int32]] = []
         rewards: list[float] = []
@@ -100,7 +101,7 @@ class HistoryIndex:
         offsets: ArrayLike,
         rewards: ArrayLike,
         *,
-        reward_weighted: bool = True,
+        reward_weighted: bool = False,
     ) -> HistoryIndex:
         """Index responses given flat: response i is tokens[offsets[i]:offsets[i+1]] with rewards[i]."""
         return cls(
@@ -174,6 +175,51 @@ class HistoryIndex:
             f"HistoryIndex(responses={self.n_responses}, tokens={self.n_tokens}, "
             f"reward_weighted={self.reward_weighted})"
         )
+
+
+class GroupIndex:
+    """The current step's responses of one prompt's group, indexed while they are generated.
+
+    Seer's grouped speculation: the siblings that run ahead draft for the rest, in every epoch,
+    the first included. A bounded-depth suffix trie with occurrence counts (native); each token a
+    sibling generates extends its `depth` newest suffixes by one node, so an update costs O(depth)
+    and nothing is rebuilt. Sequences bound to it in a `HistoryDrafter` (`add(..., group=...)`)
+    append their tokens as they are fed and draft from it and their history index, whichever
+    matches the longer suffix. Belongs to one drafter; lives as long as anything refers to it.
+    """
+
+    __slots__ = ("_native",)
+
+    def __init__(self, depth: int) -> None:
+        """depth: longest string indexed, i.e. longest match plus draft (an RLJob: prefix.max + window.max)."""
+        self._native = _native.GroupIndex(depth)
+
+    @classmethod
+    def for_spec(cls, spec: SpeculationSpec) -> GroupIndex:
+        return cls(spec.prefix.max + spec.window.max)
+
+    def extend(self, response: Tokens) -> None:
+        """Index a whole response (one that no sequence of a drafter is generating)."""
+        self._native.extend(_tokens(response))
+
+    @property
+    def depth(self) -> int:
+        return self._native.depth
+
+    @property
+    def n_nodes(self) -> int:
+        return self._native.n_nodes
+
+    @property
+    def n_tokens(self) -> int:
+        return self._native.n_tokens
+
+    @property
+    def memory_bytes(self) -> int:
+        return self._native.memory_bytes
+
+    def __repr__(self) -> str:
+        return f"GroupIndex(depth={self.depth}, tokens={self.n_tokens}, nodes={self.n_nodes})"
 
 
 @dataclass(frozen=True)
@@ -252,10 +298,15 @@ class HistoryDrafter:
         self._native = _native.Drafter(spec.prefix.max, spec.prefix.min, spec.window.initial, spec.window.step,
                                        spec.window.max, spec.min_prob)
 
-    def add(self, index: HistoryIndex, context: Tokens | None = None) -> int:
-        """Start drafting a sequence from `index`; `context` (e.g. tokens generated so far) is fed first."""
+    def add(self, index: HistoryIndex | None, context: Tokens | None = None, *, group: GroupIndex | None = None) -> int:
+        """Start drafting a sequence from its prompt's history `index`, its `group`, or both (at
+        least one); `context` (e.g. tokens generated so far) is fed first, to the group as well.
+        Every token fed to the sequence from then on is appended to the group."""
+        if index is None and group is None:
+            raise ValueError("a sequence drafts from a history index, a group index or both; got neither")
         ctx = _tokens(context) if context is not None else np.zeros(0, dtype=np.int32)
-        return self._native.add(index._native, ctx)
+        return self._native.add(index._native if index is not None else None,
+                                group._native if group is not None else None, ctx)
 
     def remove(self, handles: int | ArrayLike) -> None:
         """Forget finished sequences (their handles become invalid)."""

@@ -81,6 +81,9 @@ class Scheduler:
     needs_history: bool = False
     interrupt_on_update: bool = False
     """Shared pipeline only: running samples recompute their KV cache when new weights arrive."""
+    fills_batch: bool = False
+    """Shared pipeline only: a worker pulls up to its engine's batch limit (and KV cache), not just
+    the even split of a step (AReaL's concurrency limit)."""
 
     def __init__(
         self,

@@ -23,7 +23,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from .batching import admits, last_fitting_iteration, segment_seconds
+from .batching import KV_WATERMARK, admits, last_fitting_iteration, segment_seconds
 
 FloatArray = NDArray[np.float64]
 
@@ -232,10 +232,19 @@ def worker_decode_time(
 
 
 def walk_decode_time(queue: FloatArray, input_len: float, profile: IterationProfile, spec: SpeculationSpeedup) -> float:
-    """Continuous batching of `queue` (admission order) on one worker, event by event, with the
-    simulator's rules (batching.py: admission under the watermark, recompute preemption of the
-    sequence admitted last, constant-batch segments). First admissions' prefill is left out, as in
-    the closed form."""
+    """Continuous batching of `queue` (admission order) on one worker, with the simulator's rules
+    (batching.py: admission under the watermark, recompute preemption of the sequence admitted
+    last, constant-batch segments). First admissions' prefill is left out, as in the closed form.
+    Vectorised where the KV cache cannot constrain the batch (`_fifo_decode_time`), else walked
+    event by event (`event_walk`); both give the same seconds."""
+    alpha = spec.tokens_per_pass
+    cap = math.inf if profile.kv_capacity_tokens is None else float(profile.kv_capacity_tokens)
+    fast = _fifo_decode_time(queue, input_len, profile, alpha, cap)
+    return fast * spec.pass_cost if fast is not None else event_walk(queue, input_len, profile, spec)
+
+
+def event_walk(queue: FloatArray, input_len: float, profile: IterationProfile, spec: SpeculationSpeedup) -> float:
+    """`walk_decode_time` event by event, whatever the cache does."""
     alpha = spec.tokens_per_pass
     cap = math.inf if profile.kv_capacity_tokens is None else float(profile.kv_capacity_tokens)
     waiting: deque[tuple[float, float]] = deque((float(length), 0.0) for length in queue)  # (length, generated)
@@ -285,6 +294,37 @@ def walk_decode_time(queue: FloatArray, input_len: float, profile: IterationProf
             waiting.appendleft((length, gen + alpha * (it - start)))
 
 
+def _fifo_decode_time(queue: FloatArray, input_len: float, profile: IterationProfile, alpha: float,
+                      cap: float) -> float | None:
+    """`walk_decode_time` without the walk where the KV cache never constrains it: `max_batch`
+    slots filled in queue order, the segments between finishes priced in one vectorised call and
+    summed in the walk's order (the same seconds). None where the cache could block an admission or
+    preempt (at some segment's end the cache plus one more pass of the batch passes the watermark):
+    only the walk knows what happens then."""
+    lengths = np.asarray(queue, dtype=np.float64) / alpha
+    slots = min(profile.max_batch, lengths.size)
+    start = np.zeros(lengths.size)
+    ends = list(lengths[:slots])
+    heapq.heapify(ends)
+    for i in range(slots, lengths.size):
+        start[i] = ends[0]
+        heapq.heapreplace(ends, float(ends[0] + lengths[i]))
+    finish = start + lengths
+    events = np.unique(np.concatenate(([0.0], finish)))
+    lo, hi = events[:-1], events[1:]
+    by_start, by_finish = np.argsort(start, kind="stable"), np.argsort(finish, kind="stable")
+    offset = input_len - alpha * start  # each running sequence's share of c0 (KV = c0 + batch * alpha * it)
+    admitted = np.searchsorted(start[by_start], lo, side="right")
+    left = np.searchsorted(finish[by_finish], lo, side="right")
+    batch = (admitted - left).astype(np.float64)
+    c0 = (np.concatenate(([0.0], np.cumsum(offset[by_start])))[admitted]
+          - np.concatenate(([0.0], np.cumsum(offset[by_finish])))[left])
+    if cap < math.inf and np.any((batch > 1) & (c0 + batch * alpha * (hi + 1.0) > cap * (1.0 - KV_WATERMARK))):
+        return None
+    seconds = (hi - lo) * profile.iteration_times(batch, (c0 + batch * alpha * (lo + hi) / 2.0) / batch)
+    return float(np.cumsum(seconds)[-1]) if seconds.size else 0.0
+
+
 def group_decode_time(
     lengths: FloatArray,
     input_len: float,
@@ -301,11 +341,38 @@ def group_decode_time(
     if lengths.size == 0:
         return 0.0
     workers = max(1, min(workers, int(lengths.size)))
-    order = np.sort(lengths)[::-1]
-    idx = np.arange(order.size)
-    rnd, pos = np.divmod(idx, workers)
-    lane = np.where(rnd % 2 == 0, pos, workers - 1 - pos)
-    return max(worker_decode_time(order[lane == w], input_len, profile, spec) for w in range(workers))
+    order = np.sort(lengths.astype(np.float64))[::-1]
+    rounds = -(-order.size // workers)
+    grid = np.zeros(rounds * workers)
+    grid[:order.size] = order
+    real = np.arange(rounds * workers) < order.size
+    lanes, dealt = grid.reshape(rounds, workers), real.reshape(rounds, workers)
+    lanes[1::2], dealt[1::2] = lanes[1::2, ::-1].copy(), dealt[1::2, ::-1].copy()  # odd rounds deal back
+    counts = dealt.sum(axis=0)
+    cap = profile.kv_capacity_tokens
+    walked = (counts > profile.max_batch) | (
+        (np.sum(lanes, axis=0) + counts * input_len > cap) if cap is not None else np.zeros(workers, dtype=bool))
+    slowest = max((worker_decode_time(lanes[:counts[w], w], input_len, profile, spec) for w in np.flatnonzero(walked)),
+                  default=0.0)
+    if walked.all():
+        return slowest
+    return max(slowest, float(np.max(_closed_form_lanes(lanes[:, ~walked], input_len, profile, spec))))
+
+
+def _closed_form_lanes(lanes: FloatArray, input_len: float, profile: IterationProfile,
+                       spec: SpeculationSpeedup) -> FloatArray:
+    """`worker_decode_time`'s closed form for every column of `lanes` at once (zeros pad the short
+    ones: a zero-length sample adds no segment, and the ones before it leave the batch size right)."""
+    ls = np.sort(lanes, axis=0)
+    prev = np.vstack((np.zeros((1, ls.shape[1])), ls[:-1]))
+    delta = (ls - prev) / spec.tokens_per_pass
+    active = np.broadcast_to(np.arange(ls.shape[0], 0, -1, dtype=np.float64)[:, None], ls.shape)
+    ctx = input_len + (ls + prev) / 2.0
+    keep = delta > 0
+    cost = np.zeros(ls.shape)
+    cost[keep] = delta[keep] * profile.iteration_times(active[keep], ctx[keep])
+    out: FloatArray = np.sum(cost, axis=0) * spec.pass_cost
+    return out
 
 
 def token_cost(batch: int, context: float, profile: IterationProfile, spec: SpeculationSpeedup = NO_SPECULATION) -> float:

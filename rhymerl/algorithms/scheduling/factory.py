@@ -9,7 +9,7 @@ from rhymerl.api.spec import SchedulingSpec
 from .base import Scheduler, SchedulerOptions
 from .baselines import AsyncRollout, EqualSplit, LongestFirst, Reallocate, SkewAware
 from .costmodel import NO_SPECULATION, IterationProfile, SpeculationSpeedup
-from .histopipe import HistoPipe
+from .histopipe import HistoPipe, Placement
 from .history import LengthHistory
 
 POLICIES: tuple[str, ...] = get_args(SchedulingSpec.model_fields["policy"].annotation)
@@ -27,11 +27,13 @@ def make_scheduler(
     final_round: int | None = None,
     history: LengthHistory | None = None,
     learns_lengths: bool = True,
+    placement: Placement = "shared",
 ) -> Scheduler:
     """The scheduler `spec.policy` names, configured from the spec.
 
     max_off_policy: the job's `algorithm.max_off_policy_steps` (how far rollout may run ahead of
-    training); the async policy uses `scheduling.max_staleness` instead.
+    training); the async policy uses `scheduling.max_staleness` instead. placement: HistoPipe's
+    (`per-worker`: the paper's alternating sub-batches, for benchmarks and ablations).
     """
     common: SchedulerOptions = {
         "profile": profile,
@@ -51,6 +53,7 @@ def make_scheduler(
             first_epoch=spec.first_epoch,
             migration=spec.migration,
             work_stealing=spec.work_stealing,
+            placement=placement,
             **common,
         )
     if policy == "equal":

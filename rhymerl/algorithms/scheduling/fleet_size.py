@@ -3,7 +3,8 @@ controller exports it as `fleet_recommended` in metrics.jsonl, the Prometheus ga
 `rhymerl_rollout_workers_recommended` and status.progress.recommendedRolloutWorkers).
 
 The step's work is predicted from the length history (each prompt's last group, spread over its
-quantiles as HistoPipe predicts; a prompt never seen counts the mean of what was seen) and priced
+quantiles as HistoPipe predicts; the prompts never seen share the quantiles of the latest lengths of
+all prompts, which is all a job whose prompt ids never recur has) and priced
 on n workers with the tier-2 cost model (`group_decode_time`: longest first over n continuous
 batches, RhymeRL §6.4), calibrated by what the last step measured: k = its measured makespan over
 what the model predicts for its own lengths on the workers it had. Then:
@@ -38,29 +39,34 @@ class FleetAdvice:
 
 def predicted_lengths(history: LengthHistory, prompts: Sequence[str], group_size: int) -> np.ndarray:
     """Each sample's predicted response length: its prompt's last group at quantiles (HistoPipe's
-    rule), the mean of every length seen for a prompt without history; empty if nothing was seen."""
-    seen = [history.lengths(p) for p in prompts]
-    known = [h for h in seen if h is not None]
-    if not known:
+    rule); for a prompt without history, the latest lengths of every prompt (`LengthHistory.recent`)
+    at quantiles spread over all such samples, so a step of new prompts keeps the tail that decides
+    its makespan (the mean would not); empty if nothing was seen."""
+    pool = history.recent()
+    if pool.size == 0 or not prompts:
         return np.zeros(0)
-    fallback = float(np.mean(np.concatenate(known)))
+    seen = [history.lengths(p) for p in prompts]
     q = (np.arange(group_size, dtype=np.float64) + 0.5) / group_size
-    return np.concatenate([np.quantile(h, q) if h is not None else np.full(group_size, fallback) for h in seen])
+    new = sum(h is None for h in seen) * group_size
+    spread = iter(np.quantile(pool, (np.arange(new, dtype=np.float64) + 0.5) / new).reshape(-1, group_size)
+                  if new else ())
+    return np.concatenate([np.quantile(h, q) if h is not None else next(spread) for h in seen])
 
 
 def recommend(lengths: np.ndarray, input_len: float, profile: IterationProfile, bounds: tuple[int, int], *,
               speculation: SpeculationSpeedup = NO_SPECULATION, efficiency: float = 0.5,
-              calibration: float = 1.0, train_s: float | None = None) -> FleetAdvice:
+              calibration: float = 1.0, train_s: float | None = None, current: int | None = None) -> FleetAdvice:
     """The fleet size for a step of samples with these predicted `lengths` (module docstring).
     calibration: measured over predicted rollout time of the last step (1.0 without one); train_s:
-    the last training time when rollout overlaps training (None when it does not)."""
+    the last training time when rollout overlaps training (None when it does not); current: the
+    fleet's size now, kept while nothing predicts (the bounds' minimum without it)."""
     lo, hi = bounds
     if not 1 <= lo <= hi:
         raise ValueError(f"bounds: need 1 <= min <= max, got {bounds}")
     if not 0.0 < efficiency <= 1.0:
         raise ValueError("efficiency: in (0, 1]")
     if lengths.size == 0:
-        return FleetAdvice(lo, "no history")
+        return FleetAdvice(lo if current is None else min(max(current, lo), hi), "no history")
     times = {n: calibration * group_decode_time(lengths, input_len, n, profile, speculation)
              for n in range(1, hi + 1)}
     one = times[1]

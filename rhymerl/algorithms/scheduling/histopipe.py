@@ -11,6 +11,14 @@ run: once a group is down to its tail, watch its samples; one that passes lambda
 group's longest historical response migrates (intra-step for short groups, inter-step for long
 ones), tokens preserved. A worker that finished its share of a step but may not start the next
 (off-policy bound) takes waiting, unstarted samples of its step from a busy worker (`_steal`).
+
+placement (the default, `shared`): the same ranking orders one queue that the workers pull from
+across steps, within the same off-policy bound, instead of per-worker sub-batches: samples resumed
+with their tokens first, then the predicted longest first (history), or the ranking groups' order
+where there is none. A free slot takes the next sample of any step the bound releases, so a
+step's tail no longer waits at a barrier of its own sub-batch; a running sample keeps the weights
+it began with (no recompute when new weights land). Measured on every trace of `rhymerl bench
+schedule` this beat the per-worker placement and `async` (docs/scheduling.md, "HistoPipe").
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import heapq
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Unpack
+from typing import Literal, Unpack
 
 import numpy as np
 
@@ -30,7 +38,9 @@ from .base import SampleState, Scheduler, SchedulerOptions
 from .costmodel import group_decode_time
 from .ranking import FirstEpoch, equal_share, layout, rank_prompts, step_order
 from .tiering import allocate
-from .types import Action, Move, RoundPlan, Sample, SampleId, Watch
+from .types import Action, Move, Pipeline, RoundPlan, Sample, SampleId, Watch
+
+Placement = Literal["shared", "per-worker"]
 
 
 @dataclass
@@ -67,7 +77,7 @@ def lpt(weights: list[tuple[SampleId, float]], workers: list[int]) -> dict[int, 
 
 class HistoPipe(Scheduler):
     name = "histopipe"
-    pipeline = "per-worker"
+    pipeline: Pipeline = "per-worker"
     needs_history = True
 
     def __init__(
@@ -79,11 +89,19 @@ class HistoPipe(Scheduler):
         first_epoch: FirstEpoch = "prompt-length",
         migration: MigrationSpec | None = None,
         work_stealing: bool = True,
+        placement: Placement = "shared",
         **kwargs: Unpack[SchedulerOptions],
     ) -> None:
+        """placement: `shared`, one queue across steps in the ranking's order; `per-worker`, the
+        paper's alternating per-worker sub-batches sized by tier 2."""
         super().__init__(workers, **kwargs)
         if groups < 1:
             raise ValueError("groups: at least 1")
+        if placement not in ("shared", "per-worker"):
+            raise ValueError(f"placement: {placement!r}, expected shared or per-worker")
+        self.placement = placement
+        self.pipeline = "shared" if placement == "shared" else "per-worker"
+        self.fills_batch = placement == "shared"
         self.groups = groups
         self.two_tier = two_tier
         self.first_epoch = first_epoch
@@ -96,7 +114,7 @@ class HistoPipe(Scheduler):
 
     @property
     def label(self) -> str:
-        parts = ["2-tier" if self.two_tier else "1-tier"]
+        parts = ["shared" if self.placement == "shared" else "2-tier" if self.two_tier else "1-tier"]
         if not self.migration.enabled:
             parts.append("no migration")
         if not self.work_stealing:
@@ -146,7 +164,7 @@ class HistoPipe(Scheduler):
         k = len(group_samples)
 
         predicted_times: list[float] = []
-        if self.two_tier and with_lengths and k > 1:
+        if self.two_tier and with_lengths and k > 1 and self.placement == "per-worker":
             mean_in = [float(np.mean([s.input_len for s in g])) if g else 0.0 for g in group_samples]
             costs = np.zeros((k, self.workers))
             for g in range(k):
@@ -194,6 +212,9 @@ class HistoPipe(Scheduler):
                     self._weight.pop(sid, None)
                     self._predicted.pop(sid, None)
             del self._rounds[old]  # keep the books small: finished steps need no migration state
+        if self.placement == "shared":
+            return RoundPlan(round_no=round_no, queues=[], shared=self._shared_order(queues, carried, with_lengths),
+                             ranking=ranking.source)
         return RoundPlan(
             round_no=round_no,
             queues=queues,
@@ -202,6 +223,16 @@ class HistoPipe(Scheduler):
             workers_per_group=list(counts),
             predicted_group_time=predicted_times,
         )
+
+    def _shared_order(self, queues: list[list[SampleId]], carried: list[Sample], with_lengths: bool) -> list[SampleId]:
+        """The shared queue: resumed samples first (their tokens are already paid for), then the
+        predicted longest first where history predicts; without it, the groups' order. The fleet
+        (and the simulator) deal a queue round-robin, so the longest spread over the workers."""
+        first = {s.sid for s in carried}
+        sids = [sid for q in queues for sid in q]
+        pos = {sid: i for i, sid in enumerate(sids)}
+        weight = self._weight if with_lengths else {}
+        return sorted(sids, key=lambda sid: (sid not in first, -weight.get(sid, 0.0), pos[sid]))
 
     # ------------------------------------------------------------------ running
     def _group(self, st: SampleState) -> _Group | None:

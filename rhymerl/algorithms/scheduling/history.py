@@ -8,18 +8,25 @@ one (the growth rates that set the migration factor lambda, §6.3).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
 
+RECENT = 16_384
+"""Response lengths of any prompt kept for prompts never seen (`LengthHistory.recent`)."""
+
 
 class LengthHistory:
-    """Per prompt: the latest group's response lengths, and the growth of its median."""
+    """Per prompt: the latest group's response lengths, and the growth of its median; and the latest
+    `recent` lengths of all prompts together, what a prompt never seen is predicted from (jobs whose
+    prompt ids never recur have nothing else)."""
 
-    def __init__(self) -> None:
+    def __init__(self, recent: int = RECENT) -> None:
         self._lengths: dict[str, NDArray[np.float64]] = {}
         self._growth: dict[str, float] = {}
+        self._recent: deque[float] = deque(maxlen=recent)
 
     def __len__(self) -> int:
         return len(self._lengths)
@@ -38,6 +45,7 @@ class LengthHistory:
             if old_median > 0:
                 self._growth[prompt_id] = float(np.median(arr)) / old_median
         self._lengths[prompt_id] = arr
+        self._recent.extend(arr.tolist())
 
     def observe_many(self, groups: Iterable[tuple[str, Sequence[int]]]) -> None:
         for prompt_id, lengths in groups:
@@ -45,6 +53,10 @@ class LengthHistory:
 
     def lengths(self, prompt_id: str) -> NDArray[np.float64] | None:
         return self._lengths.get(prompt_id)
+
+    def recent(self) -> NDArray[np.float64]:
+        """The latest response lengths observed, of every prompt, oldest first."""
+        return np.fromiter(self._recent, dtype=np.float64, count=len(self._recent))
 
     def median(self, prompt_id: str) -> float | None:
         """The GRPO group's median length: HistoPipe's ranking key (§6.2)."""

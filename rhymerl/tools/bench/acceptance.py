@@ -6,10 +6,17 @@ AIMD drafter, and through the baselines on the same footing (same AIMD window po
 accepted fraction (accepted draft tokens / response tokens: the paper's speculation rate), acceptance
 rate (accepted / drafted) and mean tokens per verify step. Also the paper's §5.1 upper bound: a
 3-token prefix match with an unlimited draft that follows whichever history branch fits.
+
+Group drafts (Seer): the responses of each prompt's group are replayed together, pass by pass, each
+drafting from the siblings' tokens generated so far (a `GroupIndex` grown as they are fed), alone
+(every epoch, the first included) and with the history index; and what growing a group index
+costs per token. Fastest-of-N rows: per response, the draft of whichever source (history+group or
+group, n-gram) its own emitted tokens confirmed most so far (rhymerl/algorithms/drafting/fastest_of_n.py).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +25,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from rhymerl.algorithms.drafting import HistoryIndex
+from rhymerl.algorithms.drafting import GroupIndex, HistoryIndex
 from rhymerl.api.spec import SpeculationSpec
 from rhymerl.errors import user_paths
 from rhymerl.tools.bench import report, tables
@@ -26,6 +33,7 @@ from rhymerl.tools.bench.draft_replay import ReplayStats, replay_units
 from rhymerl.tools.bench.draft_sources import (
     ArcticCaches,
     ArcticSource,
+    FastestOfNSource,
     HistoSpecSource,
     NgramSource,
     Source,
@@ -36,6 +44,10 @@ from rhymerl.tools.bench.draft_workloads import PromptWork, dump_workload
 from rhymerl.workers.dumps import DumpError
 
 BOUND = "paper §5.1 bound"
+GROUP = "group (long match)"
+HISTORY_GROUP = "history+group (long match)"
+FASTEST_GROUP = "fastest-of-n (group, n-gram)"
+FASTEST_HISTORY_GROUP = "fastest-of-n (history+group, n-gram)"
 
 
 @dataclass
@@ -44,6 +56,7 @@ class AcceptanceConfig:
     arctic_depth: int = 64
     arctic: bool = True
     oracle_prefix: int = 3
+    lead: int = 128  # group rows "lead": one sibling per group starts this many steps before the rest
     knobs: SpeculationSpec = field(default_factory=SpeculationSpec.paper_rule)
     tuned: SpeculationSpec = field(default_factory=SpeculationSpec)  # an RLJob's defaults
 
@@ -57,6 +70,7 @@ def _metrics(stats: ReplayStats) -> dict[str, float | int]:
         "accepted_fraction": stats.accepted_fraction,
         "acceptance_rate": stats.acceptance_rate,
         "tokens_per_step": stats.tokens_per_step,
+        "steps": len(stats.step_seconds),  # batched steps until the last response ended (0: an oracle)
     }
 
 
@@ -72,41 +86,81 @@ def bound_stats(indexes: list[HistoryIndex], units: list[PromptWork], prefix: in
     return stats
 
 
+def group_update_cost(units: list[PromptWork], depth: int) -> dict[str, float]:
+    """Growing one group index per prompt from its responses: time, nodes and bytes per token."""
+    groups = [GroupIndex(depth) for _ in units]
+    t0, c0 = time.perf_counter(), time.process_time()
+    for g, u in zip(groups, units, strict=True):
+        for t in u.targets:
+            g.extend(t)
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    tokens = sum(g.n_tokens for g in groups)
+    return {"tokens": tokens, "depth": depth, "ns_per_token": seconds / max(tokens, 1) * 1e9,
+            "cpu_ns_per_token": cpu / max(tokens, 1) * 1e9,  # this process's CPU time: apart from a busy machine's waits
+            "nodes_per_token": sum(g.n_nodes for g in groups) / max(tokens, 1),
+            "bytes_per_token": sum(g.memory_bytes for g in groups) / max(tokens, 1)}
+
+
 def run(cfg: AcceptanceConfig, out: Path, console: Console | None = None) -> dict[str, Any]:
     console = console or Console()
-    units = dump_workload(cfg.dumps)
+    units = dump_workload(cfg.dumps, first_epochs=True)
     if not units:
-        raise DumpError(f"{cfg.dumps}: no prompt appears in two consecutive epochs, nothing to replay")
+        raise DumpError(f"{cfg.dumps}: the dumps hold no responses, nothing to replay")
     with user_paths("write", out):
         out.mkdir(parents=True, exist_ok=True)
     arctic_ok, arctic_note = arctic_status() if cfg.arctic else (False, "arctic-inference skipped (--no-arctic)")
     if not arctic_ok:
         console.print(f"[yellow]{arctic_note}: arctic rows left out[/yellow]")
-    pairs: dict[int, list[PromptWork]] = {}
+    pairs: dict[tuple[int, bool], list[PromptWork]] = {}
     for u in units:
-        pairs.setdefault(u.epoch, []).append(u)
+        pairs.setdefault((u.epoch, bool(u.history)), []).append(u)
 
     results: dict[str, Any] = {"dumps": str(cfg.dumps), "arctic": arctic_note, "knobs": knob_record(cfg.knobs),
-                               "long_match_knobs": knob_record(cfg.tuned), "pairs": [], "all": {}}
+                               "long_match_knobs": knob_record(cfg.tuned), "pairs": [], "all": {},
+                               "group_index": []}
     totals: dict[str, ReplayStats] = {}
-    for epoch, pair_units in sorted(pairs.items()):
-        label = f"{epoch - 1}->{epoch}"
+    depth = GroupIndex.for_spec(cfg.tuned).depth
+    for (epoch, with_history), pair_units in sorted(pairs.items()):
+        label = f"{epoch - 1}->{epoch}" if with_history else f"none->{epoch}"
         n_resp = sum(len(u.targets) for u in pair_units)
         console.log(f"epochs {label}: {len(pair_units)} prompts, {n_resp} responses")
+        results["group_index"].append({"epochs": label, **group_update_cost(pair_units, depth)})
+        if not with_history:  # only the group (and a sequence's own context) can draft
+            row: dict[str, Any] = {"epochs": label, "prompts": len(pair_units), "responses": n_resp, "methods": {}}
+            first: list[tuple[Source, int]] = [
+                (HistoSpecSource([None] * len(pair_units), cfg.tuned, name=GROUP, groups=True), 0),
+                (HistoSpecSource([None] * len(pair_units), cfg.tuned, name=_lead(GROUP, cfg.lead), groups=True),
+                 cfg.lead),
+                (NgramSource(cfg.knobs), 0),
+                (FastestOfNSource([HistoSpecSource([None] * len(pair_units), cfg.tuned, groups=True),
+                                   NgramSource(cfg.knobs)], name=FASTEST_GROUP), 0),
+            ]
+            for source, lead in first:
+                stats = replay_units(source, pair_units, lead=lead)
+                row["methods"][source.name] = _metrics(stats)
+                _add(totals, source.name, stats)
+            results["pairs"].append(row)
+            continue
         reward_idx = [HistoryIndex.build(u.history, reward_weighted=True) for u in pair_units]
         freq_idx = [HistoryIndex.build(u.history, reward_weighted=False) for u in pair_units]
+        tuned_idx = reward_idx if cfg.tuned.reward_weighted else freq_idx
         sources: list[Source] = [
             HistoSpecSource(reward_idx, cfg.knobs, name="histospec (reward)"),
             HistoSpecSource(freq_idx, cfg.knobs, name="histospec (frequency)"),
-            HistoSpecSource(reward_idx, cfg.tuned, name="histospec (reward, long match)"),
+            HistoSpecSource(tuned_idx, cfg.tuned, name="histospec (long match)"),
+            HistoSpecSource([None] * len(pair_units), cfg.tuned, name=GROUP, groups=True),
+            HistoSpecSource(tuned_idx, cfg.tuned, name=HISTORY_GROUP, groups=True),
+            HistoSpecSource(tuned_idx, cfg.tuned, name=_lead(HISTORY_GROUP, cfg.lead), groups=True),
         ]
         if arctic_ok:
             caches = ArcticCaches.build(pair_units, cfg.arctic_depth)
             sources.append(ArcticSource(caches, cfg.knobs, name=f"arctic-d{cfg.arctic_depth}"))
         sources.append(NgramSource(cfg.knobs))
-        row: dict[str, Any] = {"epochs": label, "prompts": len(pair_units), "responses": n_resp, "methods": {}}
+        sources.append(FastestOfNSource([HistoSpecSource(tuned_idx, cfg.tuned, groups=True), NgramSource(cfg.knobs)],
+                                        name=FASTEST_HISTORY_GROUP))
+        row = {"epochs": label, "prompts": len(pair_units), "responses": n_resp, "methods": {}}
         for source in sources:
-            stats = replay_units(source, pair_units)
+            stats = replay_units(source, pair_units, lead=cfg.lead if source.name.endswith(" ahead") else 0)
             row["methods"][source.name] = _metrics(stats)
             _add(totals, source.name, stats)
         bound = bound_stats(reward_idx, pair_units, cfg.oracle_prefix)
@@ -123,6 +177,10 @@ def run(cfg: AcceptanceConfig, out: Path, console: Console | None = None) -> dic
     return results
 
 
+def _lead(name: str, lead: int) -> str:
+    return f"{name}, 1 sibling {lead} steps ahead"
+
+
 def _add(totals: dict[str, ReplayStats], name: str, stats: ReplayStats) -> None:
     t = totals.setdefault(name, ReplayStats(batch=0))
     t.generated += stats.generated
@@ -133,15 +191,22 @@ def _add(totals: dict[str, ReplayStats], name: str, stats: ReplayStats) -> None:
 
 def print_table(results: dict[str, Any], console: Console) -> None:
     t = Table(title=f"Drafts from the previous epoch - {results['dumps']}")
-    for col in ("epochs", "source", "tokens", "accepted fraction", "acceptance rate", "tokens / verify step"):
+    for col in ("epochs", "source", "tokens", "accepted fraction", "acceptance rate", "tokens / verify step", "steps"):
         t.add_column(col, justify="left" if col in ("epochs", "source") else "right")
     rows = [(p["epochs"], p["methods"]) for p in results["pairs"]] + [("all", results["all"])]
     for label, methods in rows:
         for i, (name, m) in enumerate(methods.items()):
             t.add_row(label if i == 0 else "", name, str(m["tokens"]), f"{m['accepted_fraction']:.3f}",
                       f"{m['acceptance_rate']:.3f}" if name != BOUND else "(oracle)", f"{m['tokens_per_step']:.2f}",
-                      end_section=i == len(methods) - 1)
+                      str(m.get("steps", "")) if label != "all" else "", end_section=i == len(methods) - 1)
     tables.print_table(console, t, keys=2)
+    g = Table(title="Group index: growing it token by token")
+    for col in ("epochs", "tokens", "wall ns / token", "CPU ns / token", "nodes / token", "bytes / token"):
+        g.add_column(col, justify="left" if col == "epochs" else "right")
+    for r in results["group_index"]:
+        g.add_row(r["epochs"], str(r["tokens"]), f"{r['ns_per_token']:.0f}", f"{r['cpu_ns_per_token']:.0f}",
+                  f"{r['nodes_per_token']:.1f}", f"{r['bytes_per_token']:.0f}")
+    tables.print_table(console, g, keys=1)
     console.print(f"[dim]{results['arctic']}; knobs {results['knobs']}; long match {results['long_match_knobs']}[/dim]")
 
 

@@ -93,11 +93,13 @@ def replay(
     iterations: int | None = None,
     rng: np.random.Generator | None = None,
     restart_fraction: float = 0.9,
+    admitted: Sequence[int] | None = None,
 ) -> ReplayStats:
     """Generate `targets` (from `starts`) through `source`'s drafts.
 
     iterations=None: run until every sequence is complete (acceptance measurement). Otherwise run
     that many batched steps, restarting finished sequences at a random point (latency measurement).
+    admitted: the step at which each sequence starts generating (default: all at step 0).
     """
     n = len(targets)
     rows, tlens = pad_rows(targets, extra=source_pad(source))
@@ -108,18 +110,20 @@ def replay(
     tokens = np.zeros(0, dtype=np.int32)
     accepted: I32 | None = None
     active = pos < tlens
+    start_step = np.zeros(n, dtype=np.int64) if admitted is None else np.asarray(admitted, dtype=np.int64)
     rng = rng or np.random.default_rng(0)
     done_steps = 0
     while active.any() if iterations is None else done_steps < iterations:
         d_off, d_tok, secs = source.step(offsets, tokens, accepted)
         stats.step_seconds.append(secs)
-        acc = accepted_lengths(d_off, d_tok, rows, pos, tlens)
+        running = active & (start_step <= done_steps)
+        acc = np.where(running, accepted_lengths(d_off, d_tok, rows, pos, tlens), 0)
         lens = np.diff(d_off)
-        counts = np.where(active, np.minimum(acc + 1, tlens - pos), 0)
-        stats.drafted += int(lens[active].sum())
-        stats.accepted += int(acc[active].sum())
+        counts = np.where(running, np.minimum(acc + 1, tlens - pos), 0)
+        stats.drafted += int(lens[running].sum())
+        stats.accepted += int(acc[running].sum())
         stats.generated += int(counts.sum())
-        stats.verify_steps += int(active.sum())
+        stats.verify_steps += int(running.sum())
         new_pos = pos + counts
         if iterations is not None:
             finished = np.flatnonzero(new_pos >= tlens)
@@ -142,13 +146,15 @@ def source_pad(source: Source) -> int:
     return (knobs.window.max if isinstance(knobs, SpeculationSpec) else 64) + 2
 
 
-def replay_units(source: Source, units: Sequence[PromptWork]) -> ReplayStats:
-    """Replay every target response of every unit from its start against the unit's history."""
-    seq_units, prompts, targets = [], [], []
+def replay_units(source: Source, units: Sequence[PromptWork], lead: int = 0) -> ReplayStats:
+    """Replay every target response of every unit from its start against the unit's history.
+    lead: the first response of each unit starts that many steps before its siblings."""
+    seq_units, prompts, targets, admitted = [], [], [], []
     for i, u in enumerate(units):
-        for t in u.targets:
+        for k, t in enumerate(u.targets):
             seq_units.append(i)
             prompts.append(u.prompt)
             targets.append(t)
-    return replay(source, seq_units, prompts, targets, [0] * len(targets))
+            admitted.append(lead if k else 0)
+    return replay(source, seq_units, prompts, targets, [0] * len(targets), admitted=admitted)
 

@@ -6,7 +6,9 @@ the only difference between rows is where drafts come from (and what that costs)
 - `HistoSpecSource`: our native index + batched AIMD drafter (one native call per engine step);
 - `ArcticSource`: Snowflake's arctic-inference SuffixDecodingCache (per-prompt cache holding last
   epoch's responses, as its vLLM integration drives it: add tokens, then speculate, per request);
-- `NgramSource`: a vLLM-style n-gram proposer over each sequence's own context (native scan).
+- `NgramSource`: a vLLM-style n-gram proposer over each sequence's own context (native scan);
+- `FastestOfNSource`: several of the above, each sequence taking the draft of the one its own
+  emitted tokens confirmed most (Fastest-of-N).
 
 Arctic and n-gram get the same AIMD window rule as ours (applied here, outside their timed calls),
 so acceptance differences come from the drafts. Workloads: draft_workloads.py; the lockstep replay
@@ -24,7 +26,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from rhymerl.algorithms.drafting import AimdWindows, HistoryDrafter, HistoryIndex, ngram_draft
+from rhymerl.algorithms.drafting import AimdWindows, GroupIndex, HistoryDrafter, HistoryIndex, ngram_draft
+from rhymerl.algorithms.drafting.fastest_of_n import SourceChoice, matched
 from rhymerl.api.spec import SpeculationSpec
 from rhymerl.tools.bench.draft_workloads import PromptWork
 
@@ -85,26 +88,34 @@ class AIMD:
 
 
 class HistoSpecSource(Source):
-    def __init__(self, indexes: Sequence[HistoryIndex], knobs: SpeculationSpec, name: str = "histospec") -> None:
+    """The history drafter; with `groups`, each unit's sequences also share a `GroupIndex` that they
+    grow as they are replayed (the siblings of a step generated together), and `indexes` may hold
+    None for a unit without history."""
+
+    def __init__(self, indexes: Sequence[HistoryIndex | None], knobs: SpeculationSpec, name: str = "histospec",
+                 groups: bool = False) -> None:
         self.name = name
         self.indexes = indexes
         self.knobs = knobs
         self.drafter = HistoryDrafter(knobs)
+        self.groups: list[GroupIndex] | None = [GroupIndex.for_spec(knobs) for _ in indexes] if groups else None
         self.handles = np.zeros(0, dtype=np.int64)
         self.out_offsets = np.zeros(1, dtype=np.int64)
         self.out_tokens = np.zeros(0, dtype=np.int32)
 
+    def _add(self, unit: int, context: I32) -> int:
+        return self.drafter.add(self.indexes[unit], context,
+                                group=self.groups[unit] if self.groups is not None else None)
+
     def start(self, units: Sequence[int], prompts: Sequence[I32], contexts: Sequence[I32], capacity: int) -> None:
-        self.handles = np.asarray(
-            [self.drafter.add(self.indexes[u], c) for u, c in zip(units, contexts, strict=True)], dtype=np.int64
-        )
+        self.handles = np.asarray([self._add(u, c) for u, c in zip(units, contexts, strict=True)], dtype=np.int64)
         # an engine keeps its draft buffers: step_into writes there without allocating
         self.out_offsets = np.zeros(len(units) + 1, dtype=np.int64)
         self.out_tokens = np.zeros(len(units) * self.knobs.window.max, dtype=np.int32)
 
     def restart(self, slot: int, unit: int, prompt: I32, context: I32) -> None:
         self.drafter.remove(int(self.handles[slot]))
-        self.handles[slot] = self.drafter.add(self.indexes[unit], context)
+        self.handles[slot] = self._add(unit, context)
 
     def step(self, offsets: I64, tokens: I32, accepted: I32 | None) -> tuple[I64, I32, float]:
         t0 = time.perf_counter()
@@ -289,3 +300,64 @@ class ArcticSource(Source):
             if self.reqs[i][1] is not None:
                 self._close(i)
         self.reqs = []
+
+
+class FastestOfNSource(Source):
+    """Fastest-of-N over other sources: every source drafts every step (its own AIMD window, told
+    how much of its last draft the emitted tokens confirmed), and each sequence gets the draft of
+    the source its own tokens confirmed most (`SourceChoice`). Only what an engine sees scores a
+    source: the emitted tokens, never the rest of the target. `served` counts non-empty drafts
+    handed out per source."""
+
+    def __init__(self, sources: Sequence[Source], name: str = "fastest-of-n", decay: float = 0.8) -> None:
+        self.name = name
+        self.sources = list(sources)
+        self.decay = decay
+        self.choice = SourceChoice(0, len(self.sources), decay)
+        self.last: list[tuple[I64, I32]] = []
+        self.served = np.zeros(len(self.sources), dtype=np.int64)
+
+    def start(self, units: Sequence[int], prompts: Sequence[I32], contexts: Sequence[I32], capacity: int) -> None:
+        for source in self.sources:
+            source.start(units, prompts, contexts, capacity)
+        self.choice = SourceChoice(len(units), len(self.sources), self.decay)
+        empty = (np.zeros(len(units) + 1, dtype=np.int64), np.zeros(0, dtype=np.int32))
+        self.last = [empty] * len(self.sources)
+
+    def restart(self, slot: int, unit: int, prompt: I32, context: I32) -> None:
+        for source in self.sources:
+            source.restart(slot, unit, prompt, context)
+        self.choice.reset(slot)
+
+    def step(self, offsets: I64, tokens: I32, accepted: I32 | None) -> tuple[I64, I32, float]:
+        n = offsets.size - 1
+        confirmed = np.zeros((n, len(self.sources)), dtype=np.int64)
+        windows = np.zeros((n, len(self.sources)), dtype=np.int32)  # what each source's AIMD window is told
+        for k, (d_off, d_tok) in enumerate(self.last):
+            for i in range(n):
+                draft = d_tok[d_off[i]: d_off[i + 1]].tolist()
+                emitted = tokens[offsets[i]: offsets[i + 1]].tolist()
+                confirmed[i, k] = matched(draft, emitted)
+                # a draft the emitted tokens did not refute counts as accepted (the chosen one's never is
+                # cut short: one token more than it accepted is emitted)
+                windows[i, k] = len(draft) if confirmed[i, k] == min(len(draft), len(emitted)) else confirmed[i, k]
+        if accepted is not None:
+            self.choice.observe(confirmed)
+        seconds = 0.0
+        drafts = []
+        for k, source in enumerate(self.sources):
+            d_off, d_tok, secs = source.step(offsets, tokens, None if accepted is None else windows[:, k])
+            drafts.append((d_off, d_tok))
+            seconds += secs
+        self.last = drafts
+        picks = self.choice.choose()
+        rows = [drafts[int(k)][1][drafts[int(k)][0][i]: drafts[int(k)][0][i + 1]] for i, k in enumerate(picks)]
+        out_off = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum([len(r) for r in rows], out=out_off[1:])
+        for i, k in enumerate(picks):
+            self.served[int(k)] += len(rows[i]) > 0
+        return out_off, (np.concatenate(rows) if rows else np.zeros(0, dtype=np.int32)).astype(np.int32), seconds
+
+    def close(self) -> None:
+        for source in self.sources:
+            source.close()

@@ -72,6 +72,43 @@ def synthetic_workload(
     return work
 
 
+def late_divergence_workload(
+    prompts: int = 8,
+    responses: int = 16,
+    trunk: int = 192,
+    tail: int = 64,
+    wrong_share: float = 0.75,
+    target_correct: float = 0.75,
+    noise: float = 0.005,
+    vocab: int = 4096,
+    seed: int = 0,
+) -> list[PromptWork]:
+    """Where reward weighting should pay: every response of a prompt shares a trunk, then at the
+    same late point either continues correctly (reward 1) or takes the prompt's one common slip
+    (reward 0). `wrong_share` of last epoch's responses slipped, so frequency drafts the slip at the
+    branch; `target_correct` of this epoch's responses continue correctly (a policy that learned
+    from the rewards), so the reward-weighted branch is the right one. Token noise everywhere."""
+    rng = np.random.default_rng(seed)
+    n_wrong = round(wrong_share * responses)
+    work = []
+    for p in range(prompts):
+        stem = rng.integers(0, vocab, size=trunk, dtype=np.int32)
+        tails = {True: rng.integers(0, vocab, size=tail, dtype=np.int32),
+                 False: rng.integers(0, vocab, size=tail, dtype=np.int32)}
+        history = [(_noisy(rng, np.concatenate([stem, tails[k >= n_wrong]]), noise, vocab), float(k >= n_wrong))
+                   for k in range(responses)]
+        targets = [_noisy(rng, np.concatenate([stem, tails[bool(rng.random() < target_correct)]]), noise, vocab)
+                   for _ in range(responses)]
+        work.append(PromptWork(f"late-divergence-{p}", np.zeros(0, dtype=np.int32), history, targets, epoch=1))
+    return work
+
+
+def _noisy(rng: np.random.Generator, seq: I32, noise: float, vocab: int) -> I32:
+    flip = rng.random(seq.size) < noise
+    seq[flip] = rng.integers(0, vocab, size=int(flip.sum()), dtype=np.int32)
+    return seq
+
+
 @dataclass
 class _PhrasePool:
     phrases: list[I32]
@@ -109,8 +146,9 @@ def _respond(
     return seq.astype(np.int32), reward
 
 
-def dump_workload(run_dir: Any, latest_only: bool = False) -> list[PromptWork]:
-    """(prompt, epoch e) units from a run's rollout dumps: history = epoch e-1 responses of the prompt."""
+def dump_workload(run_dir: Any, latest_only: bool = False, first_epochs: bool = False) -> list[PromptWork]:
+    """(prompt, epoch e) units from a run's rollout dumps: history = epoch e-1 responses of the prompt.
+    first_epochs: also a prompt's first epoch, with no history (what only its group can draft)."""
     from rhymerl.workers.dumps import read_run
 
     records = read_run(run_dir)
@@ -120,13 +158,13 @@ def dump_workload(run_dir: Any, latest_only: bool = False) -> list[PromptWork]:
     units = []
     for (pid, epoch), recs in sorted(groups.items()):
         prev = groups.get((pid, epoch - 1))
-        if not prev:
+        if not prev and not (first_epochs and not any(p == pid and e < epoch for p, e in groups)):
             continue
         units.append(
             PromptWork(
                 prompt_id=pid,
                 prompt=np.asarray(recs[0].prompt_ids, dtype=np.int32),
-                history=[(np.asarray(r.response_ids, dtype=np.int32), float(r.reward)) for r in prev],
+                history=[(np.asarray(r.response_ids, dtype=np.int32), float(r.reward)) for r in prev or []],
                 targets=[np.asarray(r.response_ids, dtype=np.int32) for r in recs],
                 epoch=epoch,
             )

@@ -236,11 +236,11 @@ def run(cfg: DrafterBenchConfig, out: Path, console: Console | None = None) -> d
 
     # Draft quality: replay whole target responses (acceptance methodology, see bench acceptance).
     sample = list(units[: cfg.quality_units])
-    freq = [HistoryIndex.build(u.history, reward_weighted=False) for u in sample]
+    weighted = [HistoryIndex.build(u.history, reward_weighted=True) for u in sample]
     quality: list[Source] = [
         HistoSpecSource(indexes[: len(sample)], cfg.knobs, name="histospec"),
         HistoSpecSource(indexes[: len(sample)], cfg.tuned, name="histospec (long match)"),
-        HistoSpecSource(freq, cfg.tuned, name="histospec (long match, frequency)"),
+        HistoSpecSource(weighted, cfg.tuned, name="histospec (long match, reward-weighted)"),
     ]
     for depth in caches:
         quality.append(ArcticSource(ArcticCaches.build(sample, depth), cfg.knobs, name=f"arctic-d{depth}"))

@@ -13,6 +13,8 @@ adds, each priced from a measurement or a stated assumption:
   bytes for an index of 2,784 response tokens).
 Bandwidths: RDMA-class (100 Gb/s, 12.5 GB/s) and what PolyTrace measured for cross-node transfers
 through Ray's object serialisation (0.015 GB/s), the path the runtime must not put bulk data on.
+The scheduler is HistoPipe with its per-worker placement: the simulator prices index shipping per
+worker sub-batch, not for samples pulled from the shared queue of the default placement.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ def _cell(cfg: ScaleConfig, workers: int, pipelined: bool, network: str) -> Cell
                         index_bytes_per_token=cfg.index_bytes_per_token if bandwidth < math.inf else 0.0,
                         bandwidth_bytes_per_s=bandwidth)
     sched = make_scheduler(SchedulingSpec(policy="histopipe", ranking_groups=cfg.groups), workers,
-                           max_off_policy=1 if pipelined else 0, seed=0)
+                           max_off_policy=1 if pipelined else 0, seed=0, placement="per-worker")
     sim = Simulator(trace, sched, sim_cfg, warmup_steps=4, steps=cfg.steps)
     result = sim.run()
     steady, _ = result.steady_state()

@@ -21,7 +21,7 @@ from rich.table import Table
 
 from rhymerl.algorithms.scheduling import POLICIES, SpeculationSpeedup, make_scheduler
 from rhymerl.algorithms.scheduling.costmodel import IterationProfile, TableProfile
-from rhymerl.algorithms.scheduling.histopipe import HistoPipe
+from rhymerl.algorithms.scheduling.histopipe import HistoPipe, Placement
 from rhymerl.api.spec import MigrationSpec, SchedulingSpec
 from rhymerl.errors import OptionError, user_paths
 from rhymerl.tools.bench.report import machine, write_json, write_text
@@ -41,10 +41,13 @@ class Variant:
     spec: SchedulingSpec
     work_stealing: bool = True
     """HistoPipe only: idle workers take waiting samples of their step from busy workers."""
+    placement: Placement = "shared"
+    """HistoPipe only: the default shared queue, or the paper's per-worker sub-batches."""
 
 
 def variants(groups: int, first_epoch: str = "prompt-length", max_staleness: int = 1) -> list[Variant]:
-    """The rows of the table: the baselines, then HistoPipe's ablation ladder."""
+    """The rows of the table: the baselines, HistoPipe's per-worker placement (the paper's, the
+    default before issue 27) and its ablations, then the default."""
     kw = {"ranking_groups": groups, "first_epoch": first_epoch, "max_staleness": max_staleness}
     return [
         Variant("equal", SchedulingSpec(policy="equal", **kw)),
@@ -52,13 +55,14 @@ def variants(groups: int, first_epoch: str = "prompt-length", max_staleness: int
         Variant("skew-aware", SchedulingSpec(policy="skew-aware", **kw)),
         Variant("realloc", SchedulingSpec(policy="realloc", **kw)),
         Variant("async", SchedulingSpec(policy="async", **kw)),
-        Variant("histopipe-1tier", SchedulingSpec(policy="histopipe", two_tier=False, **kw)),
+        Variant("histopipe-1tier", SchedulingSpec(policy="histopipe", two_tier=False, **kw), placement="per-worker"),
+        Variant(
+            "histopipe-nosteal", SchedulingSpec(policy="histopipe", **kw), work_stealing=False, placement="per-worker"
+        ),
+        Variant("histopipe-perworker", SchedulingSpec(policy="histopipe", **kw), placement="per-worker"),
         Variant(
             "histopipe-nomig",
             SchedulingSpec(policy="histopipe", migration=MigrationSpec(enabled=False), **kw),
-        ),
-        Variant(
-            "histopipe-nosteal", SchedulingSpec(policy="histopipe", **kw), work_stealing=False
         ),
         Variant("histopipe", SchedulingSpec(policy="histopipe", **kw)),
     ]
@@ -136,7 +140,7 @@ def run_bench(cfg: BenchConfig, console: Console | None = None) -> BenchReport:
             raise OptionError(f"--policy: unknown {', '.join(unknown)}; choose from {', '.join(v.key for v in chosen)}")
         chosen = [v for v in chosen if v.key == "equal" or v.key in cfg.policies or v.spec.policy in cfg.policies]
     notes = [f"trace {trace.name}: {len(trace)} responses over {trace.num_steps} steps; {trace.id_note()}"]
-    notes += [f"trace {trace.name}: {n}" for n in trace.notes]
+    notes += [f"trace {trace.name}: {n}" for n in (*trace.notes, trace.turns_note()) if n]
     notes += _extrapolation_note(trace, profile)
     if warmup:
         notes.append(
@@ -152,7 +156,8 @@ def run_bench(cfg: BenchConfig, console: Console | None = None) -> BenchReport:
         for v in chosen:
             progress.update(task, description=f"simulating {v.key}")
             sched = make_scheduler(
-                v.spec, cfg.workers, profile=profile, speculation=spec, max_off_policy=cfg.max_off_policy, seed=cfg.seed
+                v.spec, cfg.workers, profile=profile, speculation=spec, max_off_policy=cfg.max_off_policy, seed=cfg.seed,
+                placement=v.placement,
             )
             if isinstance(sched, HistoPipe):
                 sched.work_stealing = v.work_stealing

@@ -14,13 +14,16 @@ and answers every move at once. Admission, cache overflow and preemption follow
 scheduling/batching.py. A worker that finished its share of a step but may not start the next
 offers itself to `Scheduler.on_idle` (work stealing: unstarted samples of its step, or started
 ones, which it recomputes). Step gating follows the scheduler's pipeline and the off-policy
-bound: step s may start only after step s - 1 - staleness trained.
+bound: step s may start only after step s - 1 - staleness trained. The fleet may change while it
+runs (spot preemptions, joins, resizing between steps) through `FleetHooks` (elastic.py).
 
 Assumptions (docs/scheduling.md): a worker admits sequences while their KV cache fits the
 profile's `kv_capacity_tokens` (none: unenforced), and when it runs full the sequences admitted
 last are preempted and later recomputed (vLLM's recompute preemption); a
 batch admission stalls the worker for the prefill of its tokens; an intra-step migration with
-recompute costs the destination a prefill of prompt + generated tokens; training takes
+recompute costs the destination a prefill of prompt + generated tokens; a multi-turn sample
+leaves its worker for each tool call, dropping its KV cache, and comes back to the queue with its
+tokens (`_to_tool`, `_from_tool`); training takes
 `train_time_s` per step and runs one step at a time.
 """
 
@@ -31,6 +34,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -55,6 +59,16 @@ class SimulationError(RuntimeError):
     """The run cannot finish (a scheduler left samples unplanned or the gates never open)."""
 
 
+class FleetHooks(Protocol):
+    """What changes the fleet while a run goes on (elastic.py: spot preemptions, joins, resizing)."""
+
+    def on_fleet_event(self, sim: Simulator, arg: int) -> None:
+        """An event the hooks scheduled (`Simulator.fleet_event`) is due."""
+
+    def between_steps(self, sim: Simulator, trained: int) -> None:
+        """Step `trained` has trained; the next step's gate is about to be evaluated."""
+
+
 @dataclass(frozen=True)
 class SimConfig:
     workers: int
@@ -63,7 +77,8 @@ class SimConfig:
     train_time_s: float = 0.0
     """Seconds of training per step after its rollouts complete (0: rollout only)."""
     async_concurrency: int | None = None
-    """Shared pipeline: sequences per worker; default the even-split share of a step."""
+    """Shared pipeline: sequences per worker; default the even-split share of a step (the profile's
+    max batch for a scheduler that `fills_batch`)."""
     weight_sync_s: float = 0.0
     """Seconds from a step's training end until rollout workers can use the new weights (transfer
     and load); the next training starts without waiting for it."""
@@ -100,13 +115,20 @@ class Simulator:
                 inp, out = int(trace.input_len[i]), int(trace.output_len[i])
                 batch.append(Sample(sid=i, prompt_id=trace.prompt_id[i], input_len=inp, oracle_len=out))
                 self.seqs[i] = SimSeq(sid=i, input_len=inp, target=out, step=s, origin=s)
+                if trace.turns is not None:
+                    tokens, tool_s = trace.turns.of_row(i)
+                    self.seqs[i].turn_ends = tuple(np.cumsum(tokens[:-1]).tolist())
+                    self.seqs[i].tool_s = tuple(tool_s[:-1])
             self.step_samples[s] = batch
         self.sched.final_round = last
         n = config.workers
         self.workers = [SimWorker(w, self.first_step - 1) for w in range(n)]
         per_step = np.mean([len(b) for b in self.step_samples.values()])
         self.share = max(1, math.ceil(per_step / n))
-        self.cap = (config.async_concurrency or self.share) if scheduler.pipeline == "shared" else self.profile.max_batch
+        self.bound_batch = max(1, math.ceil((1 + scheduler.staleness) * per_step / n))
+        """The lower bound's batch: the even split of the 1 + staleness steps released at once."""
+        pull = self.profile.max_batch if scheduler.fills_batch else self.share
+        self.cap = (config.async_concurrency or pull) if scheduler.pipeline == "shared" else self.profile.max_batch
         kv_cap = self.profile.kv_capacity_tokens
         self.kv_cap = float(kv_cap) if kv_cap is not None else math.inf
         self.events: list[tuple[float, int, int, int]] = []  # (time, seq, kind, arg)
@@ -123,6 +145,8 @@ class Simulator:
         self.idle: set[int] = set(range(n))
         self.shared: deque[SimSeq] = deque()
         self.limbo: set[int] = set()
+        self.at_tool: dict[int, int] = {}
+        """Multi-turn samples out at a tool call: the worker whose queue they return to (per-worker pipelines)."""
         self.finished: dict[int, tuple[float, int, int]] = {}
         self.segments: list[tuple[int, float, float, int]] = []
         self.migrations: list[tuple[float, int, int, int]] = []
@@ -145,6 +169,9 @@ class Simulator:
         self.ship_wait = 0.0
         """Worker-seconds spent waiting for history indexes."""
         self.index_bytes = self._index_sizes(rows) if config.index_bytes_per_token > 0 else {}
+        self.gone: set[int] = set()
+        """Workers that left the fleet (elastic.py): they take no work; their index stays until compacted."""
+        self.hooks: FleetHooks | None = None
 
     # ------------------------------------------------------------------ setup
     def _index_sizes(self, rows: list[np.ndarray]) -> dict[str, float]:
@@ -175,7 +202,7 @@ class Simulator:
         return math.ceil(tokens / self.alpha - 1e-9)
 
     def _gen_at(self, q: SimSeq, it: int) -> int:
-        return q.generated + min(q.target - q.generated, math.floor((it - q.start_it) * self.alpha + 1e-9))
+        return q.generated + min(q.stop - q.generated, math.floor((it - q.start_it) * self.alpha + 1e-9))
 
     def _seg_time(self, w: SimWorker, it_to: int) -> float:
         delta = it_to - w.it
@@ -187,7 +214,7 @@ class Simulator:
         while w.fin:
             fit, sid = w.fin[0]
             q = w.running.get(sid)
-            if q is not None and q.start_it + self._passes(q.target - q.generated) == fit:
+            if q is not None and q.start_it + self._passes(q.stop - q.generated) == fit:
                 break
             heapq.heappop(w.fin)
         while w.wat:
@@ -296,7 +323,7 @@ class Simulator:
             q.recompute = True
             w.running[q.sid] = q
             w.c0 += q.input_len + q.generated - q.start_it * self.alpha
-            heapq.heappush(w.fin, (q.start_it + self._passes(q.target - q.generated), q.sid))
+            heapq.heappush(w.fin, (q.start_it + self._passes(q.stop - q.generated), q.sid))
             if q.watch is not None:
                 heapq.heappush(w.wat, (q.start_it + self._passes(q.watch - q.generated), q.sid, q.watch))
 
@@ -322,23 +349,27 @@ class Simulator:
         runs alone."""
         return admits(kv, q.input_len, q.generated, len(w.running) + admitting + 1, self.alpha, self.kv_cap)
 
-    def _take(self, w: SimWorker, queue: deque[SimSeq], batch: list[SimSeq], kv: float) -> float:
+    def _take(self, w: SimWorker, queue: deque[SimSeq], batch: list[SimSeq], kv: float, most: int | None = None) -> float:
         """Move sequences from the front of `queue` into `batch` while a slot is free and their KV
-        cache fits next to `kv` tokens; returns the KV tokens with them."""
-        while queue and len(w.running) + len(batch) < self.cap and self._fits(w, kv, queue[0], len(batch)):
+        cache fits next to `kv` tokens (at most `most` of them); returns the KV tokens with them."""
+        room = min(self.cap - len(w.running), len(batch) + (most if most is not None else self.cap))
+        while queue and len(batch) < room and self._fits(w, kv, queue[0], len(batch)):
             q = queue.popleft()
             batch.append(q)
             kv += q.input_len + q.generated
         return kv
 
-    def _refill(self, w: SimWorker) -> None:
-        """Admit waiting work; a worker whose sub-batch is done moves on to its next step."""
+    def _refill(self, w: SimWorker, most: int | None = None) -> None:
+        """Admit waiting work (at most `most` from the shared queue); a worker whose sub-batch is
+        done moves on to its next step."""
+        if w.idx in self.gone:
+            return
         batch: list[SimSeq] = []
         kv = self._take(w, w.waiting, batch, self._kv_now(w) if self.kv_cap < math.inf else 0.0)
         shared = self.sched.pipeline == "shared"
         if shared and not w.waiting:  # in the shared pipeline a worker's own queue holds only its preempted sequences
             taken = len(batch)
-            self._take(w, self.shared, batch, kv)
+            self._take(w, self.shared, batch, kv, most)
             for q in batch[taken:]:
                 self.sched.on_admitted(q.sid, w.idx)
         self._admit(w, batch)
@@ -372,6 +403,8 @@ class Simulator:
         return plan
 
     def _start_next(self, w: SimWorker) -> None:
+        if w.idx in self.gone:
+            return
         while True:
             step = w.step + 1
             if not self._gate(step):
@@ -450,13 +483,17 @@ class Simulator:
         while w.fin and w.fin[0][0] <= w.it:
             _, sid = heapq.heappop(w.fin)
             q = w.running.get(sid)
-            if q is not None and q.start_it + self._passes(q.target - q.generated) <= w.it:
+            if q is not None and q.start_it + self._passes(q.stop - q.generated) <= w.it:
                 done[sid] = q
         while w.wat and w.wat[0][0] <= w.it:
             wit, sid, tok = heapq.heappop(w.wat)
             if self._live_watch(w, wit, sid, tok) and sid not in done:
                 w.running[sid].watch = None
                 progress.append((sid, w.idx, tok))
+        for q in [q for q in done.values() if q.stop < q.target]:  # a turn ended: off to its tool
+            del done[q.sid]
+            self._remove(w, q)
+            self._to_tool(q, w.idx)
         for q in done.values():  # off the worker first, so no action below can pick a sequence that just ended
             self._remove(w, q)
             q.generated = q.target
@@ -493,6 +530,8 @@ class Simulator:
     def _on_gate(self, kind: int, arg: int) -> None:
         if kind == 1:
             self.trained_through = max(self.trained_through, arg)
+            if self.hooks is not None:
+                self.hooks.between_steps(self, arg)
             if self.sched.pipeline == "shared" and self.sched.interrupt_on_update:
                 for w in self.workers:
                     if w.running:
@@ -507,16 +546,67 @@ class Simulator:
             while step in self.step_samples and self._gate(step):
                 self._plan(step)
                 step += 1
-            for w in self.workers:
-                if len(w.running) < self.cap and self.shared:
-                    self.idle.discard(w.idx)
-                    self._refill(w)
+            self._deal()
         else:
             for idx in sorted(self.idle):
                 w = self.workers[idx]
                 if not w.running and not w.waiting:
                     self.idle.discard(idx)
                     self._start_next(w)
+
+    def _deal(self) -> None:
+        """Shared pipeline, steps just released: the queue is dealt one sample at a time round-robin
+        over the workers with a free slot (as the rollout fleet deals it), so a queue in the
+        scheduler's order (the longest first) spreads over the workers instead of filling one."""
+        room = [w for w in self.workers if len(w.running) < self.cap and w.idx not in self.gone]
+        while room and self.shared:
+            took = []
+            for w in room:
+                if not self.shared:
+                    break
+                before = len(w.running)
+                self.idle.discard(w.idx)
+                self._refill(w, 1)
+                if len(w.running) > before and len(w.running) < self.cap and not w.waiting:
+                    took.append(w)
+            room = took
+
+    def _to_tool(self, q: SimSeq, worker: int) -> None:
+        """A turn ended: the sample leaves its worker's batch for its tool call, holding no GPU; its
+        KV cache is dropped, so its next turn starts with a prefill of prompt + tokens so far."""
+        q.recompute = True
+        self.at_tool[q.sid] = worker
+        self._push(self.now + q.tool_s[q.turn_ends.index(q.generated)], 4, q.sid)
+
+    def _from_tool(self, sid: int) -> None:
+        """The tool answered: the sample re-enters the queue its placement says, at the front (it
+        resumes): the shared queue, or its worker's own (a worker that left hands it on)."""
+        q = self.seqs[sid]
+        worker = self.at_tool.pop(sid)
+        if self.sched.pipeline == "shared":
+            self.shared.appendleft(q)
+            room = [w for w in self.workers if len(w.running) < self.cap and w.idx not in self.gone]
+            if room:
+                w = min(room, key=lambda v: (len(v.running), v.idx))
+                self.idle.discard(w.idx)
+                self._refill(w, 1)
+            return
+        w = self.workers[worker]
+        w.waiting.appendleft(q)
+        live = [i for i in range(len(self.workers)) if i not in self.gone]
+        if worker not in self.gone:
+            self.idle.discard(worker)
+            self._refill(w)
+        elif live:  # as elastic.hand_back does; with nobody live it waits there for a worker to join
+            outer, self.dirty = self.dirty, set()
+            self.executor.evacuate(worker, q.step, [(q.sid, q.generated)], live)
+            touched, self.dirty = self.dirty, outer
+            for idx in sorted(touched - self.gone):
+                self._refill(self.workers[idx])
+
+    def fleet_event(self, t: float, arg: int) -> None:
+        """Have the fleet hooks called with `arg` at time `t`."""
+        self._push(t, 3, arg)
 
     # ------------------------------------------------------------------ the executor's fleet
     def watch(self, sid: SampleId, tokens: int) -> None:
@@ -605,6 +695,12 @@ class Simulator:
                     continue
                 self.now = max(self.now, t)
                 self._on_worker(w)
+            elif kind == 4:
+                self.now = max(self.now, t)
+                self._from_tool(arg)
+            elif kind == 3 and self.hooks is not None:
+                self.now = max(self.now, t)
+                self.hooks.on_fleet_event(self, arg)
             else:
                 self.now = max(self.now, t)
                 self._on_gate(kind, arg)

@@ -1,11 +1,15 @@
 """What a simulated run reports, and the lower bound it is measured against.
 
 Lower bound: max(total work / N, longest sample). A sample's work is its decode time at the
-even-split batch size B = ceil(samples per step / N), or at a smaller batch (powers of two) where
-that is cheaper per token: where throughput is concave in batch size (the roofline), an even spread
-is the most efficient way to decode a step's sequences and the price is the one at B; a measured
+even-split batch size B = ceil((1 + staleness) x samples per step / N), or at a smaller batch
+(powers of two) where that is cheaper per token: the off-policy bound releases at most 1 +
+staleness steps' samples at once, and where throughput is concave in batch size (the roofline) an
+even spread of them is the most efficient way to decode them and the price is the one at B; a measured
 profile need not be concave, and a bound must not be beaten by a policy running smaller batches.
-The longest sample cannot finish faster than decoding alone (batch 1).
+The longest sample cannot finish faster than decoding alone (batch 1). Every prompt is prefilled at
+least once (a worker decodes nothing while it prefills), so the work also holds the prefill of
+every sample's prompt. A multi-turn sample drops its KV cache at each tool call, so the work also
+holds the prefill of its context at each later turn, and its time the seconds of its tool calls.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rhymerl.algorithms.scheduling.costmodel import IterationProfile, SpeculationSpeedup, TableProfile
+from rhymerl.tools.traces.model import Turns
 
 
 @dataclass(frozen=True)
@@ -189,6 +194,18 @@ class SimResult:
         }
 
 
+def reentry_tokens(input_len: NDArray[np.int64], turns: Turns) -> int:
+    """Tokens prefilled again when multi-turn samples come back from their tool calls: before each
+    turn after the first, the prompt and every token generated so far."""
+    count = turns.count()
+    row = np.repeat(np.arange(len(count)), count)
+    csum = np.concatenate([[0], np.cumsum(turns.tokens)])
+    flat = np.arange(len(turns.tokens))
+    before = csum[flat] - csum[turns.offsets[row]]
+    first = flat == turns.offsets[row]
+    return int(np.sum((input_len[row] + before)[~first]))
+
+
 def lower_bound(
     input_len: NDArray[np.int64],
     output_len: NDArray[np.int64],
@@ -196,8 +213,11 @@ def lower_bound(
     share: int,
     profile: IterationProfile,
     spec: SpeculationSpeedup,
+    turns: Turns | None = None,
 ) -> LowerBound:
-    """max(total work / N, longest sample) for these samples; see the module docstring."""
+    """max(total work / N, longest sample) for these samples; see the module docstring. Multi-turn
+    samples (`turns`, these rows') also prefill their context again at each turn after the first
+    (work), and wait for their tool calls (the longest sample's time)."""
     batch = max(1, min(profile.max_batch, share))
     out = output_len.astype(np.float64)
     ctx = input_len.astype(np.float64) + out / 2.0
@@ -209,8 +229,11 @@ def lower_bound(
     candidates = sorted({batch, *(b for b in grid if b <= batch),
                          *(2**k for k in range(batch.bit_length()) if 2**k <= batch)})
     per_pass = np.min([profile.iteration_times(np.full_like(ctx, b), ctx) / b for b in candidates], axis=0)
-    work = float(np.sum(passes * per_pass * spec.pass_cost))
+    work = float(np.sum(passes * per_pass * spec.pass_cost)) + profile.prefill_time(int(input_len.sum()))
     solo = passes * profile.iteration_times(np.ones_like(ctx), ctx) * spec.pass_cost
+    if turns is not None:
+        work += profile.prefill_time(reentry_tokens(input_len, turns))
+        solo = solo + turns.tool_seconds()
     longest = float(np.max(solo)) if solo.size else 0.0
     return LowerBound(
         seconds=max(work / workers, longest), work_per_worker=work / workers, longest_sample=longest, batch=batch

@@ -26,10 +26,12 @@ def collect_result(self: Simulator, total: int) -> SimResult:
     rows = np.array(sorted(self.seqs), dtype=np.int64)
     step_of = np.array([self.seqs[i].origin for i in rows.tolist()], dtype=np.int64)
     step_lb = {}
+    turns = self.trace.turns
     for s in step_ids:
         r = rows[step_of == s]
         step_lb[s] = lower_bound(
-            self.trace.input_len[r], self.trace.output_len[r], n, self.share, self.profile, self.cfg.speculation
+            self.trace.input_len[r], self.trace.output_len[r], n, self.bound_batch, self.profile, self.cfg.speculation,
+            turns.take(r) if turns is not None else None,
         )
     steps = [
         StepRecord(step=s, samples=counts[s], start=lo, end=hi, bubble_ratio=b, migrations=self.moves_of.get(s, 0),
@@ -54,7 +56,8 @@ def collect_result(self: Simulator, total: int) -> SimResult:
         mean_batch=self.seq_iterations / self.iterations if self.iterations else 0.0,
         peak_kv_tokens=int(self.peak_kv),
         lower_bound=lower_bound(
-            self.trace.input_len[rows], self.trace.output_len[rows], n, self.share, self.profile, self.cfg.speculation
+            self.trace.input_len[rows], self.trace.output_len[rows], n, self.bound_batch, self.profile,
+            self.cfg.speculation, turns.take(rows) if turns is not None else None,
         ),
         segments=self.segments,
         migrations=self.migrations,

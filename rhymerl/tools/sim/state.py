@@ -23,6 +23,19 @@ class SimSeq:
     """Order of its latest admission on any worker (preemption takes the last admitted first)."""
     running: bool = False
     done: bool = False
+    turn_ends: tuple[int, ...] = ()
+    """Multi-turn: the token counts at which a turn ends and a tool call starts (the last turn's end,
+    `target`, not listed); empty for a single-turn sample."""
+    tool_s: tuple[float, ...] = ()
+    """Seconds of the tool call at each of `turn_ends`."""
+
+    @property
+    def stop(self) -> int:
+        """Where its current run on a worker ends: the end of its turn, or `target`."""
+        for end in self.turn_ends:
+            if end > self.generated:
+                return end
+        return self.target
 
 
 class SimWorker:

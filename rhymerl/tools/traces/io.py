@@ -9,10 +9,11 @@ reports how far it got. Writing is atomic: a failed export leaves no half-writte
 from __future__ import annotations
 
 import csv
+import math
 import os
 import re
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -22,10 +23,10 @@ from rhymerl.errors import UserError, user_paths
 from rhymerl.workers.task.prompts import prompt_id_text
 from rhymerl.workers.text_lines import text_lines
 
-from .model import PromptIds, Trace
+from .model import PromptIds, Trace, Turns
 
 REQUIRED = ("step", "input_len", "output_len")
-OPTIONAL = ("prompt_id",)
+OPTIONAL = ("prompt_id", "turns")
 HEADER = ("step", "prompt_id", "input_len", "output_len")
 
 
@@ -36,6 +37,8 @@ class TraceError(UserError):
 MAX_LEN = 1 << 24  # tokens of one prompt or response: 16M, past every model's context
 MAX_STEP = 10**9
 MAX_LINE_BYTES = 1 << 20
+MAX_TURNS = 4096
+MAX_TOOL_S = 86400.0  # one tool call: a day
 PROGRESS_ROWS = 1 << 16
 DIGITS = re.compile(r"[+-]?[0-9]+")
 
@@ -80,6 +83,50 @@ def _prompt_id(path: Path | str, lineno: int, text: str) -> str:
     return prompt_id_text(pid, f"{path}:{lineno}", TraceError)
 
 
+def turns_text(tokens: list[int], tool_s: list[float]) -> str:
+    """A row's `turns` cell: `TOKENS:SECONDS` per turn followed by a tool call, the last turn's `TOKENS`
+    alone (`300:1.25 200:0.8 150`); a single-turn row's cell is empty."""
+    if len(tokens) <= 1:
+        return ""
+    return " ".join([*(f"{t}:{s:g}" for t, s in zip(tokens[:-1], tool_s[:-1], strict=True)), str(tokens[-1])])
+
+
+def parse_turns(path: Path | str, lineno: int, text: str, output_len: int) -> list[tuple[int, float]]:
+    """A `turns` cell as (tokens, tool seconds) per turn; empty: one turn of `output_len` tokens."""
+    parts = text.split()
+    if not parts:
+        return [(output_len, 0.0)]
+    if len(parts) > MAX_TURNS:
+        raise TraceError(f"{path}:{lineno}: turns: {len(parts)} turns; at most {MAX_TURNS}")
+    turns: list[tuple[int, float]] = []
+    for k, part in enumerate(parts, start=1):
+        tok, sep, sec = part.partition(":")
+        tokens = _int(path, lineno, f"turns (turn {k})", tok, MAX_LEN)
+        if tokens == 0 and len(parts) > 1:
+            raise TraceError(f"{path}:{lineno}: turns (turn {k}): 0 tokens; a turn generates at least one")
+        if k == len(parts):
+            if sep:
+                raise TraceError(f"{path}:{lineno}: turns: the last turn {part!r} has a tool call; the last turn "
+                                 f"ends the response (write its tokens alone)")
+            turns.append((tokens, 0.0))
+            continue
+        if not sep:
+            raise TraceError(f"{path}:{lineno}: turns (turn {k}): {_shown(part)} lacks ':SECONDS', the latency of "
+                             f"the tool call after it")
+        try:
+            seconds = float(sec)
+        except ValueError:
+            seconds = math.nan
+        if not 0.0 <= seconds <= MAX_TOOL_S:
+            raise TraceError(f"{path}:{lineno}: turns (turn {k}): tool seconds {_shown(sec)} must be a number in "
+                             f"0..{MAX_TOOL_S:g}")
+        turns.append((tokens, seconds))
+    total = sum(t for t, _ in turns)
+    if total != output_len:
+        raise TraceError(f"{path}:{lineno}: turns: the turns' tokens sum to {total}, output_len is {output_len}")
+    return turns
+
+
 def parse_trace(stream: IO[bytes], path: Path | str, name: str | None = None, size: int = 0,
                 progress: Progress | None = None) -> Trace:
     """Read CSV rows from a binary stream, one line at a time; `path` labels error messages, `size`
@@ -94,7 +141,8 @@ def parse_trace(stream: IO[bytes], path: Path | str, name: str | None = None, si
     names: list[str] = []
     col: dict[str, int] = {}
     width = 0
-    cs = ci = co = cp = -1
+    cs = ci = co = cp = ct = -1
+    turns: list[list[tuple[int, float]]] = []
     while True:
         try:
             row = next(reader, None)
@@ -121,6 +169,7 @@ def parse_trace(stream: IO[bytes], path: Path | str, name: str | None = None, si
             col = {c: header.index(c) for c in (*REQUIRED, *OPTIONAL) if c in header}
             width = len(header)
             cs, ci, co, cp = col["step"], col["input_len"], col["output_len"], col.get("prompt_id", -1)
+            ct = col.get("turns", -1)
             continue
         if len(row) != width:
             raise TraceError(f"{path}:{lineno}: expected {width} fields ({','.join(header)}), got {len(row)}")
@@ -143,6 +192,8 @@ def parse_trace(stream: IO[bytes], path: Path | str, name: str | None = None, si
                     names.append(pid)
                 table[row[cp]] = code
             codes.append(code)
+        if ct >= 0:
+            turns.append(parse_turns(path, lineno, row[ct], out))
         steps.append(step)
         inputs.append(inp)
         outputs.append(out)
@@ -163,6 +214,7 @@ def parse_trace(stream: IO[bytes], path: Path | str, name: str | None = None, si
         input_len=np.frombuffer(inputs, dtype=np.int64),
         output_len=np.frombuffer(outputs, dtype=np.int64),
         notes=notes,
+        turns=Turns.of(turns) if ct >= 0 else None,
     )
 
 
@@ -186,13 +238,15 @@ def output_file(path: Path) -> Path:
     return path
 
 
-def write_trace(path: Path, rows: Iterable[tuple[int, str | None, int, int]]) -> int:
+def write_trace(path: Path, rows: Iterable[tuple[int, str | None, int, int]], turns: Sequence[str] | None = None) -> int:
     """Write (step, prompt_id, input_len, output_len) rows atomically; returns the row count.
 
-    prompt_id None on every row writes a file without the prompt_id column. A path that cannot be
-    written is a PathError naming it.
+    prompt_id None on every row writes a file without the prompt_id column; `turns` (a `turns_text`
+    cell per row) adds the turns column. A path that cannot be written is a PathError naming it.
     """
     rows = list(rows)
+    if turns is not None and len(turns) != len(rows):
+        raise ValueError("turns: one cell per row")
     with_ids = any(r[1] is not None for r in rows)
     if with_ids and any(r[1] is None for r in rows):
         raise ValueError("prompt_id: either every row has one or none does")
@@ -202,9 +256,11 @@ def write_trace(path: Path, rows: Iterable[tuple[int, str | None, int, int]]) ->
         try:
             with tmp.open("w", newline="", encoding="utf-8") as f:
                 w = csv.writer(f, lineterminator="\n")
-                w.writerow(HEADER if with_ids else ("step", "input_len", "output_len"))
-                for step, pid, inp, out in rows:
-                    w.writerow((step, pid, inp, out) if with_ids else (step, inp, out))
+                header = HEADER if with_ids else ("step", "input_len", "output_len")
+                w.writerow((*header, "turns") if turns is not None else header)
+                for k, (step, pid, inp, out) in enumerate(rows):
+                    cells = (step, pid, inp, out) if with_ids else (step, inp, out)
+                    w.writerow((*cells, turns[k]) if turns is not None else cells)
                 f.flush()
                 os.fsync(f.fileno())
             tmp.replace(path)

@@ -4,6 +4,10 @@ Whether prompt ids can serve as history matters to every history-aware policy, s
 says which kind of ids it has: `stable` (a prompt id recurs across steps: epochs can be
 matched), `step-local` (ids only group a step's responses into GRPO groups), or `none` (no
 prompt_id column: every row is its own prompt).
+
+A multi-turn agent's response is several turns, each decoded and then (all but the last) handed
+to a tool whose call takes seconds: `Turns` holds them per row. A trace without them is
+single-turn: every response decoded in one piece.
 """
 
 from __future__ import annotations
@@ -72,6 +76,52 @@ class PromptIds(Sequence[str]):
 
 
 @dataclass(frozen=True)
+class Turns:
+    """Per row, its turns: generated tokens of each turn and the seconds of the tool call after it
+    (the last turn's is 0: the response ends there). Row `i`'s turns are `offsets[i]:offsets[i+1]`
+    of the flat arrays; a single-turn row has one turn of all its tokens."""
+
+    offsets: NDArray[np.int64]
+    tokens: NDArray[np.int64]
+    tool_s: NDArray[np.float64]
+
+    @staticmethod
+    def of(rows: Sequence[Sequence[tuple[int, float]]]) -> Turns:
+        """From (tokens, tool seconds) lists per row; the last turn's seconds are dropped (set 0)."""
+        sizes = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        tokens = np.fromiter((t for r in rows for t, _ in r), dtype=np.int64, count=int(offsets[-1]))
+        tool = np.fromiter((s for r in rows for _, s in r), dtype=np.float64, count=int(offsets[-1]))
+        tool[offsets[1:][sizes > 0] - 1] = 0.0
+        return Turns(offsets, tokens, tool)
+
+    def take(self, order: NDArray[np.int64]) -> Turns:
+        """The rows `order` (a permutation or a subset), in that order."""
+        sizes = (self.offsets[1:] - self.offsets[:-1])[order]
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        flat = np.repeat(self.offsets[:-1][order] - offsets[:-1], sizes) + np.arange(int(offsets[-1]))
+        return Turns(offsets, self.tokens[flat], self.tool_s[flat])
+
+    def of_row(self, i: int) -> tuple[list[int], list[float]]:
+        lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
+        return self.tokens[lo:hi].tolist(), self.tool_s[lo:hi].tolist()
+
+    def count(self) -> NDArray[np.int64]:
+        """Turns per row."""
+        return np.asarray(self.offsets[1:] - self.offsets[:-1])
+
+    def totals(self) -> NDArray[np.int64]:
+        """Generated tokens per row (all its turns)."""
+        sums = np.concatenate([[0], np.cumsum(self.tokens)]).astype(np.int64)
+        return np.asarray(sums[self.offsets[1:]] - sums[self.offsets[:-1]])
+
+    def tool_seconds(self) -> NDArray[np.float64]:
+        """Tool seconds per row (all its calls)."""
+        sums = np.concatenate([[0.0], np.cumsum(self.tool_s)])
+        return np.asarray(sums[self.offsets[1:]] - sums[self.offsets[:-1]])
+
+
+@dataclass(frozen=True)
 class Trace:
     name: str
     step: NDArray[np.int64]
@@ -83,6 +133,8 @@ class Trace:
     source_steps: list[int] = field(default_factory=list)
     """The source's step number for each ordinal step (index 0 is step 1)."""
     notes: list[str] = field(default_factory=list)
+    turns: Turns | None = None
+    """Per-row turns and tool seconds of a multi-turn trace; None: every response is one turn."""
 
     @staticmethod
     def build(
@@ -92,11 +144,15 @@ class Trace:
         input_len: Sequence[int] | NDArray[np.int64],
         output_len: Sequence[int] | NDArray[np.int64],
         notes: list[str] | None = None,
+        turns: Turns | None = None,
     ) -> Trace:
         """Sort rows by step (stably), number steps 1..S and classify the prompt ids. Columns may be
         lists or arrays (an `array('q')` is read without a copy)."""
         raw_steps = np.asarray(steps, dtype=np.int64)
         n = len(raw_steps)
+        if turns is not None and (len(turns.offsets) != n + 1 or not np.array_equal(
+                turns.totals(), np.asarray(output_len, dtype=np.int64))):
+            raise ValueError("turns: one list per row, its tokens summing to the row's output_len")
         order = np.argsort(raw_steps, kind="stable")
         raw = raw_steps[order]
         uniq, ordinal = np.unique(raw, return_inverse=True)
@@ -117,6 +173,7 @@ class Trace:
             ids=ids,
             source_steps=[int(s) for s in uniq],
             notes=list(notes or []),
+            turns=turns.take(order) if turns is not None else None,
         )
 
     @staticmethod
@@ -147,3 +204,13 @@ class Trace:
 
     def id_note(self) -> str:
         return ID_NOTES[self.ids]
+
+    def turns_note(self) -> str | None:
+        """What a multi-turn trace holds, in a line; None for a single-turn one."""
+        if self.turns is None:
+            return None
+        calls = int(np.sum(self.turns.count() - 1))
+        seconds = float(self.turns.tool_seconds().sum())
+        return (f"multi-turn: {np.mean(self.turns.count()):.2f} turns a response, {calls} tool calls of "
+                f"{seconds / max(calls, 1):.2f} s on average; at each call a sample leaves its worker, drops its KV "
+                f"cache and prefills prompt + tokens so far when it comes back")

@@ -30,6 +30,11 @@ default so `math` and `code` draw the very same numbers as before:
 - `input_corr`: correlation of log prompt length with the prompt's difficulty (0: the scatter
   PolyTrace reports), which is what ranking by prompt length can exploit when there is no history.
 
+Multi-turn agents (`max_turns` > 1, off by default): a response of L generated tokens is
+min(max_turns, ceil(L / turn_tokens)) turns of near-equal length, with a tool call after every
+turn but the last, its latency lognormal (`tool_median_s`, `tool_sigma`). Turns are drawn from a
+generator of their own, so the lengths are the very numbers the single-turn trace draws.
+
 The held-out presets (`dapo-math`, `vl-video`, `code-14b`, `search-agent`) are documented in
 docs/scheduling.md ("Traces"), with the public figure or the assumption behind each value.
 """
@@ -44,7 +49,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .io import Progress, TraceError, read_trace
-from .model import Trace
+from .model import Trace, Turns
 
 MAX_RESPONSES = 2_000_000  # a synthetic trace is built in memory
 
@@ -88,6 +93,14 @@ class SyntheticConfig:
     """Share of a step's GRPO groups the last step keeps (at least one group)."""
     input_corr: float = 0.0
     """Correlation of log prompt length with the prompt's difficulty."""
+    max_turns: int = 1
+    """Turns of a multi-turn agent's response at most (1: single-turn, no tool calls)."""
+    turn_tokens: int = 500
+    """Generated tokens per turn: a response takes ceil(length / turn_tokens) turns, up to max_turns."""
+    tool_median_s: float = 1.0
+    """Median seconds of one tool call (lognormal)."""
+    tool_sigma: float = 0.6
+    """Spread of log tool seconds."""
 
     @property
     def steps_per_epoch(self) -> int:
@@ -211,15 +224,21 @@ PRESETS: dict[str, SyntheticConfig] = {
         input_median=300.0,
         input_sigma=0.3,
         input_max=2048,
+        max_turns=3,
+        turn_tokens=500,
+        tool_median_s=1.5,
+        tool_sigma=0.6,
     ),
 }
 
 
 def _validate(cfg: SyntheticConfig) -> None:
-    for name in ("num_prompts", "prompts_per_step", "group_size", "steps", "ramp_steps", "max_len", "input_max"):
+    for name in ("num_prompts", "prompts_per_step", "group_size", "steps", "ramp_steps", "max_len", "input_max",
+                 "max_turns", "turn_tokens"):
         if getattr(cfg, name) < 1:
             raise TraceError(f"{cfg.name}: {name}: {getattr(cfg, name)} must be >= 1")
-    for name in ("sigma_prompt", "sigma_response", "mean_start", "mean_end", "input_median", "input_sigma"):
+    for name in ("sigma_prompt", "sigma_response", "mean_start", "mean_end", "input_median", "input_sigma",
+                 "tool_median_s", "tool_sigma"):
         if not 0.0 <= getattr(cfg, name) < math.inf:
             raise TraceError(f"{cfg.name}: {name}: {getattr(cfg, name)} must be a finite number >= 0")
     for name in ("seed", "start_step"):
@@ -297,7 +316,22 @@ def generate(cfg: SyntheticConfig) -> Trace:
             pids.extend([f"p{p:05d}" if cfg.recurring_ids else f"s{s:03d}-p{p:04d}"] * g)
             ins.extend([int(inputs[p])] * g)
             outs.extend(int(x) for x in lens)
-    return Trace.build(cfg.name, steps, pids, ins, outs)
+    return Trace.build(cfg.name, steps, pids, ins, outs, turns=_turns(cfg, outs) if cfg.max_turns > 1 else None)
+
+
+def _turns(cfg: SyntheticConfig, outs: list[int]) -> Turns:
+    """Split each response into turns with a tool call between consecutive ones (module docstring)."""
+    rng = np.random.default_rng([cfg.seed, 1])
+    lens = np.asarray(outs, dtype=np.int64)
+    count = np.clip(-(-lens // cfg.turn_tokens), 1, cfg.max_turns)
+    tool = cfg.tool_median_s * np.exp(rng.normal(0.0, cfg.tool_sigma, int(count.sum())))
+    rows: list[list[tuple[int, float]]] = []
+    at = 0
+    for n, k in zip(lens.tolist(), count.tolist(), strict=True):
+        base, extra = divmod(n, k)
+        rows.append([(base + (j < extra), float(tool[at + j])) for j in range(k)])
+        at += k
+    return Turns.of(rows)
 
 
 def synthetic(name: str, **overrides: object) -> Trace:

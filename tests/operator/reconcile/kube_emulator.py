@@ -23,7 +23,12 @@ import attrs
 import kmock
 from kmock._internal import dicts, enums, rendering
 
-from rhymerl.operator.manifests.labels import COMPONENT_KEY, INSTANCE_KEY
+from rhymerl.operator.manifests.labels import (
+    COMPONENT_KEY,
+    INSTANCE_KEY,
+    KUEUE_GROUP_LABEL,
+    KUEUE_TOTAL_ANNOTATION,
+)
 
 ALL_VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
 RESOURCES: dict[str, tuple[str, set[str]]] = {
@@ -38,8 +43,11 @@ RESOURCES: dict[str, tuple[str, set[str]]] = {
     "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", {"status"}),
     "rbac.authorization.k8s.io/v1/roles": ("Role", set()),
     "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", set()),
+    "networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", set()),
 }
 FIXTURE_AGENT = "cluster-fixture"
+KUEUE_GATE = "kueue.x-k8s.io/admission"
+LINGERING = "tests.rhymerl.io/lingering"  # holds a pod Terminating here (kmock removes one without finalizers at once)
 NO_GPU = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available."
 
 
@@ -153,6 +161,11 @@ def _ready_status(containers: list[str]) -> dict[str, Any]:
                                   for c in containers]}
 
 
+def _gated_status() -> dict[str, Any]:
+    return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
+                                                "message": "Scheduling is blocked due to non-empty scheduling gates"}]}
+
+
 def _unschedulable_status(message: str) -> dict[str, Any]:
     return {"phase": "Pending",
             "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]}
@@ -167,6 +180,8 @@ class Cluster:
         self.server = server
         self.http = http
         self.capacity: dict[str, int] = {}
+        self.lingering: set[str] = set()  # pods a scale-down leaves Terminating (in their grace period)
+        self.admitted: set[str] = set()  # Kueue pod groups admitted (others' pods are created gated)
 
     async def request(self, method: str, path: str, body: Any = None, content_type: str = "application/merge-patch+json"
                       ) -> Any:
@@ -216,8 +231,12 @@ class Cluster:
                 pod = pods.get(pod_name)
                 fits = ordinal < self.capacity.get(role, want)
                 containers = [c["name"] for c in spec["template"]["spec"]["containers"]]
+                group = spec["template"]["metadata"]["labels"].get(KUEUE_GROUP_LABEL)
+                gated = group is not None and group not in self.admitted
                 if pod is None:
-                    status = _ready_status(containers) if fits else _unschedulable_status(NO_GPU)
+                    status = _gated_status() if gated else _ready_status(containers) if fits else \
+                        _unschedulable_status(NO_GPU)
+                    pod_spec = {**spec["template"]["spec"], **({"schedulingGates": [{"name": KUEUE_GATE}]} if gated else {})}
                     await self.request("POST", self.path("v1/pods", namespace), {
                         "apiVersion": "v1", "kind": "Pod",
                         "metadata": {"name": pod_name, "namespace": namespace,
@@ -226,18 +245,22 @@ class Cluster:
                                      "annotations": dict(spec["template"]["metadata"].get("annotations") or {}),
                                      "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": name,
                                                           "uid": meta["uid"], "controller": True}]},
-                        "spec": spec["template"]["spec"], "status": status})
+                        "spec": pod_spec, "status": status})
                     done += 1
                 elif pod["status"].get("phase") == "Failed":
                     await self.request("DELETE", self.path("v1/pods", namespace, pod_name))
                     done += 1
-                elif fits and pod["status"].get("phase") == "Pending":
+                elif fits and pod["status"].get("phase") == "Pending" and not pod["spec"].get("schedulingGates"):
                     await self.request("PATCH", self.path("v1/pods", namespace, pod_name, "status"),
                                        {"status": _ready_status(containers)})
                     done += 1
             for pod_name, pod in pods.items():
                 if int(pod_name.rsplit("-", 1)[1]) >= want and not pod["metadata"].get("deletionTimestamp"):
-                    await self.request("DELETE", self.path("v1/pods", namespace, pod_name))
+                    if pod_name in self.lingering:  # SIGTERM sent; the pod is gone once the test says so
+                        await self.request("PATCH", self.path("v1/pods", namespace, pod_name),
+                                           {"metadata": {"deletionTimestamp": now(), "finalizers": [LINGERING]}})
+                    else:
+                        await self.request("DELETE", self.path("v1/pods", namespace, pod_name))
                     done += 1
             live = [p for p in self.server.live("pods", namespace) if p["metadata"]["name"] in pods
                     or p["metadata"]["name"].startswith(f"{name}-")]
@@ -298,6 +321,24 @@ class Cluster:
                     for c in pod["status"]["containerStatuses"]]
         await self.request("PATCH", self.path("v1/pods", namespace, name, "status"),
                            {"status": {"containerStatuses": statuses}})
+
+    async def stopped(self, namespace: str, name: str) -> None:
+        """A lingering pod's process exited: the pod is gone."""
+        self.lingering.discard(name)
+        await self.request("PATCH", self.path("v1/pods", namespace, name), {"metadata": {"finalizers": None}})
+
+    async def admit(self, namespace: str, group: str) -> None:
+        """What Kueue does for a pod group that fits its queue: once every pod of the group exists (its
+        pod-group-total-count), remove their scheduling gates together; here they are then ready."""
+        pods = [p for p in self.server.live("pods", namespace)
+                if (p["metadata"].get("labels") or {}).get(KUEUE_GROUP_LABEL) == group]
+        totals = {p["metadata"]["annotations"].get(KUEUE_TOTAL_ANNOTATION) for p in pods}
+        assert totals == {str(len(pods))}, f"group {group}: {len(pods)} pods, total-count {totals}"
+        self.admitted.add(group)
+        for pod in pods:
+            containers = [c["name"] for c in pod["spec"]["containers"]]
+            await self.request("PATCH", self.path("v1/pods", namespace, pod["metadata"]["name"]),
+                               {"spec": {"schedulingGates": None}, "status": _ready_status(containers)})
 
     def events(self, namespace: str, job: str) -> list[Mapping[str, Any]]:
         return [e for e in self.server.live("events", namespace) if e["involvedObject"]["name"] == job]

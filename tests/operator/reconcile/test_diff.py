@@ -7,11 +7,13 @@ import copy
 from typing import Any
 
 from rhymerl.api import parse_job
-from rhymerl.operator.manifests import Owner, desired
+from rhymerl.operator.manifests import SPEC_HASH_ANNOTATION, Owner, desired
 from rhymerl.operator.reconcile.diff import (
+    APPLIED,
     DESIRED_HASH,
     ObjectRef,
     covers,
+    pinned,
     plan,
     quantity,
     scaled_to_zero,
@@ -149,3 +151,31 @@ def test_every_child_the_builders_emit_needs_no_write_once_applied() -> None:
     rescaled = plan(desired(job, Owner("rhymerl.io/v1alpha1", "RLJob", "j", "uid-1")), served)
     assert sorted(f"{o['kind']}/{o['metadata']['name']}" for o in rescaled.apply) == ["ConfigMap/j-spec",
                                                                                        "StatefulSet/j-rollout"]
+
+
+def _built(image: str, spec_hash: str, replicas: int = 2) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "j-rollout", "labels": {}},
+            "spec": {"replicas": replicas, "template": {
+                "metadata": {"annotations": {SPEC_HASH_ANNOTATION: spec_hash}},
+                "spec": {"containers": [{"name": "rollout", "image": image}]}}}}
+
+
+def _written(obj: dict[str, Any]) -> dict[str, Any]:
+    """`obj` as the API server holds it after the operator applied it."""
+    return copy.deepcopy(pinned([obj], [])[0])
+
+
+def test_pinning_keeps_what_the_operator_wrote_while_the_spec_hash_stays_and_follows_a_new_hash() -> None:
+    live = _written(_built("v1", "h1"))
+    upgraded = pinned([_built("v2", "h1", replicas=3)], [live])[0]  # a new release renders v2 for the same spec
+    assert upgraded["spec"]["template"]["spec"]["containers"][0]["image"] == "v1"
+    assert upgraded["spec"]["replicas"] == 3  # replicas always follow
+    assert upgraded["metadata"]["annotations"][APPLIED] == live["metadata"]["annotations"][APPLIED]
+    edited = copy.deepcopy(live)
+    edited["spec"]["template"]["spec"]["containers"][0]["image"] = "evil"  # a hand edit: repaired to what was written
+    assert pinned([_built("v2", "h1")], [edited])[0]["spec"]["template"]["spec"]["containers"][0]["image"] == "v1"
+    changed = pinned([_built("v2", "h2")], [live])[0]  # the user changed the spec: the new rendering
+    assert changed["spec"]["template"]["spec"]["containers"][0]["image"] == "v2"
+    assert '"hash":"h2"' in changed["metadata"]["annotations"][APPLIED]
+    others = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "j-rollout"}, "spec": {}}
+    assert pinned([others], [live]) == [others]

@@ -1,5 +1,7 @@
-"""The finalizer's Redis cleanup says why it failed without showing a password that an RLJob stored
-before the spec refused one in history.redis_url."""
+"""The finalizer's Redis cleanup, one pass at a time against a recorded cluster and a forced clock: it stops
+the job's roles before deleting keys, says why it fails without showing a password that an RLJob stored
+before the spec refused one in history.redis_url, and gives up after a bounded time instead of holding
+the deletion forever."""
 
 from __future__ import annotations
 
@@ -10,29 +12,110 @@ import pytest
 import redis
 from local_servers import free_port
 
-from rhymerl.operator.reconcile.history import FINALIZER
+from rhymerl.api.history_keys import REDIS_PASSWORD_ENV
+from rhymerl.operator.reconcile.history import CLEANUP_DEADLINE_S, FINALIZER, STOP_WAIT_S
 from rhymerl.operator.reconcile.reconciler import _finalize
+
+DELETED_AT = "2026-11-26T10:00:00Z"
 
 
 class _Cluster:
-    def __init__(self) -> None:
+    """What _finalize reads and writes, recorded; `pods` and `secret` are what the cluster holds."""
+
+    def __init__(self, pods: int = 0, secret: str | None = None) -> None:
+        self.pods = pods
+        self.secret = secret
         self.events: list[str] = []
+        self.scaled: list[str] = []
+        self.status: list[dict[str, Any]] = []
+        self.finalizers: list[list[str]] = []
+
+    async def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        return [{"metadata": {"name": f"{job}-rollout-{i}"}} for i in range(self.pods)]
+
+    async def list_kind(self, kind: str, namespace: str, job: str) -> list[dict[str, Any]]:
+        owner = [{"uid": "u1"}]
+        return [{"metadata": {"name": f"{job}-{role}", "ownerReferences": owner}, "spec": {"replicas": n}}
+                for role, n in (("controller", 1), ("rollout", 2), ("reward", 0))]
+
+    async def scale_to_zero(self, namespace: str, name: str) -> None:
+        self.scaled.append(name)
 
     async def read_secret(self, namespace: str, name: str, key: str) -> str | None:
-        return None
+        return self.secret
 
     async def event(self, body: dict[str, Any], kind: str, reason: str, message: str) -> None:
         self.events.append(f"{reason}: {message}")
 
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.status.append(status)
+
     async def set_finalizers(self, body: dict[str, Any], finalizers: list[str]) -> None:
-        raise AssertionError("the finalizer stays while Redis cannot be reached")
+        self.finalizers.append(finalizers)
 
 
-def test_a_failed_cleanup_names_the_redis_url_without_its_password() -> None:
+def _body(url: str, secret: dict[str, str] | None = None) -> dict[str, Any]:
+    history: dict[str, Any] = {"store": "redis", "redis_url": url}
+    if secret is not None:
+        history["redis_password_secret"] = secret
+    return {"metadata": {"name": "alpha", "namespace": "team", "uid": "u1", "finalizers": [FINALIZER],
+                         "deletionTimestamp": DELETED_AT}, "spec": {"history": history}}
+
+
+def _at(seconds: int) -> str:
+    return f"2026-11-26T10:{seconds // 60:02d}:{seconds % 60:02d}Z"
+
+
+def _unreachable() -> str:
+    return f"redis://u:s3cret-pw@127.0.0.1:{free_port()}/0"  # nothing listens there
+
+
+def test_a_failed_cleanup_names_the_redis_url_without_its_password_and_says_until_when_it_retries() -> None:
     cluster = _Cluster()
-    body = {"metadata": {"name": "alpha", "namespace": "team", "finalizers": [FINALIZER]},
-            "spec": {"history": {"store": "redis", "redis_url": f"redis://u:s3cret-pw@127.0.0.1:{free_port()}/0"}}}
-    with pytest.raises(redis.ConnectionError):  # kopf retries it
-        asyncio.run(_finalize(cluster, body))  # type: ignore[arg-type]
+    with pytest.raises(redis.ConnectionError):  # the operator retries it with backoff
+        asyncio.run(_finalize(cluster, _body(_unreachable()), _at(30)))  # type: ignore[arg-type]
     assert len(cluster.events) == 1 and cluster.events[0].startswith("HistoryCleanupFailed: cannot delete")
     assert "redis://u:***@127.0.0.1:" in cluster.events[0] and "s3cret-pw" not in cluster.events[0]
+    assert f"retrying until {_at(CLEANUP_DEADLINE_S)}" in cluster.events[0]
+    degraded = [c for c in cluster.status[0]["conditions"] if c["type"] == "Degraded"]
+    assert degraded[0]["reason"] == "HistoryCleanupFailed" and degraded[0]["status"] == "True"
+    assert cluster.finalizers == []
+
+
+def test_a_cleanup_still_failing_at_its_deadline_releases_the_finalizer_with_a_warning() -> None:
+    cluster = _Cluster()
+    wait = asyncio.run(_finalize(cluster, _body(_unreachable()), _at(CLEANUP_DEADLINE_S)))  # type: ignore[arg-type]
+    assert wait is None and cluster.finalizers == [[]]
+    assert len(cluster.events) == 1 and cluster.events[0].startswith("HistoryCleanupAbandoned: cannot delete")
+    assert "the keys stay (redis-cli --scan --pattern 'rhymerl:team:alpha:*'" in cluster.events[0]
+
+
+def test_the_roles_are_stopped_first_and_the_keys_wait_for_their_pods_until_the_stop_wait_ends(
+        redis_url: str) -> None:
+    r = redis.Redis.from_url(redis_url)
+    r.set("rhymerl:team:alpha:meta", b"x")
+    cluster = _Cluster(pods=2)
+    wait = asyncio.run(_finalize(cluster, _body(redis_url), _at(10)))  # type: ignore[arg-type]
+    assert cluster.scaled == ["alpha-controller", "alpha-rollout"]  # the one at zero is left alone
+    assert wait is not None and 0 < wait <= STOP_WAIT_S - 10
+    assert r.exists("rhymerl:team:alpha:meta") == 1 and cluster.finalizers == []
+    wait = asyncio.run(_finalize(cluster, _body(redis_url), _at(STOP_WAIT_S)))  # type: ignore[arg-type]
+    assert wait is None and r.exists("rhymerl:team:alpha:meta") == 0 and cluster.finalizers == [[]]
+    assert cluster.events == ["HistoryDeleted: deleted 1 history keys from Redis (2 pods had not stopped by then)"]
+    r.close()
+
+
+def test_a_password_neither_in_a_readable_secret_nor_in_the_operators_environment_is_named_as_the_cause(
+        monkeypatch: pytest.MonkeyPatch, redis_with_password: tuple[str, str]) -> None:
+    url, password = redis_with_password
+    monkeypatch.delenv(REDIS_PASSWORD_ENV, raising=False)
+    body = _body(url, {"name": "redis-auth", "key": "pw"})
+    cluster = _Cluster(secret=None)  # the Secret is missing, or the operator may not read it
+    with pytest.raises(PermissionError):
+        asyncio.run(_finalize(cluster, body, _at(0)))  # type: ignore[arg-type]
+    assert cluster.events[0].startswith("HistoryCleanupFailed: cannot delete the job's history keys")
+    assert "the Secret team/redis-auth (key pw) is missing or the operator may not read it" in cluster.events[0]
+    monkeypatch.setenv(REDIS_PASSWORD_ENV, password)  # the chart's way: the operator's own environment
+    cluster = _Cluster(secret=None)
+    asyncio.run(_finalize(cluster, body, _at(0)))  # type: ignore[arg-type]
+    assert cluster.events == ["HistoryDeleted: deleted 0 history keys from Redis"] and cluster.finalizers == [[]]

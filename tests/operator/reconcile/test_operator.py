@@ -7,6 +7,7 @@ import asyncio
 import base64
 import re
 import urllib.request
+from datetime import datetime, timedelta
 from typing import Any
 
 import kmock
@@ -16,7 +17,7 @@ from local_servers import free_port
 from operator_harness import Kube, eventually
 
 from rhymerl.api.roles import REJOIN_EXIT_CODE
-from rhymerl.operator.reconcile.history import FINALIZER
+from rhymerl.operator.reconcile.history import CLEANUP_DEADLINE_S, FINALIZER
 
 pytestmark = pytest.mark.asyncio
 NS = "team-a"
@@ -25,6 +26,7 @@ RLJOBS = "rhymerl.io/v1alpha1/rljobs"
 ALL_CHILDREN = sorted([
     ("configmaps", "alpha-spec"), ("poddisruptionbudgets", "alpha-rollout"), ("rolebindings", "alpha-controller"),
     ("roles", "alpha-controller"), ("serviceaccounts", "alpha-controller"),
+    ("networkpolicies", "alpha-pods"), ("networkpolicies", "alpha-dist"), ("secrets", "alpha-ray-token"),
     *[("services", f"alpha-{r}") for r in ("controller", "rollout", "train", "reward", "history")],
     *[("statefulsets", f"alpha-{r}") for r in ("controller", "rollout", "train", "reward", "history")],
 ])
@@ -65,7 +67,8 @@ async def test_a_new_job_gets_every_child_owned_by_it_and_a_running_status(kube:
     assert kube.children(NS, "alpha") == ALL_CHILDREN
     for plural, name in ALL_CHILDREN:
         group = {"statefulsets": "apps/v1", "poddisruptionbudgets": "policy/v1", "roles": "rbac.authorization.k8s.io/v1",
-                 "rolebindings": "rbac.authorization.k8s.io/v1"}.get(plural, "v1")
+                 "rolebindings": "rbac.authorization.k8s.io/v1",
+                 "networkpolicies": "networking.k8s.io/v1"}.get(plural, "v1")
         obj = kube.server.current(kmock.resource(f"{group}/{plural}"), NS, name)
         assert obj is not None
         assert obj["metadata"]["ownerReferences"] == [{
@@ -106,7 +109,7 @@ async def test_a_pass_with_nothing_changed_writes_nothing_and_hand_edits_are_rep
     assert sorted(repaired) == [f"PATCH /apis/apps/v1/namespaces/{NS}/statefulsets/alpha-rollout",
                                 f"POST /api/v1/namespaces/{NS}/configmaps/alpha-spec"]
     container = sts(kube, "alpha-rollout")["spec"]["template"]["spec"]["containers"][0]
-    assert container["image"] == "ghcr.io/rhymerl/worker-gpu:0.1.0"
+    assert container["image"] == "ghcr.io/rhymerl/worker-cpu:0.1.0"  # no GPUs: no CUDA image
     assert container["args"] == ["worker", "--role", "rollout", "--spec", "/etc/rhymerl/spec.yaml"]
     assert ("configmaps", "alpha-spec") in kube.children(NS, "alpha")
     assert [c["lastTransitionTime"] for c in status(kube, "alpha")["conditions"]] == transition_times
@@ -137,10 +140,10 @@ async def test_suspend_scales_every_role_to_zero_and_resume_brings_the_pods_back
         await kube.create_job(NS, "alpha")
         await kube.settle()
         await patch_job(kube, "alpha", {"spec": {"suspend": True}})
-        pending = await eventually(lambda: kube.condition(NS, "alpha", "Suspended").get("reason") == "CheckpointPending"
-                                   and kube.condition(NS, "alpha", "Suspended"), what="CheckpointPending")
-        assert pending["status"] == "True" and "waiting for 4 pods to stop" in pending["message"]
         await kube.settle()
+        said = [e["reason"] for e in kube.cluster.events(NS, "alpha") if e["message"].startswith("Suspended=True")]
+        assert said[0] == "CheckpointPending" and said[-1] == "Suspended"  # the controller pod first, then the rest
+        assert set(said) <= {"CheckpointPending", "ScalingDown", "Suspended"}
         assert all(sts(kube, f"alpha-{r}")["spec"]["replicas"] == 0 for r in ("controller", "rollout", "train", "history"))
         assert kube.cluster.pods(NS, "alpha") == []
         assert status(kube, "alpha")["phase"] == "Suspended"
@@ -253,7 +256,9 @@ async def test_an_unschedulable_pod_shows_as_degraded_with_the_schedulers_messag
         degraded = kube.condition(NS, "alpha", "Degraded")
         assert (degraded["status"], degraded["reason"]) == ("True", "Unschedulable")
         assert degraded["message"].startswith("pod alpha-rollout-1: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu")
-        assert kube.condition(NS, "alpha", "RolloutReady")["message"] == "1/2 rollout pods ready"
+        short = kube.condition(NS, "alpha", "RolloutReady")
+        assert (short["reason"], short["message"]) == (
+            "CapacityShort", "1/2 rollout pods ready; 1 wait for a node (alpha-rollout-1): the job goes on with 1")
         kube.cluster.capacity["rollout"] = 2  # a GPU node joins
         await kube.settle()
     assert kube.condition(NS, "alpha", "Degraded")["status"] == "False"
@@ -274,7 +279,7 @@ async def test_an_invalid_spec_fails_naming_the_field_while_other_jobs_are_serve
         await patch_job(kube, "broken", {"spec": {"rollout": {"temperature": 0.7}}})
         await kube.settle()
     assert status(kube, "broken")["phase"] == "Running"
-    assert len(kube.children(NS, "broken")) == 14  # no disruption budget for a single rollout pod
+    assert len(kube.children(NS, "broken")) == 17  # no disruption budget for a single rollout pod
 
 
 async def test_an_operator_restart_recreates_nothing_and_writes_nothing(kube: Kube) -> None:
@@ -289,7 +294,9 @@ async def test_an_operator_restart_recreates_nothing_and_writes_nothing(kube: Ku
         await run.resync()
         await kube.settle()
         assert run.op.passes >= 2
-    assert kube.operator_writes()[before:] == []
+    # a new operator process asks once per job to create its Ray token, which exists: refused, unchanged
+    assert sorted(kube.operator_writes()[before:]) == [f"POST /api/v1/namespaces/{NS}/secrets",
+                                                       "POST /api/v1/namespaces/team-b/secrets"]
     assert {(res.plural, ns, name): obj.raw["metadata"].get("uid") for (res, ns, name), obj in kube.server.objects.items()
             if not obj.deleted and res.plural not in ("events",)} == uids
 
@@ -317,6 +324,7 @@ async def test_deleting_a_job_with_redis_history_deletes_its_keys_and_no_one_els
         await kube.settle()
         assert metadata(kube, "alpha")["finalizers"] == [FINALIZER]
         await kube.cluster.request("DELETE", kube.cluster.path(RLJOBS, NS, "alpha"))
+        await kube.settle()  # the roles are stopped first: their pods write keys while they run
         await eventually(lambda: kube.job(NS, "alpha") is None, what="the job to go")
         await kube.settle()
     assert [k for k in mine if r.exists(k)] == []
@@ -393,20 +401,31 @@ async def test_the_history_cleanup_reads_the_redis_password_from_the_jobs_secret
         await kube.create_job(NS, "alpha", {"history": history})
         await kube.settle()
         await kube.cluster.request("DELETE", kube.cluster.path(RLJOBS, NS, "alpha"))
+        await kube.settle()
         await eventually(lambda: kube.job(NS, "alpha") is None, what="the job to go")
     assert (r.exists(f"rhymerl:{NS}:alpha:meta"), r.exists(f"rhymerl:{NS}:beta:meta")) == (0, 1)
     r.close()
 
 
-async def test_a_job_whose_redis_is_unreachable_keeps_its_finalizer_and_says_why(kube: Kube) -> None:
+async def test_a_job_whose_redis_is_unreachable_keeps_its_finalizer_saying_why_until_the_cleanup_gives_up(
+        kube: Kube) -> None:
     history = {"store": "redis", "redis_url": f"redis://127.0.0.1:{free_port()}/0"}  # nothing listens there
-    async with kube.operator():
+    async with kube.operator() as run:
         await kube.create_job(NS, "alpha", {"history": history})
         await kube.settle()
         await kube.cluster.request("DELETE", kube.cluster.path(RLJOBS, NS, "alpha"))
+        await kube.settle()
         await eventually(lambda: "HistoryCleanupFailed" in event_reasons(kube, "alpha"), what="the warning")
-    assert metadata(kube, "alpha")["finalizers"] == [FINALIZER]
-    assert metadata(kube, "alpha")["deletionTimestamp"]
+        assert kube.cluster.pods(NS, "alpha") == []  # stopped before any key was touched
+        assert metadata(kube, "alpha")["finalizers"] == [FINALIZER]
+        degraded = kube.condition(NS, "alpha", "Degraded")
+        assert (degraded["status"], degraded["reason"]) == ("True", "HistoryCleanupFailed")
+        began = datetime.fromisoformat(metadata(kube, "alpha")["deletionTimestamp"].replace("Z", "+00:00"))
+        gave_up = began + timedelta(seconds=CLEANUP_DEADLINE_S + 1)  # a second on: the clock reads whole seconds
+        run.op.now = lambda: gave_up.strftime("%Y-%m-%dT%H:%M:%SZ")
+        await run.resync()
+        await eventually(lambda: kube.job(NS, "alpha") is None, what="the job to go")
+    assert "HistoryCleanupAbandoned" in event_reasons(kube, "alpha")
 
 
 async def test_a_write_the_api_server_refuses_is_reported_and_the_other_children_are_still_written(
@@ -424,4 +443,4 @@ async def test_a_write_the_api_server_refuses_is_reported_and_the_other_children
     assert degraded[0]["reason"] == "ApplyFailed"
     assert degraded[0]["message"] == 'StatefulSet/alpha-rollout: statefulsets.apps "alpha-rollout" is forbidden: ' \
                                      "exceeded quota"
-    assert len(kube.children(NS, "alpha")) == 14
+    assert len(kube.children(NS, "alpha")) == 17

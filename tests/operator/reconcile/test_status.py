@@ -3,6 +3,7 @@ with hand-computed expectations."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from rhymerl.api.spec import CountedPod, Failures
@@ -14,6 +15,7 @@ from rhymerl.operator.reconcile.conditions import (
     transitions,
     with_times,
 )
+from rhymerl.operator.reconcile.lifecycle import Suspension
 from rhymerl.operator.reconcile.pods import MAX_GONE, PodView, count, view
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T01:00:00Z"
@@ -149,17 +151,37 @@ def test_an_unschedulable_pod_outranks_a_crash_loop_in_degraded() -> None:
         "True", "CrashLoop", "pod j-rollout-1: container rollout exited 1 (2 crashes counted, backoff_limit 3)")
 
 
-def test_suspend_waits_for_the_pods_then_reports_suspended() -> None:
+def test_suspend_says_which_step_of_the_protocol_it_is_in_and_when_the_wait_ran_out() -> None:
     zero = dict.fromkeys(("controller", "rollout", "train", "reward", "history"), 0)
-    stopping = obs(healthy(1), suspend=True, desired=zero)
+    deadline = datetime(2026, 11, 26, 10, 16, tzinfo=UTC)
+    waiting = obs(healthy(1), suspend=True, desired={**zero, "rollout": 1, "train": 1, "history": 1},
+                  suspension=Suspension("checkpoint", deadline, False, 900, 60.0))
+    assert by_type(waiting)["Suspended"] == (
+        "True", "CheckpointPending", "the controller pod finishes its step and checkpoints it (SIGTERM); the other "
+        "roles are scaled to zero once it is gone, or at 2026-11-26T10:16:00Z (its grace period "
+        "controller.termination_grace_seconds 900 s plus 60 s) at the latest")
+    stopping = obs(healthy(1)[1:], suspend=True, desired=zero, suspension=Suspension("stopping", deadline, False, 900))
     status_, reason, message = by_type(stopping)["Suspended"]
-    assert (status_, reason) == ("True", "CheckpointPending")
-    assert message.startswith("scaling every role to zero; waiting for 4 pods to stop (j-controller-0; "
-                              "j-history-0; j-rollout-0; and 1 more)")
-    done = obs([], suspend=True, desired=zero)
+    assert (status_, reason) == ("True", "ScalingDown")
+    assert message == ("the controller pod stopped after its checkpoint; waiting for 3 pods to stop (j-history-0; "
+                       "j-rollout-0; j-train-0)")
+    late = obs(healthy(1), suspend=True, desired=zero, suspension=Suspension("stopping", deadline, True, 900))
+    assert by_type(late)["Suspended"][1] == "CheckpointTimedOut"
+    assert by_type(late)["Suspended"][2].startswith("the controller pod was not gone by 2026-11-26T10:16:00Z: every "
+                                                    "role was scaled to zero without waiting for its checkpoint; "
+                                                    "waiting for 4 pods to stop")
+    done = obs([], suspend=True, desired=zero, suspension=Suspension("stopping", deadline, False, 900))
     assert by_type(done)["Suspended"][:2] == ("True", "Suspended")
     assert by_type(done)["Ready"][:2] == ("False", "Suspended")
     assert phase(done, conditions(done)) == "Suspended"
+    assert phase(waiting, conditions(waiting)) == "Suspended"
+
+
+def test_a_passed_active_deadline_fails_the_job_after_the_backoff_limit_in_precedence() -> None:
+    o = obs(healthy(), deadline_exceeded="running since T, longer than spec.active_deadline_seconds 60")
+    assert by_type(o)["Failed"][:2] == ("True", "DeadlineExceeded") and phase(o, conditions(o)) == "Failed"
+    both = obs(healthy(), failures=Failures(crashes=4), deadline_exceeded="x")
+    assert by_type(both)["Failed"][1] == "BackoffLimitExceeded"
 
 
 def test_more_crashes_than_the_backoff_limit_fail_the_job_naming_the_last_one() -> None:

@@ -8,6 +8,7 @@
 #include <Python.h>
 
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <type_traits>
 #include <string>
@@ -19,6 +20,7 @@
 namespace py = pybind11;
 using rhymerl::Drafter;
 using rhymerl::DrafterParams;
+using rhymerl::GroupIndex;
 using rhymerl::SuffixIndex;
 
 namespace {
@@ -245,6 +247,24 @@ PYBIND11_MODULE(_suffix_index, m) {
       .def_property_readonly("memory_bytes", &SuffixIndex::memory_bytes)
       .def_property_readonly("serialized_size", &SuffixIndex::serialized_size);
 
+  py::class_<GroupIndex, std::shared_ptr<GroupIndex>>(m, "GroupIndex")
+      .def(py::init([](int64_t depth) { return std::make_shared<GroupIndex>(as_u32(depth, "depth")); }),
+           py::arg("depth"))
+      .def(
+          "extend",
+          [](GroupIndex& self, const py::object& tokens) {
+            auto t = in1d<int32_t>(tokens, "tokens");
+            py::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lock(self.mutex());
+            GroupIndex::Cursor cursor = self.cursor();
+            for (std::size_t i = 0; i < t.size; ++i) self.append(cursor, t.ptr[i]);
+          },
+          py::arg("tokens"), "Append a whole response (a sequence of its own).")
+      .def_property_readonly("depth", &GroupIndex::depth)
+      .def_property_readonly("n_nodes", &GroupIndex::n_nodes)
+      .def_property_readonly("n_tokens", &GroupIndex::n_tokens)
+      .def_property_readonly("memory_bytes", &GroupIndex::memory_bytes);
+
   py::class_<Drafter>(m, "Drafter")
       .def(py::init([](int64_t prefix_max, int64_t prefix_min, int64_t window_initial, int64_t window_step,
                        int64_t window_max, double min_prob) {
@@ -261,12 +281,13 @@ PYBIND11_MODULE(_suffix_index, m) {
            py::arg("window_max"), py::arg("min_prob") = 0.0)
       .def(
           "add",
-          [](Drafter& self, std::shared_ptr<SuffixIndex> index, const py::object& context) {
+          [](Drafter& self, std::shared_ptr<SuffixIndex> index, std::shared_ptr<GroupIndex> group,
+             const py::object& context) {
             auto c = in1d<int32_t>(context, "context");
             py::gil_scoped_release nogil;
-            return self.add(std::move(index), c.ptr, c.size);
+            return self.add(std::move(index), std::move(group), c.ptr, c.size);
           },
-          py::arg("index"), py::arg("context"))
+          py::arg("index").none(true), py::arg("group").none(true), py::arg("context"))
       .def(
           "remove",
           [](Drafter& self, const py::object& handles) {

@@ -570,6 +570,127 @@ void SuffixIndex::validate() const {
 // ----------------------------------------------------------------------------------------------
 // Drafter
 
+// ----------------------------------------------------------------------------------------------
+// Group index: a bounded-depth suffix trie with counts, updated token by token.
+
+GroupIndex::GroupIndex(uint32_t depth) : depth_(depth) {
+  if (depth < 2) throw std::invalid_argument("group depth must be >= 2");
+  count_.push_back(0);
+  cont_.push_back(0);
+  best_.push_back(kNone);
+  token_.push_back(0);
+  keys_.assign(1024, ~uint64_t{0});
+  vals_.assign(1024, 0);
+}
+
+namespace {
+inline uint64_t edge_key(uint32_t node, int32_t token) {
+  return (static_cast<uint64_t>(node) << 32) | static_cast<uint32_t>(token);
+}
+inline std::size_t edge_slot(uint64_t key, std::size_t mask) {  // murmur3's finaliser: every key bit moves the slot
+  key ^= key >> 33;
+  key *= 0xff51afd7ed558ccdull;
+  key ^= key >> 33;
+  key *= 0xc4ceb9fe1a85ec53ull;
+  key ^= key >> 33;
+  return static_cast<std::size_t>(key) & mask;
+}
+}  // namespace
+
+uint32_t GroupIndex::find(uint32_t node, int32_t token) const {
+  const uint64_t key = edge_key(node, token);
+  const std::size_t mask = keys_.size() - 1;
+  for (std::size_t i = edge_slot(key, mask);; i = (i + 1) & mask) {
+    if (keys_[i] == key) return vals_[i];
+    if (keys_[i] == ~uint64_t{0}) return kNone;
+  }
+}
+
+void GroupIndex::grow() {
+  std::vector<uint64_t> keys(keys_.size() * 2, ~uint64_t{0});
+  std::vector<uint32_t> vals(keys.size(), 0);
+  const std::size_t mask = keys.size() - 1;
+  for (std::size_t j = 0; j < keys_.size(); ++j) {
+    if (keys_[j] == ~uint64_t{0}) continue;
+    std::size_t i = edge_slot(keys_[j], mask);
+    while (keys[i] != ~uint64_t{0}) i = (i + 1) & mask;
+    keys[i] = keys_[j];
+    vals[i] = vals_[j];
+  }
+  keys_.swap(keys);
+  vals_.swap(vals);
+}
+
+uint32_t GroupIndex::child(uint32_t node, int32_t token) {
+  const uint64_t key = edge_key(node, token);
+  std::size_t mask = keys_.size() - 1;
+  std::size_t i = edge_slot(key, mask);
+  while (keys_[i] != key && keys_[i] != ~uint64_t{0}) i = (i + 1) & mask;
+  uint32_t c;
+  if (keys_[i] == key) {
+    c = vals_[i];
+  } else {
+    if (count_.size() >= 0x7FFFFFFFu) throw std::length_error("group index: too many nodes");
+    c = static_cast<uint32_t>(count_.size());
+    count_.push_back(0);
+    cont_.push_back(0);
+    best_.push_back(kNone);
+    token_.push_back(token);
+    keys_[i] = key;
+    vals_[i] = c;
+    if (++used_ * 2 >= keys_.size()) grow();
+  }
+  ++count_[c];
+  ++cont_[node];
+  const uint32_t b = best_[node];
+  if (b == kNone || (c != b && (count_[c] > count_[b] || (count_[c] == count_[b] && token_[c] < token_[b])))) {
+    best_[node] = c;
+  }
+  return c;
+}
+
+void GroupIndex::append(Cursor& cursor, int32_t token) {
+  uint32_t* path = cursor.path.data();
+  for (uint32_t k = std::min(cursor.filled, depth_ - 1); k >= 1; --k) path[k] = child(path[k - 1], token);
+  path[0] = child(0, token);
+  cursor.filled = std::min(cursor.filled + 1, depth_);
+  ++n_tokens_;
+}
+
+uint32_t GroupIndex::match(const Cursor& cursor, uint32_t prefix_max, uint32_t prefix_min, uint32_t* node) const {
+  for (uint32_t k = std::min(prefix_max, cursor.filled); k >= prefix_min && k >= 1; --k) {
+    if (best_[cursor.path[k - 1]] != kNone) {
+      *node = cursor.path[k - 1];
+      return k;
+    }
+  }
+  return 0;
+}
+
+uint32_t GroupIndex::draft(uint32_t node, int32_t* out, uint32_t max_tokens, double min_prob) const {
+  uint32_t n = 0;
+  double prob = 1.0;
+  while (n < max_tokens) {
+    const uint32_t b = best_[node];
+    if (b == kNone) break;
+    if (min_prob > 0.0) {
+      prob *= static_cast<double>(count_[b]) / static_cast<double>(cont_[node]);
+      if (prob < min_prob) break;
+    }
+    out[n++] = token_[b];
+    node = b;
+  }
+  return n;
+}
+
+std::size_t GroupIndex::memory_bytes() const {
+  return count_.capacity() * 4 + cont_.capacity() * 4 + best_.capacity() * 4 + token_.capacity() * 4 +
+         keys_.capacity() * 8 + vals_.capacity() * 4;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Drafter
+
 Drafter::Drafter(const DrafterParams& params) : params_(params) {
   if (params.prefix_min < 1) throw std::invalid_argument("prefix_min must be >= 1");
   if (params.prefix_max < params.prefix_min) throw std::invalid_argument("prefix_max must be >= prefix_min");
@@ -617,8 +738,9 @@ void Drafter::check_accepted(const int64_t* handles, std::size_t n, const int32_
   }
 }
 
-int64_t Drafter::add(std::shared_ptr<const SuffixIndex> index, const int32_t* context, std::size_t n) {
-  if (!index) throw std::invalid_argument("index is None");
+int64_t Drafter::add(std::shared_ptr<const SuffixIndex> index, std::shared_ptr<GroupIndex> group,
+                     const int32_t* context, std::size_t n) {
+  if (!index && !group) throw std::invalid_argument("a sequence needs a history index, a group index or both");
   std::lock_guard<std::mutex> lock(mu_);
   uint32_t slot;
   if (!free_.empty()) {
@@ -629,6 +751,7 @@ int64_t Drafter::add(std::shared_ptr<const SuffixIndex> index, const int32_t* co
     slot = static_cast<uint32_t>(seqs_.size());
     seqs_.emplace_back();
     owners_.emplace_back();
+    group_owners_.emplace_back();
   }
   Seq& s = seqs_[slot];
   const uint32_t generation = s.generation + 1 == 0 ? 1 : s.generation + 1;  // handles stay > 0
@@ -636,9 +759,18 @@ int64_t Drafter::add(std::shared_ptr<const SuffixIndex> index, const int32_t* co
   s.generation = generation;
   s.live = true;
   s.index = index.get();
+  s.group = group.get();
   s.window = params_.window_initial;
   owners_[slot] = std::move(index);
-  for (std::size_t i = 0; i < n; ++i) s.state = s.index->advance(s.state, s.len, context[i], params_.prefix_max);
+  group_owners_[slot] = std::move(group);
+  if (s.index != nullptr) {
+    for (std::size_t i = 0; i < n; ++i) s.state = s.index->advance(s.state, s.len, context[i], params_.prefix_max);
+  }
+  if (s.group != nullptr) {
+    s.cursor = s.group->cursor();
+    std::lock_guard<std::mutex> group_lock(s.group->mutex());
+    for (std::size_t i = 0; i < n; ++i) s.group->append(s.cursor, context[i]);
+  }
   ++live_;
   return static_cast<int64_t>((static_cast<uint64_t>(generation) << 32) | slot);
 }
@@ -656,7 +788,10 @@ void Drafter::remove(const int64_t* handles, std::size_t n) {
     Seq& s = seqs_[slot];
     s.live = false;
     s.index = nullptr;
+    s.group = nullptr;
+    s.cursor = GroupIndex::Cursor();
     owners_[slot].reset();
+    group_owners_[slot].reset();
     free_.push_back(slot);
     --live_;
   }
@@ -671,12 +806,18 @@ void Drafter::feed_locked(const int64_t* handles, std::size_t n, const int64_t* 
   const uint32_t pmax = params_.prefix_max;
   for (std::size_t i = 0; i < n; ++i) {
     Seq& s = seq(handles[i]);
-    const SuffixIndex& idx = *s.index;
-    uint32_t state = s.state;
-    uint32_t len = s.len;
-    for (int64_t k = offsets[i]; k < offsets[i + 1]; ++k) state = idx.advance(state, len, tokens[k], pmax);
-    s.state = state;
-    s.len = len;
+    if (s.index != nullptr) {
+      const SuffixIndex& idx = *s.index;
+      uint32_t state = s.state;
+      uint32_t len = s.len;
+      for (int64_t k = offsets[i]; k < offsets[i + 1]; ++k) state = idx.advance(state, len, tokens[k], pmax);
+      s.state = state;
+      s.len = len;
+    }
+    if (s.group != nullptr && offsets[i + 1] > offsets[i]) {
+      std::lock_guard<std::mutex> group_lock(s.group->mutex());
+      for (int64_t k = offsets[i]; k < offsets[i + 1]; ++k) s.group->append(s.cursor, tokens[k]);
+    }
   }
 }
 
@@ -708,19 +849,39 @@ void Drafter::check_caps(std::size_t n, const int32_t* caps) const {
 
 std::size_t Drafter::draft_locked(const int64_t* handles, std::size_t n, const int32_t* caps, int64_t* out_offsets,
                                   int32_t* out) {
-  const uint32_t pmin = params_.prefix_min;
   std::size_t pos = 0;
   out_offsets[0] = 0;
   for (std::size_t i = 0; i < n; ++i) {
     Seq& s = seq(handles[i]);
     const uint32_t limit = caps ? std::min(s.window, static_cast<uint32_t>(caps[i])) : s.window;
-    const uint32_t k = s.index->draft(s.state, s.len, pmin, out + pos, limit, params_.min_prob);
+    const uint32_t k = limit == 0 ? 0 : draft_one(s, out + pos, limit);
     s.last_draft = k;
     s.drafted += k;
     pos += k;
     out_offsets[i + 1] = static_cast<int64_t>(pos);
   }
   return pos;
+}
+
+uint32_t Drafter::draft_one(const Seq& s, int32_t* out, uint32_t limit) {
+  const uint32_t pmin = params_.prefix_min;
+  uint32_t state = s.state;
+  uint32_t hlen = s.len;
+  if (s.index == nullptr || !s.index->match(state, hlen, pmin)) hlen = 0;
+  if (s.group == nullptr) return hlen == 0 ? 0 : s.index->draft(state, hlen, pmin, out, limit, params_.min_prob);
+  std::lock_guard<std::mutex> group_lock(s.group->mutex());
+  uint32_t node = 0;
+  const uint32_t glen = s.group->match(s.cursor, params_.prefix_max, pmin, &node);
+  if (glen == 0 && hlen == 0) return 0;
+  if (glen > hlen) return s.group->draft(node, out, limit, params_.min_prob);
+  const uint32_t k = s.index->draft(state, hlen, pmin, out, limit, params_.min_prob);
+  if (glen < hlen || k == limit) return k;
+  // equally long matches: the longer draft (history's on a tie)
+  scratch_.resize(limit);
+  const uint32_t g = s.group->draft(node, scratch_.data(), limit, params_.min_prob);
+  if (g <= k) return k;
+  std::copy(scratch_.begin(), scratch_.begin() + g, out);
+  return g;
 }
 
 void Drafter::feed(const int64_t* handles, std::size_t n, const int64_t* offsets, const int32_t* tokens) {

@@ -118,6 +118,21 @@ class SuffixIndex {
     return n;
   }
 
+  // The fallback of `draft`: moves (state, len) to the longest suffix with a continuation; false
+  // (and len = 0) when that is shorter than prefix_min.
+  bool match(uint32_t& state, uint32_t& len, uint32_t prefix_min) const {
+    while (len >= prefix_min && best_[state] == kNone) {
+      if (state == 0) break;
+      state = link_[state];
+      len = len_[state];
+    }
+    if (len < prefix_min || best_[state] == kNone) {
+      len = 0;
+      return false;
+    }
+    return true;
+  }
+
   // Target of the edge labelled token out of state, or kNone.
   uint32_t find(uint32_t state, int32_t token) const {
     uint32_t lo = edge_begin_[state];
@@ -174,6 +189,56 @@ class SuffixIndex {
   bool reward_weighted_ = true;
 };
 
+// The current step's responses of one prompt's group, indexed as they are generated (Seer's grouped
+// speculative decoding): a suffix trie of bounded depth whose node for string S counts S's
+// occurrences. Appending a token to a response extends the response's `depth` newest suffixes by
+// one node each (created or counted), so an update costs O(depth) hash-table steps per token and
+// nothing is ever rebuilt. Each node keeps the child with the most occurrences (ties: smaller token)
+// and the number of its occurrences that continue, so drafting follows one array read per token as
+// the history index does. Not thread-safe on its own: the Drafter that feeds it holds its mutex.
+class GroupIndex {
+ public:
+  explicit GroupIndex(uint32_t depth);
+
+  uint32_t depth() const { return depth_; }
+  // A response's newest suffixes: path[k] is the node of its last k + 1 tokens (k < filled).
+  struct Cursor {
+    std::vector<uint32_t> path;
+    uint32_t filled = 0;
+  };
+  Cursor cursor() const { return Cursor{std::vector<uint32_t>(depth_, 0), 0}; }
+  // Appends one token to the response behind `cursor`.
+  void append(Cursor& cursor, int32_t token);
+  // Longest k in [prefix_min, min(prefix_max, filled)] whose last-k node has a continuation;
+  // 0 when none. *node gets that node.
+  uint32_t match(const Cursor& cursor, uint32_t prefix_max, uint32_t prefix_min, uint32_t* node) const;
+  // Follows the most frequent continuation from node (see SuffixIndex::draft for min_prob).
+  uint32_t draft(uint32_t node, int32_t* out, uint32_t max_tokens, double min_prob) const;
+
+  uint32_t n_nodes() const { return static_cast<uint32_t>(count_.size()); }
+  uint64_t n_tokens() const { return n_tokens_; }
+  std::size_t memory_bytes() const;
+  std::mutex& mutex() const { return mu_; }
+
+ private:
+  uint32_t child(uint32_t node, int32_t token);  // counts one more occurrence; creates the child if new
+  uint32_t find(uint32_t node, int32_t token) const;
+  void grow();
+
+  uint32_t depth_;
+  // Per node: occurrences, occurrences that continue (sum over children), best child, incoming token.
+  std::vector<uint32_t> count_;
+  std::vector<uint32_t> cont_;
+  std::vector<uint32_t> best_;
+  std::vector<int32_t> token_;
+  // (node, token) -> child, open addressing with linear probing, at most half full.
+  std::vector<uint64_t> keys_;
+  std::vector<uint32_t> vals_;
+  std::size_t used_ = 0;
+  uint64_t n_tokens_ = 0;
+  mutable std::mutex mu_;
+};
+
 struct DrafterParams {
   uint32_t prefix_max = 7;
   uint32_t prefix_min = 3;
@@ -200,8 +265,11 @@ class Drafter {
   explicit Drafter(const DrafterParams& params);
 
   const DrafterParams& params() const { return params_; }
-  // Registers a sequence; context (may be empty) is fed as if accepted. Returns a handle.
-  int64_t add(std::shared_ptr<const SuffixIndex> index, const int32_t* context, std::size_t n);
+  // Registers a sequence drafting from its prompt's history index, its group's index, or both (at
+  // least one); context (may be empty) is fed as if accepted, and appended to the group. Returns a
+  // handle. A group index is fed only by this drafter's sequences (its mutex serialises them).
+  int64_t add(std::shared_ptr<const SuffixIndex> index, std::shared_ptr<GroupIndex> group, const int32_t* context,
+              std::size_t n);
   void remove(const int64_t* handles, std::size_t n);
   std::size_t size() const;
 
@@ -227,6 +295,8 @@ class Drafter {
  private:
   struct Seq {
     const SuffixIndex* index = nullptr;
+    GroupIndex* group = nullptr;
+    GroupIndex::Cursor cursor;
     uint32_t state = 0;
     uint32_t len = 0;
     uint32_t window = 0;
@@ -249,11 +319,15 @@ class Drafter {
   void check_caps(std::size_t n, const int32_t* caps) const;
   std::size_t draft_locked(const int64_t* handles, std::size_t n, const int32_t* caps, int64_t* out_offsets,
                            int32_t* out);
+  // One sequence's draft: from whichever of its sources matches the longer suffix of its context.
+  uint32_t draft_one(const Seq& s, int32_t* out, uint32_t limit);
 
   DrafterParams params_;
   std::vector<Seq> seqs_;
   std::vector<std::shared_ptr<const SuffixIndex>> owners_;  // keeps each sequence's index alive
+  std::vector<std::shared_ptr<GroupIndex>> group_owners_;
   std::vector<uint32_t> free_;
+  std::vector<int32_t> scratch_;  // the group's draft while it is compared with the history's
   std::size_t live_ = 0;
   mutable std::mutex mu_;
 };

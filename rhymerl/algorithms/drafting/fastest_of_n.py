@@ -1,0 +1,51 @@
+"""Fastest-of-N: per request, the draft source whose drafts that request's own tokens matched best.
+
+Why: one drafter is not the best for every request (SPECATOR; issue 28). Every source drafts every
+pass; the engine verifies the chosen source's draft, and each source is scored by how many tokens
+of its own draft the emitted tokens confirm (the emitted tokens are the accepted draft plus one,
+so a source that was not chosen can show at most one token more than the chosen one: enough to
+take over when it keeps doing so). Scores decay geometrically; the highest score wins, ties go to
+the earlier source (the caller lists them in order of preference). Pure numpy: no engine, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+
+def matched(draft: Sequence[int], emitted: Sequence[int]) -> int:
+    """How many leading tokens of `draft` the emitted tokens confirm."""
+    n = 0
+    for d, e in zip(draft, emitted, strict=False):
+        if d != e:
+            break
+        n += 1
+    return n
+
+
+class SourceChoice:
+    """Per request and source, a decayed mean of confirmed draft tokens per pass; picks the best."""
+
+    def __init__(self, requests: int, sources: int, decay: float = 0.8) -> None:
+        if sources < 1:
+            raise ValueError(f"sources: {sources}, need at least one")
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"decay: {decay}, need 0 <= decay < 1")
+        self.decay = decay
+        self.scores = np.zeros((requests, sources), dtype=np.float64)
+
+    def observe(self, confirmed: NDArray[np.int64], rows: NDArray[np.int64] | None = None) -> None:
+        """confirmed[i, k]: tokens of source k's last draft for request rows[i] the emitted tokens confirmed."""
+        r = np.arange(self.scores.shape[0]) if rows is None else rows
+        self.scores[r] = self.decay * self.scores[r] + (1.0 - self.decay) * confirmed
+
+    def choose(self, rows: NDArray[np.int64] | None = None) -> NDArray[np.int64]:
+        """The source each request drafts from this pass."""
+        picks: NDArray[np.int64] = np.argmax(self.scores if rows is None else self.scores[rows], axis=1)
+        return picks.astype(np.int64)
+
+    def reset(self, row: int) -> None:
+        self.scores[row] = 0.0

@@ -1,0 +1,73 @@
+"""Fastest-of-N: the per-request choice (pure) and the replay source built on it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rhymerl.algorithms.drafting import HistoryIndex
+from rhymerl.algorithms.drafting.fastest_of_n import SourceChoice, matched
+from rhymerl.api.spec import SpeculationSpec
+from rhymerl.tools.bench.draft_replay import replay_units
+from rhymerl.tools.bench.draft_sources import FastestOfNSource, HistoSpecSource
+from rhymerl.tools.bench.draft_workloads import PromptWork
+
+
+def test_matched_counts_the_leading_draft_tokens_the_emitted_tokens_confirm() -> None:
+    assert matched([1, 2, 3], [1, 2, 9]) == 2
+    assert matched([1, 2], [1]) == 1
+    assert matched([], [5]) == 0
+    assert matched([4], [5, 4]) == 0
+
+
+def test_a_source_choice_follows_the_decayed_confirmed_tokens_and_breaks_ties_to_the_first_source() -> None:
+    choice = SourceChoice(2, 2, decay=0.5)
+    assert choice.choose().tolist() == [0, 0]
+    choice.observe(np.array([[1, 2], [3, 0]]))  # scores [[0.5, 1.0], [1.5, 0.0]]
+    assert choice.choose().tolist() == [1, 0]
+    choice.observe(np.array([[4, 0]]), rows=np.array([0]))  # row 0: [0.25 + 2.0, 0.5 + 0.0]
+    assert choice.scores[0].tolist() == [2.25, 0.5]
+    assert choice.choose().tolist() == [0, 0]
+    choice.reset(0)
+    assert choice.scores[0].tolist() == [0.0, 0.0]
+    with pytest.raises(ValueError, match="decay"):
+        SourceChoice(1, 2, decay=1.0)
+    with pytest.raises(ValueError, match="sources"):
+        SourceChoice(1, 0)
+
+
+def _unit(seed: int) -> PromptWork:
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 40, size=300).astype(np.int32)
+    history = [(base.copy(), 1.0), (base.copy(), 0.0)]
+    targets = []
+    for _ in range(4):
+        t = base.copy()
+        flip = rng.random(t.size) < 0.05
+        t[flip] = rng.integers(0, 40, size=int(flip.sum()))
+        targets.append(t)
+    return PromptWork(f"p{seed}", np.zeros(0, dtype=np.int32), history, targets, epoch=1)
+
+
+def test_fastest_of_n_over_one_source_twice_replays_exactly_as_that_source() -> None:
+    units = [_unit(0), _unit(1)]
+    knobs = SpeculationSpec()
+    indexes = [HistoryIndex.build(u.history) for u in units]
+    alone = replay_units(HistoSpecSource(indexes, knobs), units)
+    both = FastestOfNSource([HistoSpecSource(indexes, knobs), HistoSpecSource(indexes, knobs)])
+    twice = replay_units(both, units)
+    assert (twice.generated, twice.accepted, twice.drafted, twice.verify_steps) == (
+        alone.generated, alone.accepted, alone.drafted, alone.verify_steps)
+    assert both.served[1] == 0 and both.served[0] > 0  # equal scores: the first source
+
+
+def test_fastest_of_n_moves_each_request_to_the_source_whose_drafts_its_tokens_confirm() -> None:
+    units = [_unit(2)]
+    knobs = SpeculationSpec()
+    good = [HistoryIndex.build(units[0].history)]
+    useless = [HistoryIndex.build([(np.full(50, 99, dtype=np.int32), 1.0)])]  # never continues a target
+    alone = replay_units(HistoSpecSource(good, knobs), units)
+    fastest = FastestOfNSource([HistoSpecSource(useless, knobs), HistoSpecSource(good, knobs)])
+    got = replay_units(fastest, units)
+    assert fastest.served[0] == 0 and fastest.served[1] > 0
+    assert got.accepted >= alone.accepted - 2 * len(units[0].targets)  # a pass or two per request to switch

@@ -1,0 +1,69 @@
+"""An operator upgrade restarts no job: the pod templates and the spec.yaml a job's pods run from change
+only when the user's spec does (diff.pinned), whatever the new release's builders render."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from operator_harness import Kube
+
+from rhymerl.api.spec import RLJob
+from rhymerl.operator.manifests import builders, spec_hash
+from rhymerl.workers.runtime.ray_network import AUTH_MODE_ENV, TOKEN_PATH_ENV
+
+NS = "team-a"
+RLJOBS = "rhymerl.io/v1alpha1/rljobs"
+_CURRENT = builders._pod_template
+
+
+def _without_ray_token(job: Any, role: Any, digest: str) -> dict[str, Any]:
+    """The pod template of the release before the Ray token: the current one less its volume, mount and
+    environment (what that release's builders rendered for the same spec)."""
+    out = copy.deepcopy(_CURRENT(job, role, digest))
+    spec = out["spec"]
+    spec["volumes"] = [v for v in spec["volumes"] if v["name"] != "ray-token"]
+    for c in spec["containers"]:
+        c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] != "ray-token"]
+        c["env"] = [e for e in c["env"] if e["name"] not in (AUTH_MODE_ENV, TOKEN_PATH_ENV)]
+    return out
+
+
+def _running(kube: Kube) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+    templates = {s["metadata"]["name"]: copy.deepcopy(s["spec"]["template"]) for s in kube.server.live("statefulsets", NS)}
+    data = {c["metadata"]["name"]: dict(c["data"]) for c in kube.server.live("configmaps", NS)}
+    pods = {p["metadata"]["name"]: p["metadata"]["uid"] for p in kube.cluster.pods(NS, "alpha")}
+    return templates, data, pods
+
+
+def test_a_field_a_release_adds_with_its_default_does_not_move_the_spec_hash() -> None:
+    base = {"metadata": {"name": "alpha"}, "spec": {"algorithm": {"lr": 1e-5}}}
+    spelled = {"metadata": {"name": "alpha"}, "spec": {"algorithm": {"lr": 1e-5},
+                                                       "rollout": {"speculation": {"group_drafts": True}}}}
+    assert spec_hash(RLJob.model_validate(base)) == spec_hash(RLJob.model_validate(spelled))  # as the API server defaults it
+    changed = {"metadata": {"name": "alpha"}, "spec": {"algorithm": {"lr": 2e-5}}}
+    assert spec_hash(RLJob.model_validate(changed)) != spec_hash(RLJob.model_validate(base))
+
+
+@pytest.mark.asyncio
+async def test_an_upgraded_operator_writes_no_pod_template_until_the_user_changes_the_spec(
+        kube: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(builders, "_pod_template", _without_ray_token)
+    async with kube.operator():
+        await kube.create_job(NS, "alpha", {"algorithm": {"lr": 1e-5}})
+        await kube.settle()
+    before = _running(kube)
+    assert all("ray-token" not in str(t) for t in before[0].values())
+    writes = len(kube.operator_writes())
+    monkeypatch.undo()  # the upgrade: the current release's builders
+    async with kube.operator() as run:
+        await run.resync()
+        await kube.settle()
+        assert _running(kube) == before  # no template, no spec.yaml, no pod changed
+        assert not [w for w in kube.operator_writes()[writes:] if "/statefulsets/" in w or "/configmaps/" in w]
+        await kube.cluster.request("PATCH", kube.cluster.path(RLJOBS, NS, "alpha"), {"spec": {"algorithm": {"lr": 2e-5}}})
+        await kube.settle()
+    templates, data, _ = _running(kube)
+    assert all("ray-token" in str(t) for t in templates.values())  # the user's change brings the new rendering
+    assert data != before[1]
