@@ -227,8 +227,8 @@ def operator_(
                                               "(0: off)")] = 9090,
     health_port: Annotated[int, typer.Option(min=0, max=65535, help="liveness endpoint :PORT/healthz "
                                              "(0: off)")] = 8080,
-    resync_seconds: Annotated[float, typer.Option(min=1.0, help="re-read every job and its children this often, "
-                                                  "repairing what events missed")] = 30.0,
+    resync_seconds: Annotated[float, typer.Option(min=1.0, help="run a pass of every job this often (from the "
+                                                  "watches' cache), repairing what events missed")] = 30.0,
 ) -> None:
     """Run the Kubernetes operator: reconcile RLJobs into StatefulSets, keep their status and conditions."""
     import asyncio
