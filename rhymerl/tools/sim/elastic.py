@@ -15,7 +15,6 @@ keeps its samples until one joins: no sample is ever lost.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -138,11 +137,8 @@ def join(sim: Simulator) -> int:
 
 
 def _shared_cap(sim: Simulator) -> None:
-    """The shared pipeline's default concurrency is the even split of a step over the live workers
-    (a scheduler that fills the engine's batch keeps the engine's limit, as Simulator sets it)."""
-    if sim.sched.pipeline == "shared" and sim.cfg.async_concurrency is None and not sim.sched.fills_batch:
-        per_step = len(sim.seqs) / (sim.last_step - sim.first_step + 1)
-        sim.cap = max(1, math.ceil(per_step / max(1, len(live_slots(sim)))))
+    """The workers' concurrency for the live fleet (Simulator.concurrency)."""
+    sim.cap = sim.concurrency(len(live_slots(sim)))
 
 
 # ---------------------------------------------------------------------- the fleet's controller

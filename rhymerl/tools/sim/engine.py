@@ -123,12 +123,10 @@ class Simulator:
         self.sched.final_round = last
         n = config.workers
         self.workers = [SimWorker(w, self.first_step - 1) for w in range(n)]
-        per_step = np.mean([len(b) for b in self.step_samples.values()])
-        self.share = max(1, math.ceil(per_step / n))
-        self.bound_batch = max(1, math.ceil((1 + scheduler.staleness) * per_step / n))
+        self.per_step = float(np.mean([len(b) for b in self.step_samples.values()]))
+        self.bound_batch = max(1, math.ceil((1 + scheduler.staleness) * self.per_step / n))
         """The lower bound's batch: the even split of the 1 + staleness steps released at once."""
-        pull = self.profile.max_batch if scheduler.fills_batch else self.share
-        self.cap = (config.async_concurrency or pull) if scheduler.pipeline == "shared" else self.profile.max_batch
+        self.cap = self.concurrency(n)
         kv_cap = self.profile.kv_capacity_tokens
         self.kv_cap = float(kv_cap) if kv_cap is not None else math.inf
         self.events: list[tuple[float, int, int, int]] = []  # (time, seq, kind, arg)
@@ -174,6 +172,14 @@ class Simulator:
         self.hooks: FleetHooks | None = None
 
     # ------------------------------------------------------------------ setup
+
+    def concurrency(self, workers: int) -> int:
+        """How many samples a worker runs at once on `workers` workers: the engine's batch limit, or on
+        a shared pipeline the configured concurrency, else the even split of a step (AReaL's), unless
+        the scheduler fills the engine's batch."""
+        if self.sched.pipeline != "shared" or (self.sched.fills_batch and self.cfg.async_concurrency is None):
+            return self.profile.max_batch
+        return self.cfg.async_concurrency or max(1, math.ceil(self.per_step / max(1, workers)))
     def _index_sizes(self, rows: list[np.ndarray]) -> dict[str, float]:
         """Bytes of each prompt's index: its latest group's response tokens (over the whole trace,
         a stand-in for the previous epoch's) times the bytes per token."""
