@@ -66,6 +66,19 @@ def report(api: ApiClient, namespace: str, name: str, row: Mapping[str, Any], fi
     return progress
 
 
+def report_pods_in_use(api: ApiClient, namespace: str, name: str, pods: int | None,
+                       now: datetime | None = None) -> None:
+    """Patch only status.progress.rolloutPodsInUse (and updatedAt): the leading rollout pod ordinals that
+    hold the fleet's workers, which the operator waits for before it lowers the rollout StatefulSet
+    (operator/reconcile/drain.py); None removes it (a worker's pod is not known)."""
+    from kubernetes.client import CustomObjectsApi
+
+    patch = {"rolloutPodsInUse": pods, "updatedAt": (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    CustomObjectsApi(api).patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, name, {"status": {"progress": patch}},
+        _content_type="application/merge-patch+json")
+
+
 def report_message(api: ApiClient, namespace: str, name: str, message: str, now: datetime | None = None) -> None:
     """Patch only status.progress.message (and updatedAt): what the controller is doing or waiting for
     ("waiting for pods to join: 1 train"), between its step reports."""

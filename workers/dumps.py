@@ -24,6 +24,15 @@ Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
 Ordinal = Annotated[int, Field(ge=1, le=2**63 - 1)]
 
 
+class SourceStats(BaseModel):
+    """One draft source's share of a sample's speculation."""
+
+    model_config = ConfigDict(extra="forbid")
+    passes: Count = Field(0, description="passes that verified this source's draft")
+    drafted: Count = Field(0, description="its draft tokens verified")
+    accepted: Count = Field(0, description="of those, accepted")
+
+
 class SpeculationStats(BaseModel):
     """Per-sample speculation counters (all zero when speculation was off)."""
 
@@ -31,6 +40,9 @@ class SpeculationStats(BaseModel):
     drafted: Count = Field(0, description="draft tokens proposed")
     accepted: Count = Field(0, description="draft tokens accepted by verification")
     forward_passes: Count = Field(0, description="decode/verify passes that produced this response")
+    sources: dict[str, SourceStats] = Field(
+        default_factory=dict, description="drafted and accepted split by the source that drafted them (history, "
+        "ngram, ...; fastest-of-n chooses among several per pass); empty in dumps of the vllm engine and before 2026-11-26")
 
 
 class RolloutRecord(BaseModel):

@@ -7,9 +7,9 @@ Everything a decision needs is in the status (status.autoscaling: the count and 
 changed), so an operator restart forgets nothing. A scale-up waits while rollout pods cannot be
 scheduled (asking for more of what the cluster has none of helps nobody: the job goes on with what
 it has). A scale-down removes the highest ordinals (a StatefulSet's order; it ignores
-controller.kubernetes.io/pod-deletion-cost, which only ReplicaSets read): each leaving pod's workers
-hand their unfinished samples back with their tokens on SIGTERM (rollout.termination_grace_seconds),
-and the fleet moves them to the workers that stay.
+controller.kubernetes.io/pod-deletion-cost, which only ReplicaSets read): the controller reads the count
+decided here (status.autoscaling.replicas) and moves its workers off those pods first, and the reconciler
+lowers the StatefulSet once they are drained (drain.py).
 """
 
 from __future__ import annotations

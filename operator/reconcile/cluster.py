@@ -28,6 +28,8 @@ from rhymerl.api.crd import PLURAL
 from rhymerl.api.spec import API_VERSION, GROUP, KIND, VERSION
 from rhymerl.operator.manifests.labels import INSTANCE_KEY, MANAGED_BY, MANAGED_BY_KEY
 from rhymerl.operator.reconcile.diff import Manifest, ObjectRef
+from rhymerl.operator.reconcile.nodes import disruption
+from rhymerl.operator.reconcile.pods import node_name
 from rhymerl.operator.reconcile.watch import PAGE, Cache
 
 log = logging.getLogger(__name__)
@@ -66,7 +68,8 @@ EVENT = Kind("", "v1", "events")
 SECRET = Kind("", "v1", "secrets")
 RLJOB = Kind(GROUP, VERSION, PLURAL)
 LEASE = Kind("coordination.k8s.io", "v1", "leases")
-BY_PLURAL: dict[str, Kind] = {k.plural: k for k in [*KINDS.values(), POD, RLJOB]}
+NODE = Kind("", "v1", "nodes")
+BY_PLURAL: dict[str, Kind] = {k.plural: k for k in [*KINDS.values(), POD, RLJOB, NODE]}
 
 
 def ours(obj: Mapping[str, Any], job: str) -> bool:
@@ -188,8 +191,9 @@ class Cluster:
         kind_name = {v: k for k, v in KINDS.items()}.get(kind, "Pod")
         if self.cache is not None:
             cached = self.cache.children(kind_name, namespace, job)
-            if cached is not None:
-                return [copy.deepcopy(obj) for obj in cached if ours(obj, job)]
+            if cached is not None:  # the cache's own objects, not copies: a pass reads them and never changes
+                # them (test_scale checks), and copying every child and pod was half of a pass at rest
+                return [obj for obj in cached if ours(obj, job)]
         listed = await self._call("GET", kind.path(namespace), query=[("labelSelector", job_selector(job))])
         items = listed.get("items") or []
         api_version = f"{kind.group}/{kind.version}" if kind.group else kind.version
@@ -212,6 +216,17 @@ class Cluster:
 
     async def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         return await self._list(POD, namespace, job)
+
+    def node_disruption(self, pod: Mapping[str, Any]) -> str | None:
+        """Why the node of `pod` is being taken away (nodes.disruption), from the Node informer; None when
+        it is not, or not known (no cache, the pod has no node, or the operator may not list nodes)."""
+        node = node_name(pod)
+        if self.cache is None or not node:
+            return None
+        cached, found = self.cache.get("Node", "", node)
+        if not cached or found is None:
+            return None
+        return disruption(node, (found.get("spec") or {}).get("taints") or [])
 
     async def read_secret(self, namespace: str, name: str, key: str) -> str | None:
         """The decoded value of one key of a Secret; None when the Secret or the key is missing, or the

@@ -1,7 +1,7 @@
 """An RLJob's status from what its pods say: phase, conditions, per-role counts. Pure.
 
 Conditions follow metav1.Condition: one per type (Ready, RolloutReady, TrainReady, Degraded,
-Suspended, Complete, Failed), each with a CamelCase reason and a message a person can act on.
+Suspended, Complete, Failed, Draining), each with a CamelCase reason and a message a person can act on.
 lastTransitionTime moves only when a condition's status flips, so recomputing the status of an
 unchanged job gives the same object and the operator writes nothing.
 """
@@ -46,6 +46,7 @@ class Observation:
     suspension: Suspension = field(default_factory=Suspension)  # where the suspend protocol stands (lifecycle.py)
     deadline_exceeded: str | None = None  # spec.active_deadline_seconds passed: why
     autoscaling: AutoscalingStatus | None = None  # spec.rollout.autoscaling's decision (autoscale.py), when on
+    draining: tuple[Status, str, str] = ("False", "NotDraining", "no rollout pod is being drained")  # drain.py
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ def _failed(obs: Observation) -> tuple[Status, str, str]:
         return "True", "InvalidSpec", obs.invalid
     f = obs.failures
     if over_budget(f, obs.backoff_limit):
-        return ("True", "BackoffLimitExceeded", f"{f.crashes} crashes exceed spec.failure_policy.backoff_limit "
+        return ("True", "BackoffLimitExceeded", f"{f.crashes} crashes exceed spec.failurePolicy.backoffLimit "
                 f"{obs.backoff_limit}; last: {f.lastFailure}; every role is scaled to zero (raise backoff_limit "
                 "to resume from the last checkpoint)")
     if obs.deadline_exceeded is not None:
@@ -160,6 +161,7 @@ def conditions(obs: Observation) -> list[Condition]:
     parts["Complete"] = (("True", "Finished", "the controller reported the last step done") if obs.finished else
                          ("False", "InProgress", "not finished"))
     parts["Failed"] = _failed(obs)
+    parts["Draining"] = obs.draining
     wanted = {role: n for role, n in obs.desired.items() if n > 0}
     short = [f"{role} {ready[role]}/{n}" for role, n in wanted.items() if ready[role] < n]
     if parts["Failed"][0] == "True":

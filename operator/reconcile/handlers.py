@@ -33,9 +33,10 @@ import kopf
 from rhymerl.api.crd import PLURAL
 from rhymerl.api.spec import GROUP, KIND, VERSION
 from rhymerl.operator.manifests.labels import INSTANCE_KEY, MANAGED_BY, MANAGED_BY_KEY
-from rhymerl.operator.reconcile.cluster import KINDS, POD, RLJOB, Cluster, now_rfc3339
+from rhymerl.operator.reconcile.cluster import KINDS, NODE, POD, RLJOB, Cluster, now_rfc3339
 from rhymerl.operator.reconcile.leader import LeaderElector
 from rhymerl.operator.reconcile.metrics import Metrics
+from rhymerl.operator.reconcile.nodes import trimmed
 from rhymerl.operator.reconcile.reconciler import reconcile
 from rhymerl.operator.reconcile.watch import OURS, Cache, Informer
 
@@ -89,6 +90,9 @@ class Operator:
                 out.append(Informer(self.cluster, info.plural, kind, namespace, None if info is RLJOB else OURS,
                                     self._job_event if info is RLJOB else self._child_event,
                                     api_version=f"{info.group}/{info.version}" if info.group else info.version))
+        # the nodes' taints (nodes.py): every node, trimmed; without the permission, none (pods.py goes on)
+        out.append(Informer(self.cluster, NODE.plural, "Node", None, None, lambda type_, body: None,
+                            api_version=NODE.version, transform=trimmed, optional=True))
         return out
 
     def _job_event(self, type_: str, body: Mapping[str, Any]) -> None:

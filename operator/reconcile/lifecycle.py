@@ -102,7 +102,7 @@ def deadline(limit_s: int | None, suspend: bool, previous: Mapping[str, Any], no
     left = (started + timedelta(seconds=limit_s) - now).total_seconds()
     if left > 0:
         return Deadline(None, left)
-    return Deadline(f"running since {format_time(started)}, longer than spec.active_deadline_seconds {limit_s}; "
+    return Deadline(f"running since {format_time(started)}, longer than spec.activeDeadlineSeconds {limit_s}; "
                     "every role is scaled to zero (raise active_deadline_seconds, or suspend and resume, to go on "
                     "from the last checkpoint)")
 

@@ -7,8 +7,9 @@ code, REJOIN_EXIT_CODE: a pod asking to join its job's next Ray head) is not a c
 as restarts. The kubelet keeps only the last termination, so restarts seen together are classed by
 it. A pod taken away by the
 platform (spot preemption, eviction, node shutdown or loss: the DisruptionTarget condition, or the
-pod's reason) is a preemption: the StatefulSet replaces it and it never counts as a crash, nor does a
-restart of its containers seen with it (a container killed with its node). Which pods
+pod's reason, or a pod that goes away from a node tainted as going: nodes.py) is a preemption: the
+StatefulSet replaces it and it never counts as a crash, nor does a restart of its containers seen with it
+(a container killed with its node). Which pods
 are already counted is kept in status.failures.counted, so an operator restart counts nothing twice.
 """
 
@@ -84,7 +85,14 @@ def _exit(terminated: Mapping[str, Any]) -> str:
     return f"exited {code}" + (f" ({reason})" if reason else "")
 
 
-def view(pod: Pod) -> PodView:
+def node_name(pod: Pod) -> str:
+    """The node the pod was placed on ("" while it waits for one)."""
+    return str((pod.get("spec") or {}).get("nodeName") or "")
+
+
+def view(pod: Pod, node: str | None = None, gone: bool = False) -> PodView:
+    """`node`: why the pod's node is being taken away (nodes.disruption), if it is; `gone`: the pod was seen
+    deleted. A pod going away (deleted, or being deleted) from such a node counts as preempted."""
     meta = pod.get("metadata", {})
     conditions = _conditions(pod)
     ready = conditions.get("Ready", {}).get("status") == "True"
@@ -115,7 +123,8 @@ def view(pod: Pod) -> PodView:
     return PodView(
         name=meta.get("name", ""), uid=meta.get("uid", ""), role=(meta.get("labels") or {}).get(COMPONENT_KEY, ""),
         ready=ready and not meta.get("deletionTimestamp"), deleting=bool(meta.get("deletionTimestamp")),
-        restarts=restarts, preempted=preemption(pod), unschedulable=unschedulable, waiting=waiting, crash=crash,
+        restarts=restarts, preempted=preemption(pod) or (node if gone or meta.get("deletionTimestamp") else None),
+        unschedulable=unschedulable, waiting=waiting, crash=crash,
         crash_looping=looping and crash is not None, clean_restart=bool(restarts) and clean,
         gated=tuple(str(g.get("name", "")) for g in (pod.get("spec") or {}).get("schedulingGates") or []),
     )

@@ -22,14 +22,16 @@ from kubernetes.aio.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from rhymerl.api.history_keys import REDIS_PASSWORD_ENV, history_key_prefix, redacted
-from rhymerl.api.spec import KIND, Condition, FailurePolicySpec, Failures, RLJob
+from rhymerl.api.spec import KIND, Condition, FailurePolicySpec, Failures, HistorySpec, RLJob, RLJobSpec
 from rhymerl.operator.manifests import Owner, desired, replicas, selector_string
 from rhymerl.operator.manifests.builders import ray_token_secret, stop_grace_s
 from rhymerl.operator.manifests.labels import COMPONENT_KEY
+from rhymerl.operator.manifests.roles import child_name
 from rhymerl.operator.reconcile import conditions as cond
 from rhymerl.operator.reconcile.autoscale import decide, with_rollout_replicas
 from rhymerl.operator.reconcile.cluster import Cluster, now_rfc3339, owned_by
 from rhymerl.operator.reconcile.diff import Manifest, pinned, plan, scaled_to_zero
+from rhymerl.operator.reconcile.drain import drain
 from rhymerl.operator.reconcile.history import CLEANUP_DEADLINE_S, FINALIZER, STOP_WAIT_S, delete_history
 from rhymerl.operator.reconcile.lifecycle import (
     deadline,
@@ -70,8 +72,8 @@ def _previous_failures(status: Mapping[str, Any]) -> Failures:
 
 
 def _raw_backoff_limit(body: Mapping[str, Any]) -> int:
-    """spec.failure_policy.backoff_limit of a job whose spec does not validate (messages only)."""
-    value = ((body.get("spec") or {}).get("failure_policy") or {}).get("backoff_limit")
+    """spec.failurePolicy.backoffLimit of a job whose spec does not validate (messages only)."""
+    value = FailurePolicySpec.written(RLJobSpec.written(body.get("spec"), "failure_policy"), "backoff_limit")
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     return FailurePolicySpec().backoff_limit
@@ -97,7 +99,7 @@ def _finalizers(body: Mapping[str, Any]) -> list[str]:
 
 
 async def _redis_password(cluster: Cluster, namespace: str, ref: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """The Redis password of the job's history.redis_password_secret `ref`: the Secret's, when the operator
+    """The Redis password of the job's history.redisPasswordSecret `ref`: the Secret's, when the operator
     may read it, else RHYMERL_REDIS_PASSWORD of the operator's own environment. Second: why there is
     none although the job names a Secret (None: no password needed, or one was found)."""
     if not ref.get("name"):
@@ -131,8 +133,8 @@ async def _finalize(cluster: Cluster, body: dict[str, Any], now: str) -> float |
     if FINALIZER not in _finalizers(body):
         return None
     namespace, name = meta["namespace"], meta["name"]
-    history = (body.get("spec") or {}).get("history") or {}
-    url = history.get("redis_url")
+    history = (body.get("spec") or {}).get("history") or {}  # the job's spec need not validate any more
+    url = HistorySpec.written(history, "redis_url")
     if history.get("store") == "redis" and isinstance(url, str) and url:
         clock = parse_time(now) or datetime.now(UTC)
         began = parse_time(meta.get("deletionTimestamp")) or clock
@@ -144,7 +146,7 @@ async def _finalize(cluster: Cluster, body: dict[str, Any], now: str) -> float |
                     await cluster.scale_to_zero(namespace, sts["metadata"]["name"])
             if elapsed < STOP_WAIT_S:
                 return float(min(REQUEUE_S, STOP_WAIT_S - elapsed))
-        password, missing = await _redis_password(cluster, namespace, history.get("redis_password_secret") or {})
+        password, missing = await _redis_password(cluster, namespace, HistorySpec.written(history, "redis_password_secret") or {})
         prefix = history_key_prefix(namespace, name)
         try:
             if missing is not None:
@@ -223,9 +225,10 @@ async def reconcile(cluster: Cluster, namespace: str, name: str, gone_pods: Sequ
     generation = int(meta.get("generation") or 0)
     parsed = parse(body)
     children = await cluster.list_children(namespace, name)
-    pods = [view(p) for p in await cluster.list_pods(namespace, name)]
+    pods = [view(p, cluster.node_disruption(p)) for p in await cluster.list_pods(namespace, name)]
     previous = body.get("status") or {}
-    counted = count(_previous_failures(previous), pods, [view(p) for p in gone_pods])
+    counted = count(_previous_failures(previous), pods,
+                    [view(p, cluster.node_disruption(p), gone=True) for p in gone_pods])
     finished = bool((previous.get("progress") or {}).get("finished"))
     requeue: float | None = None
     refused: list[str] = []
@@ -240,7 +243,7 @@ async def reconcile(cluster: Cluster, namespace: str, name: str, gone_pods: Sequ
         left = ttl_left(job.spec.ttl_seconds_after_finished, previous, clock)
         if left is not None and left <= 0:
             await cluster.event(body, "Normal", "TTLExpired", f"{previous.get('phase')} for longer than "
-                                f"spec.ttl_seconds_after_finished {job.spec.ttl_seconds_after_finished} s: deleting the job")
+                                f"spec.ttlSecondsAfterFinished {job.spec.ttl_seconds_after_finished} s: deleting the job")
             await cluster.delete_job(namespace, name)
             return Outcome("Deleting", sum(cluster.writes.values()) - before)
         await _sync_finalizer(cluster, body, job)
@@ -254,6 +257,10 @@ async def reconcile(cluster: Cluster, namespace: str, name: str, gone_pods: Sequ
                                                          and not p.deleting), clock)
         if scaling is not None:
             objects = with_rollout_replicas(objects, scaling.status.replicas)
+        # a scale-down waits for the controller to move its workers off the pods that go (drain.py)
+        draining = drain(child_name(name, "rollout"), _replicas_by_role(children).get("rollout", 0),
+                         _replicas_by_role(objects).get("rollout", 0), previous, stop_grace_s(job, "rollout"), clock)
+        objects = with_rollout_replicas(objects, draining.replicas)
         # the pods mount the job's Ray token: made once (a new one each pass would lock the pods out)
         await _write(refused, "Secret/ray-token", cluster.create_once(
             ray_token_secret(job, owner, secrets.token_hex(32))))
@@ -270,12 +277,13 @@ async def reconcile(cluster: Cluster, namespace: str, name: str, gone_pods: Sequ
                 log.info("%s/%s: deleting %s/%s (%s)", namespace, name, ref.kind, ref.name, ref.reason)
                 await _write(refused, f"{ref.kind}/{ref.name}", cluster.delete(namespace, ref))
         requeue = sooner(REQUEUE_S if steps.requeue else None, stage.wait_s, overdue.wait_s, left,
-                         None if scaling is None else scaling.wait_s)
+                         None if scaling is None else scaling.wait_s, draining.wait_s)
         observation = cond.Observation(
             generation=generation, suspend=job.spec.suspend, backoff_limit=limit, desired=_replicas_by_role(objects),
             pods=pods, failures=counted.failures, finished=finished, selector=selector_string(name, "rollout"),
             refused=tuple(refused), suspension=stage, deadline_exceeded=overdue.exceeded,
-            autoscaling=None if scaling is None else scaling.status)
+            autoscaling=None if scaling is None else scaling.status,
+            draining=(draining.status, draining.reason, draining.message))
     new = cond.status(observation, previous, stamp)
     if new != cond.operator_part(previous):
         if new["phase"] != previous.get("phase"):

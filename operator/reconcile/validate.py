@@ -4,7 +4,8 @@ The CRD schema and its CEL rules stop most bad jobs at admission, but not all (a
 them, an older CRD, a rule pydantic has and CEL cannot say): such a job gets Failed/InvalidSpec with
 the messages `rhymerl validate` prints, and no children. The one field fixed up instead of refused is
 spec.rollout.replicas, which `kubectl scale` and autoscalers write: it is clamped to
-[min_replicas, max_replicas], as the builders would do.
+[minReplicas, maxReplicas], as the builders would do. Fields are read in either spelling (the CRD's
+camelCase, or the snake_case of an object stored before it: docs/operations.md, "Upgrading").
 """
 
 from __future__ import annotations
@@ -41,9 +42,8 @@ def clamp_replicas(spec: dict[str, Any]) -> int | None:
     rollout = spec.get("rollout")
     if not isinstance(rollout, dict):
         return None
-    wanted = rollout.get("replicas", _default("replicas"))
-    low = rollout.get("min_replicas", _default("min_replicas"))
-    high = rollout.get("max_replicas", _default("max_replicas"))
+    wanted, low, high = (_default(name) if (value := RolloutSpec.written(rollout, name)) is None else value
+                         for name in ("replicas", "min_replicas", "max_replicas"))
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (wanted, low, high)) or low > high:
         return None
     clamped = max(low, min(wanted, high))
@@ -63,4 +63,4 @@ def parse(body: Mapping[str, Any]) -> Parsed:
     try:
         return Parsed(RLJob.model_validate(doc), None, clamped)
     except ValidationError as exc:
-        return Parsed(None, "; ".join(str(p) for p in problems_from(exc, {})), clamped)
+        return Parsed(None, "; ".join(str(p) for p in problems_from(exc, {}, doc=doc)), clamped)

@@ -4,7 +4,8 @@ Kubernetes wants a *structural* schema: every node typed, no ``$ref``, ``nullabl
 ``anyOf [..., null]``, ``x-kubernetes-int-or-string`` for quantities. Every spec block defaults to
 ``{}`` so the API server stores the job fully resolved, and the CEL rules below (checked at
 admission, before the operator sees an object) can rely on every defaulted field being there.
-Each rule restates a pydantic validator of rhymerl.api.spec, or makes a field immutable.
+Each rule restates a pydantic validator of rhymerl.api.spec, or makes a field immutable. Property names
+are the fields' camelCase aliases (Kubernetes' API conventions, as `kubectl explain` shows them).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from rhymerl.api.spec import (
     SpotSpec,
     StorageSpec,
     Toleration,
+    camel_text,
 )
 
 PLURAL = "rljobs"
@@ -70,54 +72,58 @@ def _immutable(what: str, why: str) -> Rule:
 
 _RECREATE = "delete the RLJob and create a new one"
 # Rules per spec block, attached wherever the block appears; the object's defaults fill every field they
-# read except those tested with has().
+# read except those tested with has(). They name fields as the API server stores them: by their camelCase
+# aliases (tests/api/test_crd_cel.py checks each name against the schema).
 RULES: dict[type[BaseModel], tuple[Rule, ...]] = {
     ModelSpec: (_immutable("spec.model", f"{_RECREATE} to train another model"),),
     DataSpec: (
         _immutable("spec.data", f"{_RECREATE} to train on other data"),
-        Rule("self.min_ops <= self.median_ops && self.median_ops <= self.max_ops",
-             "median_ops: must lie between min_ops and max_ops", ".median_ops"),
+        Rule("self.minOps <= self.medianOps && self.medianOps <= self.maxOps",
+             "medianOps: must lie between minOps and maxOps", ".medianOps"),
     ),
     AlgorithmSpec: (
         _immutable("spec.algorithm", f"{_RECREATE} to change the algorithm"),
-        Rule("self.group_size >= 2", "group_size: group-relative advantages need at least 2 responses per prompt",
-             ".group_size"),
-        Rule("!has(self.mini_batch_size) || self.mini_batch_size <= self.group_size * self.prompts_per_step",
-             "mini_batch_size: larger than the batch (group_size * prompts_per_step)", ".mini_batch_size"),
+        Rule("self.groupSize >= 2", "groupSize: group-relative advantages need at least 2 responses per prompt",
+             ".groupSize"),
+        Rule("!has(self.miniBatchSize) || self.miniBatchSize <= self.groupSize * self.promptsPerStep",
+             "miniBatchSize: larger than the batch (groupSize * promptsPerStep)", ".miniBatchSize"),
     ),
     RolloutSpec: (
-        Rule("self.min_replicas <= self.max_replicas", "max_replicas: must be >= min_replicas", ".max_replicas"),
-        Rule("self.min_replicas <= self.replicas && self.replicas <= self.max_replicas",
-             "replicas: must lie between min_replicas and max_replicas", ".replicas"),
-        Rule("self.resources.gpu >= self.gpus_per_replica",
-             "resources.gpu: must be at least gpus_per_replica (a replica's GPUs are its pod's)", ".resources.gpu"),
-        Rule("!self.autoscaling.enabled || self.min_replicas < self.max_replicas",
-             "autoscaling: min_replicas equals max_replicas: nothing to scale; raise max_replicas, or leave "
+        Rule("self.minReplicas <= self.maxReplicas", "maxReplicas: must be >= minReplicas", ".maxReplicas"),
+        Rule("self.minReplicas <= self.replicas && self.replicas <= self.maxReplicas",
+             "replicas: must lie between minReplicas and maxReplicas", ".replicas"),
+        Rule("self.resources.gpu >= self.gpusPerReplica",
+             "resources.gpu: must be at least gpusPerReplica (a replica's GPUs are its pod's)", ".resources.gpu"),
+        Rule("self.engine != 'vllm' || self.speculation.method != 'fastest-of-n'",
+             "speculation: method fastest-of-n runs on the torch engine; with vllm choose history, ngram or none",
+             ".speculation"),
+        Rule("!self.autoscaling.enabled || self.minReplicas < self.maxReplicas",
+             "autoscaling: minReplicas equals maxReplicas: nothing to scale; raise maxReplicas, or leave "
              "autoscaling off", ".autoscaling"),
     ),
     SpotSpec: (
-        Rule("!self.enabled || (has(self.node_selector) && size(self.node_selector) > 0) || "
+        Rule("!self.enabled || (has(self.nodeSelector) && size(self.nodeSelector) > 0) || "
              "(has(self.tolerations) && size(self.tolerations) > 0)",
-             "node_selector: name the spot nodes' labels (or their taints in tolerations)", ".node_selector"),
+             "nodeSelector: name the spot nodes' labels (or their taints in tolerations)", ".nodeSelector"),
     ),
     Toleration: (
         Rule("self.operator != 'Exists' || !has(self.value)", "value: must be omitted when operator is Exists"),
         Rule("has(self.key) || self.operator == 'Exists'", "operator: must be Exists when key is omitted"),
-        Rule("!has(self.toleration_seconds) || (has(self.effect) && self.effect == 'NoExecute')",
-             "toleration_seconds: only with effect NoExecute"),
+        Rule("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+             "tolerationSeconds: only with effect NoExecute"),
     ),
     SpeculationSpec: (
-        Rule("self.method != 'draft-model' || has(self.draft_model)",
-             "draft_model: required when method is draft-model", ".draft_model"),
+        Rule("self.method != 'draft-model' || has(self.draftModel)",
+             "draftModel: required when method is draft-model", ".draftModel"),
     ),
     DraftWindowSpec: (Rule("self.initial <= self.max", "initial: larger than max", ".initial"),),
     DraftPrefixSpec: (Rule("self.min <= self.max", "min: larger than max", ".min"),),
     HistorySpec: (
-        Rule("self.store != 'redis' || has(self.redis_url)", "redis_url: required when store is redis",
-             ".redis_url"),
+        Rule("self.store != 'redis' || has(self.redisUrl)", "redisUrl: required when store is redis",
+             ".redisUrl"),
         # a password in the URL would be stored in the object itself: refused at admission, before etcd
-        Rule("!has(self.redis_url) || !self.redis_url.matches('^[^/?#]*//[^/?#]*:[^/?#]*@')",
-             "redis_url: no password in the URL; name its Secret in redis_password_secret", ".redis_url"),
+        Rule("!has(self.redisUrl) || !self.redisUrl.matches('^[^/?#]*//[^/?#]*:[^/?#]*@')",
+             "redisUrl: no password in the URL; name its Secret in redisPasswordSecret", ".redisUrl"),
     ),
     StorageSpec: (_immutable("spec.checkpoint.storage", "a StatefulSet's volume claims cannot change"),),
 }
@@ -163,6 +169,8 @@ def structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     for key in _KEEP:
         if key in node and key not in out:
             out[key] = copy.deepcopy(node[key])  # shared nodes would come out as YAML anchors
+    if "description" in out:  # `kubectl explain` shows the names the object has
+        out["description"] = camel_text(out["description"])
     if "exclusiveMinimum" in out and not isinstance(out["exclusiveMinimum"], bool):
         out["minimum"] = out.pop("exclusiveMinimum")
         out["exclusiveMinimum"] = True
@@ -218,8 +226,16 @@ def _status_schema() -> dict[str, Any]:
     return schema
 
 
-def crd() -> dict[str, Any]:
-    spec_schema = _schema_of(RLJobSpec, RULES)
+# The spec of the CRD that bridges the upgrade from the snake_case CRD (docs/operations.md, "Upgrading"):
+# kept as stored, neither pruned nor defaulted, so RLJobs written in either spelling survive until rewritten.
+TRANSITION_SPEC = {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+                   "description": "any RLJob spec, in either spelling, kept as written (the upgrade's transition "
+                   "CRD: the operator validates it)"}
+
+
+def crd(transition: bool = False) -> dict[str, Any]:
+    """The RLJob CRD; `transition`: with TRANSITION_SPEC in place of the spec's schema and rules."""
+    spec_schema = copy.deepcopy(TRANSITION_SPEC) if transition else _schema_of(RLJobSpec, RULES)
     _default_blocks(spec_schema)
     status_schema = _status_schema()
     columns = [
@@ -277,9 +293,9 @@ def crd() -> dict[str, Any]:
     }
 
 
-def crd_yaml() -> str:
+def crd_yaml(transition: bool = False) -> str:
     header = "# Generated by `rhymerl crd` from rhymerl.api.spec; do not edit by hand.\n"
-    return header + yaml.safe_dump(crd(), sort_keys=False, width=120)
+    return header + yaml.safe_dump(crd(transition), sort_keys=False, width=120)
 
 
 def crd_helm_template() -> str:

@@ -1,7 +1,8 @@
 """Read an RLJob from YAML into the validated spec, with errors a person can act on.
 
-Every problem is reported as ``field.path: reason (line N)``; unknown keys come with the closest
-known key. `--set a.b=c` overrides are applied to the raw document before validation so they are
+Every problem is reported as ``field.path: reason (line N)``, the path in the file's own spelling: a
+field may be written camelCase (``maxReplicas``, the CRD's) or snake_case (``max_replicas``), not both
+in one mapping; unknown keys come with the closest known key in the spelling the key uses. `--set a.b=c` overrides are applied to the raw document before validation so they are
 checked exactly like the file, and a problem in an overridden field names the `--set` item.
 
 A spec file is untrusted input: the loader reads bytes and insists on UTF-8, refuses duplicate
@@ -21,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from rhymerl.api.history_keys import has_password, redacted
-from rhymerl.api.spec import API_VERSION, KIND, RLJob
+from rhymerl.api.spec import API_VERSION, KIND, RLJob, camel_text, field_of, inner_model
 from rhymerl.errors import UserError
 
 # An RLJob is a few KB; Kubernetes refuses objects past ~1.5 MiB (etcd's request limit).
@@ -184,6 +185,11 @@ def safe_load(text: str) -> Any:
     return _load_yaml(text).data
 
 
+def safe_load_all(text: str) -> list[Any]:
+    """Every document of a YAML stream, each under the limits of safe_load (empty ones left out)."""
+    return [doc for doc in yaml.load_all(text, Loader=_GuardedLoader) if doc is not None]
+
+
 def decode(data: bytes, source: str) -> str:
     """UTF-8 text of a spec file, or a SpecError naming the line and column of the first bad byte."""
     try:
@@ -196,27 +202,87 @@ def decode(data: bytes, source: str) -> str:
 
 
 def _model_at(path: tuple[str | int, ...]) -> type[BaseModel] | None:
-    """The pydantic model that owns the last key of `path`, for suggesting spellings."""
+    """The pydantic model that owns the last key of `path` (either spelling), for suggesting spellings."""
     model: type[BaseModel] = RLJob
     for key in path[:-1]:
-        field = model.model_fields.get(str(key))
-        if field is None:
-            return None
-        inner = _unwrap_model(field.annotation)
+        if isinstance(key, int) or key.isdigit():
+            continue  # a list item: the list's model
+        name = field_of(model, key)
+        inner = None if name is None else inner_model(model.model_fields[name].annotation)
         if inner is None:
             return None
         model = inner
     return model
 
 
-def _unwrap_model(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()) or ():
-        found = _unwrap_model(arg)
-        if found is not None:
-            return found
-    return None
+def _spellings(model: type[BaseModel], mapping: dict[Any, Any]) -> tuple[int, int]:
+    """How many of `mapping`'s keys spell a field of `model` by its camelCase alias, and how many by its
+    snake_case name (a field whose two spellings are one word counts for neither)."""
+    camel = snake = 0
+    for key in mapping:
+        name = field_of(model, str(key))
+        alias = None if name is None else model.model_fields[name].alias
+        if name is not None and alias is not None and alias != name:
+            camel += key == alias
+            snake += key == name
+    return camel, snake
+
+
+def _document_camel(doc: Any) -> bool:
+    """Whether the document spells its fields camelCase: by most of its keys that say, camelCase when none do
+    (the CRD's spelling, and the operator's: the API server stores the job by the CRD)."""
+    camel = snake = 0
+    pending: list[tuple[type[BaseModel], Any]] = [(RLJob, doc)]
+    while pending:
+        model, data = pending.pop()
+        if isinstance(data, list):
+            pending += [(model, item) for item in data]
+            continue
+        if not isinstance(data, dict):
+            continue
+        c, s = _spellings(model, data)
+        camel, snake = camel + c, snake + s
+        for key, value in data.items():
+            name = field_of(model, str(key))
+            inner = None if name is None else inner_model(model.model_fields[name].annotation)
+            if inner is not None:
+                pending.append((inner, value))
+    return camel >= snake
+
+
+def _as_written(loc: tuple[str | int, ...], doc: Any) -> tuple[tuple[str, ...], bool]:
+    """`loc` (pydantic's, or a validator's field names appended to it) in the document's own keys: each
+    field by the spelling the document gives it; one it does not give, in the spelling of the mapping
+    around it, else of the document. Second: whether the path reads camelCase."""
+    model: type[BaseModel] | None = RLJob
+    node, out, camel = doc, [], None
+    for part in loc:
+        if isinstance(part, int) or part.isdigit():
+            out.append(str(part))
+            index = int(part)
+            node = node[index] if isinstance(node, list) and index < len(node) else None
+            continue
+        name = None if model is None else field_of(model, part)
+        if model is None or name is None:
+            out.append(part)
+            node, model = node.get(part) if isinstance(node, dict) else None, None
+            continue
+        alias = model.model_fields[name].alias or name
+        mapping = node if isinstance(node, dict) else {}
+        if part in mapping or name in mapping or alias in mapping:
+            written = part if part in mapping else name if name in mapping else alias
+        else:
+            here_camel, here_snake = _spellings(model, mapping)
+            if here_camel != here_snake:
+                camel = here_camel > here_snake
+            elif camel is None:
+                camel = _document_camel(doc)
+            written = alias if camel else name
+        if alias != name:
+            camel = written == alias
+        out.append(written)
+        node, model = mapping.get(written), inner_model(model.model_fields[name].annotation)
+    return tuple(out), _document_camel(doc) if camel is None else camel
 
 
 def _origin(loc: tuple[str, ...], origins: dict[tuple[str, ...], str]) -> str | None:
@@ -228,8 +294,25 @@ def _origin(loc: tuple[str, ...], origins: dict[tuple[str, ...], str]) -> str | 
     return None
 
 
+def _unknown(key: str, owner: type[BaseModel] | None, camel: bool) -> str:
+    """Why `key` is refused: a field spelled both ways in one mapping, or a key no field has (with the
+    closest field, spelled in the key's own style)."""
+    name = None if owner is None else field_of(owner, key)
+    if owner is not None and name is not None:
+        other = owner.model_fields[name].alias if key == name else name
+        return f"given twice, as {key} and as {other}: keep one"
+    fields = owner.model_fields if owner is not None else {}
+    if "_" in key or key != key.lower():
+        camel = "_" not in key
+    known = [(f.alias or n) if camel else n for n, f in fields.items()]
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return "unknown field" + (f"; did you mean '{close[0]}'?" if close else "")
+
+
 def problems_from(error: ValidationError, lines: dict[tuple[str, ...], int],
-                  origins: dict[tuple[str, ...], str] | None = None) -> list[SpecProblem]:
+                  origins: dict[tuple[str, ...], str] | None = None, doc: Any = None) -> list[SpecProblem]:
+    """Each of pydantic's errors as a SpecProblem naming the field as `doc` (the document validated) writes
+    it, with the line `lines` gives for it or the `--set` item of `origins` that set it."""
     problems = []
     for item in error.errors():
         loc = tuple(item["loc"])
@@ -242,12 +325,11 @@ def problems_from(error: ValidationError, lines: dict[tuple[str, ...], int],
             if sep and all(part.isidentifier() or part.isdigit() for part in field.split(".")):
                 loc = (*loc, *field.split("."))
                 reason = rest
+        keys, camel = _as_written(loc, doc)
         if item["type"] == "extra_forbidden":
-            owner = _model_at(loc)
-            known = list(owner.model_fields) if owner else []
-            close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
-            reason = "unknown field" + (f"; did you mean '{close[0]}'?" if close else "")
-        keys = tuple(str(p) for p in loc)
+            reason = _unknown(keys[-1], _model_at(loc), camel)
+        elif camel:
+            reason = camel_text(reason)  # validators name fields by their snake_case names
         path = ".".join(keys) or "(document)"
         origin = _origin(keys, origins or {})
         line = None
@@ -267,9 +349,19 @@ def _parse_value(raw: str) -> Any:
         return raw
 
 
+def _key_for(node: dict[str, Any], model: type[BaseModel] | None, key: str) -> str:
+    """The key `node` already has for the field `key` spells (in either spelling), else `key`."""
+    name = None if model is None else field_of(model, key)
+    if model is None or name is None:
+        return key
+    alias = model.model_fields[name].alias or name
+    return next((k for k in (key, alias, name) if k in node), key)
+
+
 def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[tuple[str, ...], str]:
     """Apply `key.path=value` overrides to `doc` in place; paths are relative to `spec` unless they
-    start with a top-level key. Returns the full key path each item set, mapped to the item."""
+    start with a top-level key, and each key may be spelled either way, whichever the file uses. Returns
+    the key path each item set, in the document's keys, mapped to the item."""
     origins: dict[tuple[str, ...], str] = {}
     for given in overrides:
         key, sep, raw = given.partition("=")
@@ -279,15 +371,21 @@ def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[tuple[str
         parts = key.split(".")
         if parts[0] not in RLJob.model_fields:
             parts = ["spec", *parts]
-        node = doc
-        for i, part in enumerate(parts[:-1]):
+        node, written = doc, []
+        model: type[BaseModel] | None = RLJob
+        for part in parts[:-1]:
+            part = _key_for(node, model, part)
+            written.append(part)
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                path = ".".join(parts[:i + 1])
+                path = ".".join(written)
                 raise SpecError([SpecProblem(path, "not a mapping, cannot set a key under it", origin=item)], "--set")
+            name = None if model is None else field_of(model, part)
+            model = None if model is None or name is None else inner_model(model.model_fields[name].annotation)
             node = child
+        node.pop(_key_for(node, model, parts[-1]), None)  # the file's value, in whichever spelling
         node[parts[-1]] = _parse_value(raw)
-        origins[tuple(parts)] = item
+        origins[(*written, parts[-1])] = item
     return origins
 
 
@@ -315,7 +413,7 @@ def parse_job(text: str | bytes, source: str = "", overrides: list[str] | None =
     try:
         job = RLJob.model_validate(doc)
     except ValidationError as exc:
-        raise SpecError(problems + problems_from(exc, parsed.lines, origins), source) from exc
+        raise SpecError(problems + problems_from(exc, parsed.lines, origins, doc), source) from exc
     if problems:
         raise SpecError(problems, source)
     return job
@@ -335,5 +433,6 @@ def load_job(path: str | Path, overrides: list[str] | None = None) -> RLJob:
 
 
 def dump_job(job: RLJob) -> str:
-    """The fully resolved job as YAML (every default spelled out); parse_job(dump_job(j)) == j."""
-    return yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False)
+    """The fully resolved job as YAML (every default spelled out), its fields camelCase as in the CRD;
+    parse_job(dump_job(j)) == j."""
+    return yaml.safe_dump(job.model_dump(mode="json", by_alias=True), sort_keys=False)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
 
 from rhymerl.api.k8s_values import Dns1123Label, Dns1123Subdomain, ImageRef, LabelValue, QualifiedName
@@ -176,7 +177,9 @@ class PodOverrides(BaseModel):
     """What a user adds to one role's pods; the operator's own settings stay and win nowhere by surprise:
     what would replace one of them is refused."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False, hide_input_in_errors=True)
+    # Pod's own field names (serviceAccountName, volumeMounts, ...) as aliases, as in rhymerl.api.spec.Strict
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=to_camel, allow_inf_nan=False,
+                              hide_input_in_errors=True)
 
     labels: dict[QualifiedName, LabelValue] = Field(default_factory=dict, max_length=MAX_ITEMS,
                                                     description="added to the pods' labels (not the selector)")

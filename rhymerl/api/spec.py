@@ -6,9 +6,12 @@ Every default is defined here, once. Field names follow veRL where a veRL user w
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic.alias_generators import to_camel
 
 from rhymerl.api.history_keys import parse_redis_url
 from rhymerl.api.k8s_values import (
@@ -55,11 +58,25 @@ Quantity = Annotated[str | Annotated[int, WithJsonSchema({"type": "integer", "mi
 
 
 class Strict(BaseModel):
-    """Base for every spec block: unknown keys are errors."""
+    """Base for every spec block: unknown keys are errors.
+
+    Each field is named once, in snake_case; its camelCase alias is generated from it. The CRD and what
+    rhymerl writes (`dump_job`) use the alias, Kubernetes' convention; a file may use either spelling
+    (rhymerl.api.load names each field back as the file wrote it)."""
 
     # inf and nan are never a meaningful setting (`lr: .inf` turned every weight into NaN). A refused
     # value is never echoed (a Redis URL may hold a password); messages name the field instead.
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False, hide_input_in_errors=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=to_camel, allow_inf_nan=False,
+                              hide_input_in_errors=True)
+
+    @classmethod
+    def written(cls, data: object, name: str) -> Any:
+        """Field `name` of this block in an unvalidated mapping (an RLJob as the API server holds it, one
+        stored before the camelCase CRD included), under its alias or its name; None where absent."""
+        if not isinstance(data, Mapping):
+            return None
+        alias = cls.model_fields[name].alias
+        return data[alias] if alias in data else data.get(name)
 
 
 class ModelSpec(Strict):
@@ -221,7 +238,7 @@ NodeSelector = Annotated[dict[QualifiedName, LabelValue], Field(max_length=MAX_S
 
 
 class Toleration(Strict):
-    """A Kubernetes toleration, in the spec's snake_case (the pod gets camelCase)."""
+    """A Kubernetes toleration, as in a Pod (`tolerationSeconds`)."""
 
     key: QualifiedName | None = Field(None, max_length=316, description="taint key; omitted with operator Exists: "
                                       "every taint")
@@ -362,7 +379,12 @@ class DraftPrefixSpec(Strict):
 
 
 class SpeculationSpec(Strict):
-    method: Literal["none", "history", "ngram", "draft-model"] = "history"
+    method: Literal["none", "history", "ngram", "draft-model", "fastest-of-n"] = Field(
+        "history", description="history: HistoSpec (last epoch's responses, and the group's own with group_drafts); "
+        "ngram: each sequence's own context; draft-model: a small model (draft_model); fastest-of-n: every source "
+        "there is (history with the group, n-gram, the draft model where draft_model is set) drafts and each "
+        "response takes the drafts of the one its own tokens confirmed most"
+    )
     reward_weighted: bool = Field(
         False, description="history: rank branches by the summed reward of the responses through them (RhymeRL), "
         "not by their number; measured no better on the quickstart's rollouts (benchmarks/reward-weighting)"
@@ -384,6 +406,11 @@ class SpeculationSpec(Strict):
         "profiled cost model"
     )
     draft_model: str | None = Field(None, max_length=MAX_PATH, description="draft-model: path of the draft model")
+
+    @property
+    def reads_history(self) -> bool:
+        """Whether the method drafts from last epoch's responses (history, fastest-of-n)."""
+        return self.method in ("history", "fastest-of-n")
 
     @classmethod
     def paper_rule(cls, **fields: Any) -> SpeculationSpec:
@@ -453,6 +480,9 @@ class RolloutSpec(Placement):
                              "raise max_replicas, or leave autoscaling off")
         if self.resources.gpu < self.gpus_per_replica:
             raise ValueError("resources: gpu must be at least gpus_per_replica (a replica's GPUs are its pod's)")
+        if self.engine == "vllm" and self.speculation.method == "fastest-of-n":
+            raise ValueError("speculation: method fastest-of-n runs on the torch engine; with vllm choose history, "
+                             "ngram or none")
         affinity = self.pod.affinity
         if self.spot.enabled and self.spot.node_selector and affinity is not None and affinity.nodeAffinity is not None:
             raise ValueError("pod.affinity.nodeAffinity: spot.node_selector sets the rollout pods' node affinity; "
@@ -647,9 +677,10 @@ class RLJob(Strict):
 
 
 Phase = Literal["Pending", "Running", "Suspended", "Succeeded", "Failed"]
-ConditionType = Literal["Ready", "RolloutReady", "TrainReady", "Degraded", "Suspended", "Complete", "Failed"]
+ConditionType = Literal["Ready", "RolloutReady", "TrainReady", "Degraded", "Suspended", "Complete", "Failed",
+                        "Draining"]
 CONDITION_TYPES: tuple[ConditionType, ...] = ("Ready", "RolloutReady", "TrainReady", "Degraded", "Suspended",
-                                              "Complete", "Failed")
+                                              "Complete", "Failed", "Draining")
 
 
 class Condition(BaseModel):
@@ -684,6 +715,9 @@ class Progress(BaseModel):
     recommendedRolloutWorkers: NonNegInt | None = Field(
         None, description="the fleet size the controller recommends for the next step, within min_replicas and "
         "max_replicas: from the predicted remaining work and the measured throughput per worker")
+    rolloutPodsInUse: NonNegInt | None = Field(
+        None, description="the rollout pods that hold the fleet's workers lie within ordinals 0..N-1, so a "
+        "scale-down to N pods or more takes no sample away (written whenever it changes)")
     message: str | None = Field(None, max_length=500, description="what the controller is doing or waiting for")
     updatedAt: str | None = Field(None, description="RFC 3339 time of the report")
     finished: bool = Field(False, description="true once the last step is done: the job is Complete")
@@ -730,3 +764,64 @@ class RLJobStatus(BaseModel):
     failures: Failures = Field(default_factory=Failures)
     autoscaling: AutoscalingStatus | None = Field(None, description="spec.rollout.autoscaling's last decision "
                                                   "(absent when it is off)")
+
+
+def inner_model(annotation: Any) -> type[BaseModel] | None:
+    """The model a field holds: itself, or inside Optional, a list or a union."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = inner_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def field_of(model: type[BaseModel], key: str) -> str | None:
+    """The name of `model`'s field that `key` spells (its name or its alias), None if none does."""
+    if key in model.model_fields:
+        return key
+    return next((name for name, f in model.model_fields.items() if f.alias == key), None)
+
+
+def _field_aliases(model: type[BaseModel], out: dict[str, str]) -> dict[str, str]:
+    for name, field in model.model_fields.items():
+        if field.alias is not None and field.alias != name:
+            out[name] = field.alias
+        inner = inner_model(field.annotation)
+        if inner is not None and inner is not model:
+            _field_aliases(inner, out)
+    return out
+
+
+# snake_case name -> camelCase alias of every RLJob field whose two spellings differ (from the models)
+FIELD_ALIASES: dict[str, str] = _field_aliases(RLJob, {})
+_SNAKE_WORD = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
+
+
+def camel_text(text: str) -> str:
+    """`text` (a message or description) with each RLJob field it names in snake_case by its alias."""
+    return _SNAKE_WORD.sub(lambda m: FIELD_ALIASES.get(m.group(0), m.group(0)), text)
+
+
+def camel_keys(model: type[BaseModel], data: Any) -> Any:
+    """`data` (unvalidated, e.g. an RLJob as stored before the camelCase CRD) with every key that spells a
+    field of `model` or of a block inside it by the field's camelCase alias; other keys (labels, node
+    selectors, what no field has) and every value as they are."""
+    if isinstance(data, list):
+        return [camel_keys(model, item) for item in data]
+    if not isinstance(data, dict):
+        return data
+    out: dict[Any, Any] = {}
+    for key, value in data.items():
+        name = field_of(model, key) if isinstance(key, str) else None
+        if name is None:
+            out[key] = value
+            continue
+        field = model.model_fields[name]
+        alias = field.alias or name
+        if alias in out:
+            raise ValueError(f"{key}: given twice, as {name} and as {alias}: keep one")
+        inner = inner_model(field.annotation)
+        out[alias] = value if inner is None else camel_keys(inner, value)
+    return out

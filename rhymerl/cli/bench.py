@@ -135,6 +135,57 @@ def spot(
     main(cfg, writable_folder(out) if out else None, Console())
 
 
+@bench_app.command("drafters", epilog="Costs, acceptance and latency, with their sources: "
+                   "benchmarks/freed-drafters/README.md.")
+def drafters(
+    out: Annotated[Path | None, typer.Option("--out", help="folder for results.json, table.md and the plot")] = None,
+    trace: Annotated[list[str] | None, typer.Option("--trace", help="trace CSV or synthetic:NAME (repeat; default: "
+                                                    "the held-in math and code)")] = None,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="rollout workers")] = 16,
+    groups: Annotated[int, typer.Option("--groups", min=1, help="HistoPipe ranking groups K")] = 8,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="steps to simulate after one epoch of history")] = 16,
+    off_policy: Annotated[str, typer.Option("--off-policy", help="comma-separated off-policy steps (1: the "
+                                            "default pipeline, 0: synchronous)")] = "1,0",
+    acceptance: Annotated[str, typer.Option("--acceptance", help="comma-separated per-token draft acceptance "
+                                            "probabilities")] = "0.3,0.5,0.714,0.9",
+    latency_ms: Annotated[str, typer.Option("--latency-ms", help="comma-separated message latency per drafted "
+                                            "pass, ms")] = "0,1,5,20",
+    window: Annotated[int, typer.Option("--window", min=1, help="draft tokens per verify pass")] = 4,
+    max_batch: Annotated[int, typer.Option("--max-batch", min=1, help="most samples one drafter drafts for")] = 16,
+    consolidate: Annotated[str, typer.Option("--consolidate", help="comma-separated off/on: runs without and with "
+                                             "emptying a straggling worker onto another so that it drafts")] = "off,on",
+) -> None:
+    """The default scheduler's tail with and without drafters on freed workers (SPECATOR §4.2), simulated
+    over a grid of draft acceptance and message latency."""
+    from rich.console import Console
+
+    from rhymerl.tools.bench.drafters import TRACES, DraftersConfig, main
+
+    probs = _floats("--acceptance", acceptance)
+    if any(not 0.0 <= p < 1.0 for p in probs):
+        raise OptionError("--acceptance: probabilities in [0, 1)")
+    lat = _floats("--latency-ms", latency_ms)
+    if any(v < 0.0 for v in lat):
+        raise OptionError("--latency-ms: not negative")
+    ops = _ints("--off-policy", off_policy)
+    if any(v < 0 for v in ops):
+        raise OptionError("--off-policy: not negative")
+    modes = consolidate.split(",")
+    if any(m not in ("off", "on") for m in modes):
+        raise OptionError(f"--consolidate: 'off', 'on' or both, comma-separated; got '{consolidate}'")
+    cfg = DraftersConfig(traces=tuple(trace) if trace else TRACES, workers=workers, groups=groups, steps=steps,
+                         off_policy=ops, acceptance=probs, latency_ms=lat, window=window, max_batch=max_batch,
+                         consolidate=tuple(m == "on" for m in modes))
+    main(cfg, writable_folder(out) if out else None, Console())
+
+
+def _floats(option: str, text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise OptionError(f"{option}: '{text}' is not a comma-separated list of numbers") from None
+
+
 def _ints(option: str, text: str) -> tuple[int, ...]:
     try:
         return tuple(int(v) for v in text.split(","))

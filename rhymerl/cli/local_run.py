@@ -30,7 +30,9 @@ from rhymerl.workers import faults
 from rhymerl.workers.controller.loop import local_backend, run_steps
 from rhymerl.workers.controller.preflight import check_memory, check_redis, preflight
 from rhymerl.workers.controller.stopping import RunStopped, Terminated, held_signals
+from rhymerl.workers.model.folder import model_dir
 from rhymerl.workers.reward.verifiers import load_user_function
+from rhymerl.workers.rollout.draft_model import draft_folder
 from rhymerl.workers.rollout.verify_cost import cache_dir
 from rhymerl.workers.rollout.vllm_engine import vllm_installed
 from rhymerl.workers.run_folder.plots import plot_metrics
@@ -75,9 +77,8 @@ def check_local(job: RLJob) -> None:
     spec, a DataError (file:line) for a prompt the model cannot take, a ModelError for its files."""
     problems = []
     rollout = job.spec.rollout
-    if rollout.speculation.method == "draft-model":
-        problems.append(SpecProblem("spec.rollout.speculation.method", "draft-model is not implemented yet; "
-                                    "choose none, history or ngram"))
+    if rollout.speculation.method == "draft-model" and rollout.speculation.draft_model is not None:
+        draft_folder(rollout.speculation.draft_model, model_dir(job.spec.model.path))  # the policy's tokenizer
     if rollout.engine == "vllm":
         if not vllm_installed():
             problems.append(SpecProblem("spec.rollout.engine", "vllm: vLLM is not installed here (pip install "

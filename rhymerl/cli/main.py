@@ -22,7 +22,7 @@ from rhymerl.cli.bench import bench_app
 from rhymerl.cli.report import INVALID, App, print_user_error
 from rhymerl.cli.trace import trace_app
 from rhymerl.errors import UserError
-from rhymerl.tools.pretrain_recipe import PretrainConfig
+from rhymerl.tools.pretrain_recipe import DraftConfig, PretrainConfig
 from rhymerl.workers.controller.stopping import TERMINATED, RunStopped, Terminated, stop_signals
 
 INTERRUPTED = 130  # the shell's code for a command stopped by Ctrl-C (128 + SIGINT)
@@ -31,6 +31,7 @@ app = App(help="RL post-training (GRPO, DAPO) made fast by history.", no_args_is
 app.add_typer(bench_app, name="bench")
 app.add_typer(trace_app, name="trace")
 PRETRAIN = PretrainConfig()  # the defaults, defined once
+DRAFT = DraftConfig()
 
 
 def _print_version(value: bool) -> None:
@@ -56,7 +57,7 @@ def _load(job: Path, overrides: list[str]) -> RLJob:
 
 
 @app.command(epilog="Checks the spec, then every prompt against the model: UTF-8, characters the tokenizer has, "
-             "prompt + max_response_length within the model's context. Paths that are not on this machine (a "
+             "prompt + maxResponseLength within the model's context. Paths that are not on this machine (a "
              "cluster job's) are noted, not checked. Prints one line per valid file.")
 def validate(jobs: Annotated[list[Path], typer.Argument(help="RLJob YAML files")],
              set_: Annotated[list[str] | None, typer.Option("--set", help="override key.path=value (applies to "
@@ -84,11 +85,39 @@ def validate(jobs: Annotated[list[Path], typer.Argument(help="RLJob YAML files")
 
 @app.command()
 def crd(helm: Annotated[bool, typer.Option("--helm", help="as the Helm chart's template (charts/rhymerl/templates/"
-                                           "crd.yaml), behind crds.enabled")] = False) -> None:
+                                           "crd.yaml), behind crds.enabled")] = False,
+        transition: Annotated[bool, typer.Option("--transition", help="the CRD that bridges the upgrade from the "
+                                                 "snake_case CRD: the spec kept as written, in either spelling "
+                                                 "(docs/operations.md, \"Upgrading\")")] = False) -> None:
     """Print the RLJob CustomResourceDefinition (generated from the spec)."""
     from rhymerl.api.crd import crd_helm_template, crd_yaml
 
-    sys.stdout.write(crd_helm_template() if helm else crd_yaml())
+    if helm and transition:
+        raise UserError("--transition is applied by hand, once, before the upgrade: not with --helm")
+    sys.stdout.write(crd_helm_template() if helm else crd_yaml(transition))
+
+
+@app.command(epilog="For the upgrade from the snake_case CRD (docs/operations.md, \"Upgrading\"): kubectl get rljobs "
+             "-A -o yaml | rhymerl respell - | kubectl replace -f -. Values, metadata and status stay as they are; "
+             "YAML comments do not survive.")
+def respell(source: Annotated[str, typer.Argument(help="YAML file of RLJobs (one per document, or a List of "
+                                                  "them), or - for standard input")]) -> None:
+    """Print RLJobs with their fields camelCase, as the CRD names them."""
+    import yaml
+
+    from rhymerl.api.load import decode, safe_load_all
+    from rhymerl.api.spec import camel_keys
+
+    out = []
+    try:
+        data = sys.stdin.buffer.read() if source == "-" else Path(source).read_bytes()
+        for doc in safe_load_all(decode(data, source)):
+            items = doc.get("items") if isinstance(doc, dict) and doc.get("kind") == "List" else None
+            out.append({**doc, "items": [camel_keys(RLJob, i) for i in items]} if isinstance(items, list)
+                       else camel_keys(RLJob, doc))
+    except (OSError, yaml.YAMLError, ValueError) as exc:
+        raise UserError(f"{source}: {exc}") from None
+    sys.stdout.write(yaml.safe_dump_all(out, sort_keys=False))
 
 
 @app.command(epilog="The children the operator would create, without ownerReferences (those need the RLJob's "
@@ -182,36 +211,60 @@ def fetch(
 
 
 @app.command(epilog="The step budget is fixed, not timed: the same seed gives the same weights on the same "
-             "torch build. The defaults made the shipped model (about 15 minutes on a 2-core CPU).")
+             "torch build. The defaults made the shipped model (about 15 minutes on a 2-core CPU); with --draft, the "
+             "shipped draft model (rhymerl/assets/tiny-arith-draft).")
 def pretrain(
     out: Annotated[Path, typer.Option(help="model folder to write (weights, config, tokenizer, pretrain.json)")],
-    steps: Annotated[int, typer.Option(min=1, help="optimizer steps")] = PRETRAIN.steps,
+    draft: Annotated[bool, typer.Option("--draft", help="distil a small draft model (speculation.method: "
+                                        "draft-model) from --teacher instead: KL to the teacher's next-token "
+                                        "distributions on the SFT corpus")] = False,
+    teacher: Annotated[str, typer.Option(help="--draft: the model distilled (a folder or builtin name)")] = DRAFT.teacher,
+    layers: Annotated[int, typer.Option(min=1, help="--draft: transformer blocks of the draft")] = DRAFT.layers,
+    steps: Annotated[int | None, typer.Option(min=1, help=f"optimizer steps [default: {PRETRAIN.steps}; --draft: "
+                                              f"{DRAFT.steps}]", show_default=False)] = None,
     batch: Annotated[int, typer.Option(min=1, help="sequences per step (doubled in the short phase)")] = PRETRAIN.batch,
-    lr: Annotated[float, typer.Option(min=0.0, help="peak learning rate (warm-up, then cosine)")] = PRETRAIN.lr,
+    lr: Annotated[float | None, typer.Option(min=0.0, help=f"peak learning rate (warm-up, then cosine) [default: "
+                                             f"{PRETRAIN.lr}; --draft: {DRAFT.lr}]", show_default=False)] = None,
     max_ops: Annotated[int, typer.Option(min=1, help="longest arith chain trained on")] = PRETRAIN.max_ops,
     seed: Annotated[int, typer.Option(help="seed of the weights and the data")] = PRETRAIN.seed,
     threads: Annotated[int, typer.Option(min=0, help="torch threads (0: torch's default)")] = PRETRAIN.threads,
     short_steps: Annotated[int, typer.Option(min=0, help="first phase: steps on short chains only")] = PRETRAIN.short_steps,
-    eval_every: Annotated[int, typer.Option(min=1, help="save and report greedy accuracy every N steps")] = PRETRAIN.eval_every,
+    eval_every: Annotated[int | None, typer.Option(min=1, help=f"save and report progress every N steps [default: "
+                                                   f"{PRETRAIN.eval_every}; --draft: {DRAFT.eval_every}]",
+                                                   show_default=False)] = None,
 ) -> None:
-    """Pretrain the embedded default model (SFT on worked arith-chain answers) from scratch."""
+    """Pretrain the embedded default model (SFT on worked arith-chain answers) from scratch, or with
+    --draft distil its draft model."""
     import json
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from rhymerl.errors import writable_folder
-    from rhymerl.tools.pretrain import pretrain
+    from rhymerl.tools.pretrain import distill_draft, pretrain
 
-    cfg = PretrainConfig(steps, batch, lr, max_ops, seed, threads, short_steps, eval_every)
     folder = writable_folder(out)
     console = Console(stderr=True)
-    columns = (TextColumn("sft"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
-               TimeRemainingColumn())
+    columns = (TextColumn("distil" if draft else "sft"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[metric]} {task.fields[loss]}"), TimeRemainingColumn())
     with Progress(*columns, console=console) as bar:
-        task = bar.add_task("sft", total=cfg.steps, loss="-")
-        pretrain(cfg, folder, on_step=lambda step, loss: bar.update(task, completed=step, loss=f"{loss:.4f}"),
-                 on_eval=lambda row: bar.console.print(json.dumps(row), markup=False, highlight=False))
+        def show(row: dict[str, float]) -> None:
+            bar.console.print(json.dumps(row), markup=False, highlight=False)
+
+        if draft:
+            from rhymerl.workers.model.folder import model_dir
+
+            recipe = DraftConfig(teacher, layers, steps or DRAFT.steps, batch, DRAFT.lr if lr is None else lr, max_ops,
+                                 seed, threads, eval_every or DRAFT.eval_every)
+            task = bar.add_task("distil", total=recipe.steps, metric="kl", loss="-")
+            distill_draft(recipe, model_dir(teacher, field="--teacher"), folder,
+                          on_step=lambda step, loss: bar.update(task, completed=step, loss=f"{loss:.4f}"), on_eval=show)
+        else:
+            cfg = PretrainConfig(steps or PRETRAIN.steps, batch, PRETRAIN.lr if lr is None else lr, max_ops, seed,
+                                 threads, short_steps, eval_every or PRETRAIN.eval_every)
+            task = bar.add_task("sft", total=cfg.steps, metric="loss", loss="-")
+            pretrain(cfg, folder, on_step=lambda step, loss: bar.update(task, completed=step, loss=f"{loss:.4f}"),
+                     on_eval=show)
     console.print(f"model written to {folder.resolve()}", markup=False, highlight=False)
 
 

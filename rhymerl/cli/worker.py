@@ -208,7 +208,7 @@ def _controller(job: RLJob, registry: CollectorRegistry, endpoints: Endpoints, s
         wanted = reporter.wanted() or ScaleFile(run.path, job)
         last: Mapping[str, Any] | None = None
         try:
-            for row in run_steps_ray(job, run, resume, None, None, wanted, reporter.say):
+            for row in run_steps_ray(job, run, resume, None, None, wanted, reporter.say, reporter.pods_in_use):
                 metrics.update(row)
                 last = row.row()
                 print(f"controller: step {row.step} epoch {row.epoch} reward {row.reward_mean:.4f} "
@@ -236,13 +236,17 @@ def _controller(job: RLJob, registry: CollectorRegistry, endpoints: Endpoints, s
 def wanted_rollout(body: Mapping[str, Any], job: RLJob, last: int) -> int:
     """The rollout workers a cluster's controller wants, from its RLJob `body` as read now (`last`: the value
     before): spec.rollout.replicas within the bounds, as the operator clamps the StatefulSet's replicas; with
-    spec.rollout.autoscaling on, max_replicas: the operator sizes the StatefulSet, the fleet takes every
-    rollout pod that joins, and a pod's SIGTERM (the highest ordinals go first) is what makes its workers
-    leave (a fleet that retired workers of its own would retire others than the StatefulSet removes)."""
+    spec.rollout.autoscaling on, the operator's count (status.autoscaling.replicas; max_replicas until it has
+    decided one). When fewer are wanted the fleet retires the workers on the highest pod ordinals, the pods
+    the StatefulSet removes, and the operator lowers the count once they are drained
+    (operator/reconcile/drain.py)."""
     rollout = (body.get("spec") or {}).get("rollout") or {}
     bounds = job.spec.rollout
     if (rollout.get("autoscaling") or {}).get("enabled"):
-        return bounds.max_replicas
+        decided = ((body.get("status") or {}).get("autoscaling") or {}).get("replicas")
+        if not isinstance(decided, int) or isinstance(decided, bool):
+            return bounds.max_replicas
+        return min(max(decided, bounds.min_replicas), bounds.max_replicas)
     return min(max(int(rollout.get("replicas", last)), bounds.min_replicas), bounds.max_replicas)
 
 
@@ -268,6 +272,13 @@ class _StatusReporter:
             from rhymerl.operator.progress import report_message
 
             self._send(lambda: report_message(self.api, self.namespace, self.job.metadata.name, message))
+
+    def pods_in_use(self, pods: int | None) -> None:
+        """status.progress.rolloutPodsInUse: how many leading rollout pod ordinals hold the fleet's workers."""
+        if self.api is not None:
+            from rhymerl.operator.progress import report_pods_in_use
+
+            self._send(lambda: report_pods_in_use(self.api, self.namespace, self.job.metadata.name, pods))
 
     def progress(self, row: Mapping[str, Any], finished: bool) -> None:
         if self.api is not None:

@@ -1,4 +1,5 @@
-"""Reproducible SFT pretraining of the embedded default model on arith-chain worked answers.
+"""Reproducible SFT pretraining of the embedded default model on arith-chain worked answers, and the
+distillation of its draft model (`rhymerl pretrain --draft`, `distill_draft`).
 
 Run ``rhymerl pretrain --out rhymerl/assets/tiny-arith`` (about 15 minutes on a 2-core CPU). The step budget is fixed, not timed, so the
 same seed gives the same weights on the same torch build. It deliberately stops early: RL should start from clearly non-zero but far from
@@ -12,17 +13,18 @@ import math
 import random
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from rhymerl.tools.pretrain_recipe import PretrainConfig
+from rhymerl.tools.pretrain_recipe import DraftConfig, PretrainConfig
 from rhymerl.workers import atomic
-from rhymerl.workers.model.folder import ModelConfig
+from rhymerl.workers.model.folder import ModelConfig, ModelError
 from rhymerl.workers.model.policy import save_model
 from rhymerl.workers.model.tokenizer import CharTokenizer
-from rhymerl.workers.model.transformer import TinyLlama
+from rhymerl.workers.model.transformer import TinyLlama, load_model
 from rhymerl.workers.task import arith_chain
 
 
@@ -73,6 +75,16 @@ def greedy_accuracy(model: TinyLlama, tok: CharTokenizer, problems: list[arith_c
     return float(sum(scores) / len(scores))
 
 
+def _update(loss: torch.Tensor, model: torch.nn.Module, opt: torch.optim.Optimizer,
+            sched: torch.optim.lr_scheduler.LRScheduler) -> None:
+    """One optimizer step on `loss`, gradients clipped to norm 1."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+
+
 def pretrain(cfg: PretrainConfig, out: Path, on_step: Callable[[int, float], None] | None = None,
              on_eval: Callable[[dict[str, float]], None] | None = None) -> list[dict[str, float]]:
     """Train from scratch, saving the model, tokenizer and a card (pretrain.json) into `out` at every
@@ -101,11 +113,7 @@ def pretrain(cfg: PretrainConfig, out: Path, on_step: Callable[[int, float], Non
                                      short_only=short_phase)
         logits = model(tokens)
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        _update(loss, model, opt, sched)
         if on_step is not None:
             on_step(step, loss.item())
         if step % cfg.eval_every == 0 or step == cfg.steps:
@@ -124,4 +132,107 @@ def pretrain(cfg: PretrainConfig, out: Path, on_step: Callable[[int, float], Non
                     "history": history}
             atomic.write_text(out / "pretrain.json", json.dumps(card, indent=2) + "\n")
             model.train()
+    return history
+
+
+def draft_blocks(teacher_layers: int, layers: int) -> list[int]:
+    """The teacher's blocks a draft of `layers` blocks starts from: evenly spread, first and last kept."""
+    if not 1 <= layers <= teacher_layers:
+        raise ValueError(f"layers: {layers} is not between 1 and the teacher's {teacher_layers}")
+    if layers == 1:
+        return [0]
+    return [round(i * (teacher_layers - 1) / (layers - 1)) for i in range(layers)]
+
+
+def draft_student(teacher: TinyLlama, layers: int) -> TinyLlama:
+    """A `layers`-block model of the teacher's shape and vocabulary, started from its embedding, final
+    norm and some of its blocks (distillation then starts near the teacher, not from noise)."""
+    student = TinyLlama(replace(teacher.cfg, num_hidden_layers=layers))
+    student.embed_tokens.load_state_dict(teacher.embed_tokens.state_dict())
+    student.norm.load_state_dict(teacher.norm.state_dict())
+    for mine, theirs in zip(student.blocks, draft_blocks(teacher.cfg.num_hidden_layers, layers), strict=True):
+        mine.load_state_dict(teacher.blocks[theirs].state_dict())
+    return student
+
+
+@torch.no_grad()
+def draft_agreement(student: TinyLlama, teacher: TinyLlama, batches: list[tuple[torch.Tensor, torch.Tensor]]
+                    ) -> dict[str, float]:
+    """How well the student drafts for the teacher on held-out worked answers (teacher-forced, response
+    positions): `greedy_match`, how often its greedy token is the teacher's (a one-token draft's
+    acceptance when the policy decodes greedily), and `sampled_acceptance`, the teacher's probability
+    of the student's greedy token (its acceptance when the policy samples at temperature 1)."""
+    match = accept = 0.0
+    count = 0
+    for tokens, targets in batches:
+        real = targets != -100
+        guess = student(tokens).argmax(-1)[real]
+        probs = torch.softmax(teacher(tokens).float(), -1)[real]
+        match += float((guess == probs.argmax(-1)).sum())
+        accept += float(probs.gather(-1, guess[:, None]).sum())
+        count += int(real.sum())
+    return {"greedy_match": round(match / count, 4), "sampled_acceptance": round(accept / count, 4)}
+
+
+def distill_draft(cfg: DraftConfig, teacher_dir: Path, out: Path, on_step: Callable[[int, float], None] | None = None,
+                  on_eval: Callable[[dict[str, float]], None] | None = None) -> list[dict[str, float]]:
+    """Distil a small draft model from the teacher in `teacher_dir` (the embedded model's tokenizer) and
+    save it, with the tokenizer and a card (pretrain.json), into `out` at every evaluation.
+
+    The loss is KL(teacher || student) of the next-token distributions on the response positions of
+    the pretraining corpus (`make_batch`: worked arith-chain answers of every length): the policy
+    samples at temperature 1, where a greedy draft token is accepted with the teacher's probability
+    of it, so the student learns the whole distribution, not the corpus's one answer. Only forward
+    passes of the teacher are needed (no generation), which keeps it to minutes on a CPU.
+    """
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    tok = CharTokenizer()
+    teacher = load_model(teacher_dir).eval()
+    if teacher.cfg.vocab_size != tok.vocab_size:
+        raise ModelError(f"{teacher_dir / 'config.json'}: vocab_size {teacher.cfg.vocab_size} is not the "
+                         f"embedded character tokenizer's {tok.vocab_size}; the draft is distilled on arith-chain")
+    teacher.requires_grad_(False)
+    student = draft_student(teacher, cfg.layers)
+    opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    warmup = max(1, cfg.steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / warmup) * (
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / cfg.steps)))))
+    held_out = random.Random(10_000)
+    eval_batches = [make_batch(tok, held_out, cfg.batch, cfg.max_ops) for _ in range(4)]
+    ceiling = draft_agreement(teacher, teacher, eval_batches)["sampled_acceptance"]  # the teacher drafting itself
+    t0 = time.time()
+    history: list[dict[str, float]] = []
+    for step in range(1, cfg.steps + 1):
+        tokens, targets = make_batch(tok, rng, cfg.batch, cfg.max_ops)
+        real = targets != -100
+        with torch.no_grad():
+            teacher_logp = F.log_softmax(teacher(tokens)[real], -1)
+        student_logp = F.log_softmax(student(tokens)[real], -1)
+        loss = F.kl_div(student_logp, teacher_logp, log_target=True, reduction="batchmean")
+        _update(loss, student, opt, sched)
+        if on_step is not None:
+            on_step(step, loss.item())
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            student.eval()
+            row: dict[str, float] = {"step": step, "kl": round(loss.item(), 5),
+                                     **draft_agreement(student, teacher, eval_batches),
+                                     "seconds": round(time.time() - t0, 1)}
+            history.append(row)
+            if on_eval is not None:
+                on_eval(row)
+            out.mkdir(parents=True, exist_ok=True)
+            save_model(student, out)
+            tok.save(out / "tokenizer.json")
+            card = {"draft_of": cfg.teacher, "command": cfg.command(), "params": student.num_parameters(),
+                    "layers": cfg.layers,
+                    "teacher_blocks": draft_blocks(teacher.cfg.num_hidden_layers, cfg.layers),
+                    "steps": step, "planned_steps": cfg.steps, "batch": cfg.batch, "lr": cfg.lr, "seed": cfg.seed,
+                    "max_ops": cfg.max_ops, "torch": torch.__version__, "threads": torch.get_num_threads(),
+                    "teacher_sampled_acceptance": ceiling,
+                    "history": history}
+            atomic.write_text(out / "pretrain.json", json.dumps(card, indent=2) + "\n")
+            student.train()
     return history

@@ -57,6 +57,6 @@ def test_enums_and_bounds_reach_the_schema() -> None:
     props = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
     algo = props["algorithm"]["properties"]
     assert algo["name"]["enum"] == ["grpo", "dapo"]
-    assert algo["group_size"]["minimum"] == 0 and algo["group_size"]["exclusiveMinimum"] is True
+    assert algo["groupSize"]["minimum"] == 0 and algo["groupSize"]["exclusiveMinimum"] is True
     assert props["rollout"]["properties"]["resources"]["properties"]["cpu"]["x-kubernetes-int-or-string"]
     assert yaml.safe_load(crd_yaml())["kind"] == "CustomResourceDefinition"

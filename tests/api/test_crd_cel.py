@@ -42,7 +42,7 @@ def _holds(rule: str, value: Any, old: Any = None) -> bool:
 def _stored(**spec: Any) -> dict[str, Any]:
     """A job as the API server keeps it: apiVersion, kind, metadata and the spec with defaults filled."""
     dumped: dict[str, Any] = RLJob.model_validate({"metadata": {"name": "job"}, "spec": spec}).model_dump(
-        mode="json", exclude_none=True)
+        mode="json", by_alias=True, exclude_none=True)
     return dumped
 
 
@@ -65,30 +65,32 @@ def _set(doc: dict[str, Any], path: str, change: dict[str, Any]) -> dict[str, An
 
 # (block path, the rule's text, the job before (spec overrides), the change that breaks the rule)
 STATIC = [
-    ("spec.rollout", "self.min_replicas <= self.max_replicas", {}, {"min_replicas": 3, "max_replicas": 2,
+    ("spec.rollout", "self.minReplicas <= self.maxReplicas", {}, {"minReplicas": 3, "maxReplicas": 2,
                                                                    "replicas": 2}),
-    ("spec.rollout", "self.min_replicas <= self.replicas && self.replicas <= self.max_replicas",
-     {"rollout": {"max_replicas": 4}}, {"replicas": 5}),
-    ("spec.rollout", "self.resources.gpu >= self.gpus_per_replica",
-     {"rollout": {"gpus_per_replica": 2, "resources": {"gpu": 2}}}, {"gpus_per_replica": 4}),
-    ("spec.rollout", "!self.autoscaling.enabled", {"rollout": {"max_replicas": 4, "autoscaling": {"enabled": True}}},
-     {"max_replicas": 1, "replicas": 1}),
+    ("spec.rollout", "self.minReplicas <= self.replicas && self.replicas <= self.maxReplicas",
+     {"rollout": {"maxReplicas": 4}}, {"replicas": 5}),
+    ("spec.rollout", "self.resources.gpu >= self.gpusPerReplica",
+     {"rollout": {"gpusPerReplica": 2, "resources": {"gpu": 2}}}, {"gpusPerReplica": 4}),
+    ("spec.rollout", "!self.autoscaling.enabled", {"rollout": {"maxReplicas": 4, "autoscaling": {"enabled": True}}},
+     {"maxReplicas": 1, "replicas": 1}),
+    ("spec.rollout", "self.engine != 'vllm'", {"rollout": {"speculation": {"method": "fastest-of-n"}}},
+     {"engine": "vllm"}),
     ("spec.rollout.spot", "!self.enabled", {}, {"enabled": True}),
-    ("spec.data", "self.min_ops <= self.median_ops", {}, {"median_ops": 60}),
-    ("spec.algorithm", "self.group_size >= 2", {}, {"group_size": 1}),
-    ("spec.algorithm", "!has(self.mini_batch_size)", {"algorithm": {"mini_batch_size": 64}},
-     {"mini_batch_size": 65}),
+    ("spec.data", "self.minOps <= self.medianOps", {}, {"medianOps": 60}),
+    ("spec.algorithm", "self.groupSize >= 2", {}, {"groupSize": 1}),
+    ("spec.algorithm", "!has(self.miniBatchSize)", {"algorithm": {"miniBatchSize": 64}},
+     {"miniBatchSize": 65}),
     ("spec.rollout.speculation", "self.method != 'draft-model'", {}, {"method": "draft-model"}),
     ("spec.rollout.speculation.window", "self.initial <= self.max", {}, {"initial": 40}),
     ("spec.rollout.speculation.prefix", "self.min <= self.max", {}, {"min": 40}),
     ("spec.history", "self.store != 'redis'", {}, {"store": "redis"}),
-    ("spec.history", "!has(self.redis_url)", {"history": {"store": "redis", "redis_url": "redis://user@r:6379/0"}},
-     {"redis_url": "redis://user:s3cret@r:6379/0"}),
+    ("spec.history", "!has(self.redisUrl)", {"history": {"store": "redis", "redisUrl": "redis://user@r:6379/0"}},
+     {"redisUrl": "redis://user:s3cret@r:6379/0"}),
 ]
 TOLERATIONS = [
     ("self.operator != 'Exists'", {"operator": "Exists"}),
     ("has(self.key)", {"key": None, "value": None}),
-    ("!has(self.toleration_seconds)", {"toleration_seconds": 30}),
+    ("!has(self.tolerationSeconds)", {"tolerationSeconds": 30}),
 ]
 IMMUTABLE = ["spec.model", "spec.data", "spec.algorithm", "spec.checkpoint.storage"]
 IMMUTABLE_CHANGES = {"spec.model": {"path": "/models/other"}, "spec.data": {"seed": 7},
@@ -135,7 +137,7 @@ def test_model_data_algorithm_and_checkpoint_storage_cannot_change_after_creatio
 
 
 def test_scaling_rollout_within_bounds_is_allowed_on_update() -> None:
-    old = _stored(rollout={"replicas": 2, "max_replicas": 8})
+    old = _stored(rollout={"replicas": 2, "maxReplicas": 8})
     new = _set(old, "spec.rollout", {"replicas": 6})
     assert all(_holds(r, _at(new, "spec.rollout"), _at(old, "spec.rollout")) for r in _rules("spec.rollout"))
     assert all(_holds(r, _at(new, p), _at(old, p)) for p in IMMUTABLE for r in _rules(p))
@@ -178,10 +180,10 @@ def test_every_rule_compiles_as_cel() -> None:
 def test_every_spec_block_defaults_to_an_empty_object_so_its_own_defaults_apply() -> None:
     spec = SCHEMA["properties"]["spec"]["properties"]
     for name in ("model", "data", "algorithm", "reward", "rollout", "train", "history", "controller", "checkpoint",
-                 "failure_policy", "images"):
+                 "failurePolicy", "images"):
         assert spec[name]["default"] == {}, name
     assert spec["rollout"]["properties"]["spot"]["default"] == {}
-    assert "default" not in spec["history"]["properties"]["redis_password_secret"]
+    assert "default" not in spec["history"]["properties"]["redisPasswordSecret"]
 
 
 def test_conditions_are_a_list_map_keyed_by_type() -> None:

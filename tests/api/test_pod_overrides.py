@@ -139,7 +139,7 @@ def test_the_crd_keeps_the_deep_kubernetes_shapes_as_written_and_bounds_every_li
     for role in ("controller", "rollout", "train", "reward", "history"):
         pod = spec[role]["properties"]["pod"]
         assert pod["properties"]["volumes"]["items"]["x-kubernetes-preserve-unknown-fields"] is True
-        assert pod["properties"]["init_containers"]["items"]["x-kubernetes-preserve-unknown-fields"] is True
+        assert pod["properties"]["initContainers"]["items"]["x-kubernetes-preserve-unknown-fields"] is True
         assert pod["properties"]["env"]["items"]["properties"]["valueFrom"]["x-kubernetes-preserve-unknown-fields"]
         assert all("maxItems" in node for _, node in _arrays(pod)), [p for p, n in _arrays(pod) if "maxItems" not in n]
         assert "maxProperties" in pod["properties"]["labels"] and "maxProperties" in pod["properties"]["annotations"]

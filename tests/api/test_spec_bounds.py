@@ -39,8 +39,8 @@ LEAVES = list(numeric_leaves(SCHEMA, SCHEMA.get("$defs", {}), ""))
 
 def test_the_walk_finds_the_numbers_of_every_block() -> None:
     paths = {p for p, _ in LEAVES}
-    assert {"spec.reward.timeout_s", "spec.algorithm.lr", "spec.checkpoint.keep_last",
-            "spec.rollout.tolerations.0.toleration_seconds", "spec.train.resources.memory"} <= paths
+    assert {"spec.reward.timeoutS", "spec.algorithm.lr", "spec.checkpoint.keepLast",
+            "spec.rollout.tolerations.0.tolerationSeconds", "spec.train.resources.memory"} <= paths
     assert len(paths) > 60
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from cli_runner import rhymerl
 
 from rhymerl.api.spec import SpeculationSpec
@@ -16,16 +17,24 @@ from rhymerl.workers.rollout.speculators import DraftCapController, HistoryDraft
 def test_bench_rollout_compares_methods_on_the_jobs_steps_and_on_a_pool(tiny_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench"
     res = rhymerl("bench", "rollout", "--run", str(tiny_run), "--batch-sizes", "job,4",
-                  "--methods", "none,history,history-paper,history-mismatched-fixed", "--out", str(out))
+                  "--methods", "none,history,history-paper,history-mismatched-fixed,draft-model,fastest-of-n",
+                  "--out", str(out))
     assert res.returncode == 0, res.stderr
     rows = json.loads((out / "results.json").read_text())
     assert [(r["batch"], r["method"]) for r in rows] == [
-        (b, m) for b in ("job", 4) for m in ("none", "history", "history-paper", "history-mismatched-fixed")]
+        (b, m) for b in ("job", 4) for m in ("none", "history", "history-paper", "history-mismatched-fixed",
+                                             "draft-model", "fastest-of-n")]
     assert all(r["identical"] for r in rows)
     assert len({r["tokens"] for r in rows}) == 1  # 16 samples, the same tokens whatever the workload
-    history = [r for r in rows if r["method"] in ("history", "history-paper")]
+    history = [r for r in rows if r["method"] in ("history", "history-paper", "draft-model")]
     assert all(r["spec_rate"] > 0 and r["tokens_per_pass"] > 1 for r in history)
     assert all(r["speedup"] == 1.0 for r in rows if r["method"] == "none")
+    for r in rows:  # which source drafted: one source per method, several shares for fastest-of-n
+        if r["method"] == "fastest-of-n":
+            assert r["sources"] is not None and "history" in r["sources"]
+            assert sum(s["share"] for s in r["sources"].values()) == pytest.approx(1.0, abs=1e-3)
+        elif r["method"] == "history":
+            assert set(r["sources"]) == {"history"}
     for name in ("table.md", "speedup.png", "verify_profile.png"):
         assert (out / name).stat().st_size > 0
 

@@ -46,6 +46,20 @@ def test_crd_prints_the_generated_definition() -> None:
     assert yaml.safe_load(res.stdout)["spec"]["names"]["kind"] == "RLJob"
 
 
+def test_respell_rewrites_stored_rljobs_camel_case_for_the_crd_upgrade(tmp_path: Path) -> None:
+    stored = tmp_path / "rljobs.yaml"
+    stored.write_text("apiVersion: v1\nkind: List\nitems:\n- apiVersion: rhymerl.io/v1alpha1\n  kind: RLJob\n"
+                      "  metadata: {name: a, resourceVersion: '7'}\n  spec: {failure_policy: {backoff_limit: 2}}\n")
+    res = rhymerl("respell", str(stored))
+    assert res.returncode == 0, res.stderr
+    assert yaml.safe_load(res.stdout)["items"][0] == {"apiVersion": "rhymerl.io/v1alpha1", "kind": "RLJob",
+                                                      "metadata": {"name": "a", "resourceVersion": "7"},
+                                                      "spec": {"failurePolicy": {"backoffLimit": 2}}}
+    stored.write_text("spec: {failure_policy: {}, failurePolicy: {}}\n")
+    res = rhymerl("respell", str(stored))
+    assert res.returncode == 2 and "given twice, as failure_policy and as failurePolicy" in res.stderr
+
+
 def test_run_with_a_bad_override_writes_nothing(repo: Path, tmp_path: Path) -> None:
     res = rhymerl("run", str(repo / "examples" / "quickstart.yaml"), "--set", "algorithm.group_size=0",
                   "--out", str(tmp_path / "run"))

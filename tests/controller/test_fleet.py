@@ -20,7 +20,7 @@ from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.algorithms.scheduling.types import Action, Move, RoundPlan, Sample, Watch
 from rhymerl.api import RLJob, parse_job
 from rhymerl.workers import dumps
-from rhymerl.workers.controller.fleet import RolloutFleet, table_profile
+from rhymerl.workers.controller.fleet import RolloutFleet, pod_ordinal, table_profile
 from rhymerl.workers.controller.history_client import HistoryClient
 from rhymerl.workers.controller.loop import run_steps
 from rhymerl.workers.controller.transport import LocalTransport
@@ -78,6 +78,7 @@ class Fleet:
     def __init__(self, job: RLJob, path: Path, wanted: Callable[[], int] | None = None,
                  scheduler: Scheduler | None = None) -> None:
         self.job = job
+        self.in_use: list[int | None] = []
         t = self.t = LocalTransport()
         run = RunDir(path)
         run.create(job)
@@ -88,7 +89,7 @@ class Fleet:
         encoded = encode_prompts(load_job_tokenizer(job), load_prompts(job.spec.data))
         self.fleet = RolloutFleet(job, t, history, LengthHistory(), encoded, reward,
                                   lambda: t.start("rollout", RolloutWorker, job), wanted or (lambda: job.spec.rollout.replicas),
-                                  self.notes.append, self.notes.append)
+                                  self.notes.append, self.notes.append, in_use=self.in_use.append)
         if scheduler is not None:
             self.fleet.sched = scheduler
             self.fleet.executor = Executor(scheduler, self.fleet)
@@ -171,14 +172,27 @@ def _after(n: int, before: int, then: int) -> Callable[[], int]:
 
 
 def test_a_worker_asked_to_leave_mid_round_hands_its_samples_back_with_their_tokens(
-        model_dir: Path, tmp_path: Path) -> None:
+        model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     one, _ = Fleet(_job(model_dir, length=40), tmp_path / "one").round(PROMPTS)
-    f = Fleet(_job(model_dir, 3, length=40), tmp_path / "three", wanted=_after(30, 3, 1))
+    job = _job(model_dir, 3, length=40)
+    pods = iter([2, 1, 0])  # the workers joining in turn run on these rollout pods (their host names)
+    monkeypatch.setattr(RolloutWorker, "host", lambda self: f"{job.metadata.name}-rollout-{next(pods)}")
+    f = Fleet(job, tmp_path / "three", wanted=_after(30, 3, 1))
     got, rnd = f.round(PROMPTS)
     assert got == one
     assert rnd.counts["handed_back"] > 0 and f.fleet.sched.stats.evacuated > 0
     assert f.fleet.live_count() == 1 and len(f.fleet.members) == 1
     assert "rollout workers: 1 of 1 wanted" in f.notes
+    # the workers on the highest ordinals left (the pods a StatefulSet removes), whatever work they held
+    assert [(m.id, m.pod) for m in f.fleet.members] == [(2, 0)]
+    assert f.in_use == [3, 2, 1]  # reported as each one went: the operator lowers the count at 1
+
+
+def test_a_rollout_pods_ordinal_comes_from_its_host_name() -> None:
+    assert pod_ordinal("alpha-rollout-12", "alpha") == 12
+    assert pod_ordinal("alpha-train-1", "alpha") is None
+    assert pod_ordinal("alpha-rollout-1", "alph") is None  # another job's pod
+    assert pod_ordinal("build-vm", "alpha") is None  # a worker on this machine
 
 
 def test_a_worker_that_joins_mid_round_takes_started_samples_at_once(model_dir: Path, tmp_path: Path) -> None:

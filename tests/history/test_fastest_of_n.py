@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rhymerl.algorithms.drafting import HistoryIndex
-from rhymerl.algorithms.drafting.fastest_of_n import SourceChoice, matched
+from rhymerl.algorithms.drafting.fastest_of_n import SourceChoice, matched, told_accepted
 from rhymerl.api.spec import SpeculationSpec
 from rhymerl.tools.bench.draft_replay import replay_units
 from rhymerl.tools.bench.draft_sources import FastestOfNSource, HistoSpecSource
@@ -71,3 +71,22 @@ def test_fastest_of_n_moves_each_request_to_the_source_whose_drafts_its_tokens_c
     got = replay_units(fastest, units)
     assert fastest.served[0] == 0 and fastest.served[1] > 0
     assert got.accepted >= alone.accepted - 2 * len(units[0].targets)  # a pass or two per request to switch
+
+
+def test_a_source_choice_takes_the_best_source_that_offers_a_draft_and_keeps_scores_through_moves() -> None:
+    choice = SourceChoice(3, 3)
+    choice.scores[:] = [[3.0, 2.0, 1.0], [3.0, 2.0, 1.0], [0.0, 0.0, 0.0]]
+    offered = np.array([[False, True, True], [False, False, False], [False, False, True]])
+    # row 0: the best source has no draft, the next best has; row 1: nobody offers, the best stays
+    assert choice.choose(offered=offered).tolist() == [1, 0, 2]
+    choice.resize(5)
+    assert choice.scores.shape == (5, 3) and choice.scores[0].tolist() == [3.0, 2.0, 1.0]
+    choice.move(np.array([0]), np.array([4]))
+    assert choice.scores[4].tolist() == [3.0, 2.0, 1.0]
+
+
+def test_a_source_is_told_its_whole_draft_was_accepted_unless_the_emitted_tokens_refute_it() -> None:
+    assert told_accepted([1, 2, 3, 4], [1, 2]) == 4      # checked as far as it could be: not refuted
+    assert told_accepted([1, 2, 3, 4], [1, 9]) == 1      # refuted at its second token
+    assert told_accepted([1, 2], [1, 2, 7]) == 2         # all of it confirmed
+    assert told_accepted([], [5]) == 0

@@ -88,6 +88,22 @@ def test_watching_one_namespace_passes_it_to_the_operator_and_grants_a_role_ther
     assert "--namespace" not in default_args
 
 
+def test_reading_nodes_is_on_cluster_wide_off_in_one_namespace_and_there_one_clusterrole_of_its_own(
+        helm: Path) -> None:
+    def render(*sets: str) -> list[dict[str, Any]]:
+        res = run_helm(helm, "template", "x", str(CHART), "--namespace", NAMESPACE,
+                       *(arg for s in sets for arg in ("--set", s)))
+        assert res.returncode == 0, res.stderr
+        return [d for d in yaml.safe_load_all(res.stdout) if d]
+
+    assert "nodes" not in {g[1] for g in _grants(_one(render("operator.readNodes=false"), "ClusterRole")["rules"])}
+    one_namespace = render("operator.watchNamespace=rl", "operator.readNodes=true")
+    nodes = _one(one_namespace, "ClusterRole")
+    assert nodes["metadata"]["name"] == "x-rhymerl-nodes"
+    assert _grants(nodes["rules"]) == {("", "nodes", v) for v in ("get", "list", "watch")}
+    assert _one(one_namespace, "ClusterRoleBinding")["roleRef"]["name"] == "x-rhymerl-nodes"
+
+
 def _grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
     return {(group, resource, verb) for r in rules for group in r["apiGroups"] for resource in r["resources"]
             for verb in r["verbs"]}
@@ -104,7 +120,9 @@ def test_the_operator_may_manage_every_kind_it_creates_and_nothing_broader(chart
     assert {("rhymerl.io", "rljobs", "get"), ("rhymerl.io", "rljobs/status", "get"),
             ("rhymerl.io", "rljobs/status", "patch"), ("", "pods", "watch"), ("", "events", "create")} <= grants
     assert all("*" not in grant for grant in grants)
-    assert not {g for g in grants if g[1] in {"nodes", "clusterroles", "clusterrolebindings"}}
+    assert not {g for g in grants if g[1] in {"clusterroles", "clusterrolebindings"}}
+    # nodes read only, for their taints (a pod gone from a node that goes is a preemption)
+    assert {g for g in grants if g[1] == "nodes"} == {("", "nodes", v) for v in ("get", "list", "watch")}
     # each job's Ray token: created, never read, listed, watched or changed
     assert {g for g in grants if g[1] == "secrets"} == {("", "secrets", "create")}
     assert not {g for g in grants if g[1] == "pods" and g[2] not in {"get", "list", "watch"}}

@@ -22,7 +22,7 @@ from rhymerl.operator.manifests import (
     selector_string,
     spec_hash,
 )
-from rhymerl.operator.manifests.builders import GPU_RESOURCE, localized
+from rhymerl.operator.manifests.builders import GPU_RESOURCE, localized, spec_yaml
 from rhymerl.operator.manifests.roles import argv, environment
 
 REPO = Path(__file__).resolve().parents[2]
@@ -292,3 +292,12 @@ def test_job_names_that_cannot_name_kubernetes_children_are_refused(name: str) -
         RLJob.model_validate({"metadata": {"name": name}})
     longest = RLJob.model_validate({"metadata": {"name": "a" * 41}})
     assert max(len(o["metadata"]["name"]) for o in desired(longest, None)) == 52
+
+
+def test_a_jobs_spec_yaml_is_rendered_once_and_again_when_the_job_changes() -> None:
+    job = RLJob.model_validate({"metadata": {"name": "memo"}, "spec": {"rollout": {"max_replicas": 3}}})
+    first = spec_yaml(job)
+    assert first == dump_job(localized(job))
+    assert spec_yaml(job.model_copy(deep=True)) is first  # an equal job: the string already rendered
+    changed = RLJob.model_validate({"metadata": {"name": "memo"}, "spec": {"rollout": {"max_replicas": 4}}})
+    assert spec_yaml(changed) == dump_job(localized(changed)) != first

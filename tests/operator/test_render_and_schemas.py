@@ -124,7 +124,7 @@ CRD_SCHEMA["properties"]["metadata"]["additionalProperties"] = True
 @pytest.mark.parametrize("example", EXAMPLES, ids=[e.name for e in EXAMPLES])
 def test_every_example_rljob_fits_the_crd_schema(example: Path) -> None:
     as_written = yaml.safe_load(example.read_text())
-    resolved = load_job(example).model_dump(mode="json")
+    resolved = load_job(example).model_dump(mode="json", by_alias=True)
     jsonschema.Draft4Validator(CRD_SCHEMA).validate(as_written)
     jsonschema.Draft4Validator(CRD_SCHEMA).validate(resolved)
 

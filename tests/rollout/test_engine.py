@@ -181,6 +181,9 @@ class OracleDrafts:
         moved = {d: self.pos[s] for s, d in zip(src, dst, strict=True)}
         self.pos = moved
 
+    def source_of(self, slot: int) -> str:
+        return "oracle"
+
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("batch", [1, 4, 16])

@@ -85,6 +85,28 @@ def test_greedy_outputs_are_the_same_with_and_without_the_history_proposer(
     assert sum(r.forward_passes + r.accepted - len(r.response_ids) for r in with_history) < 2 * len(with_history)
 
 
+@pytest.fixture(scope="module")
+def draft_engine() -> Iterator[VllmEngine]:
+    # module-scoped like the others: closing an engine mid-module tears down vLLM's process-wide
+    # parallel state under the engines still open
+    engine = VllmEngine(VllmSettings(TINY, method="draft-model", draft_model=model_dir("builtin:tiny-arith-draft"),
+                                     max_batch_size=128, max_model_len=512, log_stats=True))
+    yield engine
+    engine.close()
+
+
+def test_greedy_outputs_are_the_same_with_and_without_vllms_draft_model(draft_engine: VllmEngine,
+                                                                         plain_engine: VllmEngine,
+                                                                         tok: CharTokenizer) -> None:
+    requests = _requests(_prompts(tok, 8), 2, 1)
+    params = SamplingParams(0.0, 1.0, 0, 200)
+    drafted = draft_engine.generate(requests, params, tok.eos_id)
+    counters = {m.name: getattr(m, "value", 0) for m in draft_engine.llm.get_metrics()}
+    assert [r.response_ids for r in drafted] == [r.response_ids for r in plain_engine.generate(requests, params,
+                                                                                               tok.eos_id)]
+    assert counters["vllm:spec_decode_num_accepted_tokens"] > 0.3 * counters["vllm:spec_decode_num_draft_tokens"] > 0
+
+
 def test_sampled_outputs_repeat_for_the_same_seeds_and_drafts(history_engine: VllmEngine, tok: CharTokenizer) -> None:
     prompts = _prompts(tok, 8)
     params = SamplingParams(1.0, 1.0, 5, 200)

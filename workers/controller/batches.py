@@ -24,6 +24,7 @@ from rhymerl.workers.controller.fleet import RolloutFleet, Round
 from rhymerl.workers.controller.transport import pipelined
 from rhymerl.workers.roles.groups import GroupSummary, StepLayout
 from rhymerl.workers.roles.samples import GroupKey, SampleRef, SampleSummary
+from rhymerl.workers.rollout.engine import merged_counts
 from rhymerl.workers.run_folder.in_flight import NOTHING, InFlight
 from rhymerl.workers.run_folder.run_dir import LoopState
 from rhymerl.workers.task.prompts import Prompt, epoch_order
@@ -168,7 +169,7 @@ class BatchSampler:
             ss = [self.finished[SampleRef(key[1], k, key[0])].summary for k in range(g)]
             group = GroupSummary(key[1], [s.length for s in ss], [s.reward for s in ss], [s.error for s in ss],
                                  sum(s.drafted for s in ss), sum(s.accepted for s in ss),
-                                 sum(s.forward_passes for s in ss))
+                                 sum(s.forward_passes for s in ss), merged_counts(s.by_source for s in ss))
             self.lengths.observe(group.prompt_id, group.lengths)
             out.append((key, group))
         return out

@@ -14,7 +14,9 @@ cluster, `rhymerl scale` on one machine) within the capacity there is (rollout p
 one worker each): a joining
 worker takes work at once (it steals started samples with their tokens, or gets the next
 placement); a worker asked to leave, or sent SIGTERM, hands its unfinished samples back with their
-tokens and is stopped; a worker that dies without notice has its samples resumed elsewhere from
+tokens and is stopped (in a cluster those on the highest pod ordinals leave first: they are the pods a
+StatefulSet removes, and the fleet reports how many leading ordinals hold its workers, `in_use`, so the
+operator lowers the count only once they are drained: operator/reconcile/drain.py); a worker that dies without notice has its samples resumed elsewhere from
 their last snapshot (tokens identical: sampling is keyed by position). Nothing caps how often a
 worker may come and go; a sample whose workers died RERUNS + 1 times stops the run (it is killing
 them). With no worker left the fleet waits, and says why.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -65,6 +68,13 @@ WAIT_NOTE_S = 60.0  # how often the fleet says again that it waits for a rollout
 CAPACITY_EVERY_S = 1.0  # how often a Ray fleet asks the cluster how many rollout pods joined
 
 
+def pod_ordinal(host: str, job_name: str) -> int | None:
+    """The ordinal of rollout pod `host` of job `job_name` (a StatefulSet pod's host name is its pod
+    name, `<job>-rollout-<ordinal>`); None for any other host (a worker on this machine)."""
+    found = re.fullmatch(re.escape(job_name) + r"-rollout-(\d+)", host)
+    return int(found.group(1)) if found else None
+
+
 class WorkerLost(RuntimeError):
     """A sample lost its worker more often than RERUNS, or a reward call failed that often."""
 
@@ -91,6 +101,7 @@ class Member:
     joined: bool = False  # answered: it takes work
     slot: int = -1  # its index in the scheduler's books for the current round
     leaving: bool = False
+    pod: int | None = None  # the ordinal of the rollout pod it runs on (None: not known, or not in a cluster)
     version: int | None = None  # the policy version it was last told to load
     loads: list[Any] = field(default_factory=list)  # results of its weight loads (seconds each)
 
@@ -157,14 +168,17 @@ class RolloutFleet:
     def __init__(self, job: RLJob, transport: Transport, history: HistoryClient, lengths: LengthHistory,
                  encoded: dict[str, list[int]], reward: list[Any], start_worker: Callable[[], Any],
                  wanted: Callable[[], int], note: Callable[[str], None], say: Callable[[str], None],
-                 first_round: int = 0, broadcast: WeightBroadcast | None = None) -> None:
+                 first_round: int = 0, broadcast: WeightBroadcast | None = None,
+                 in_use: Callable[[int | None], None] = lambda pods: None) -> None:
         """start_worker: a new rollout worker's handle; wanted: how many workers the job wants now;
         note: an event for the run's log; say: what the fleet is doing, for a status line;
         first_round: rounds planned before (a resumed run numbers its rounds on); broadcast: how
-        published versions travel besides the object store (None: through it alone)."""
+        published versions travel besides the object store (None: through it alone); in_use: told
+        `pods_in_use()` whenever it changes."""
         self.job, self.transport, self.history = job, transport, history
         self.encoded, self.reward, self.start_worker = encoded, reward, start_worker
-        self.wanted, self.note, self.say = wanted, note, say
+        self.wanted, self.note, self.say, self.in_use = wanted, note, say, in_use
+        self._in_use_said: int | None = None
         spec = job.spec
         self.releasable = spec.rollout.engine == "torch"  # a vLLM call is one generate: nothing comes back mid-call
         self.members: list[Member] = []
@@ -223,7 +237,7 @@ class RolloutFleet:
             if excess > 0:  # workers still starting go first, then those holding the least work
                 for m in sorted(joining, key=lambda m: -m.id)[:excess]:
                     self._stop(m)
-                for m in self._least_busy(staying)[: max(0, excess - len(joining))]:
+                for m in self._leaving_order(staying)[: max(0, excess - len(joining))]:
                     self._retire(m)
             elif excess < 0:
                 capacity = self._capacity_now()  # pods that joined; every member holds one of them
@@ -233,6 +247,7 @@ class RolloutFleet:
                 self._admit_joiners()  # those that start at once (in this process) join now
             if self._started:
                 self._say_count(self.live_count(), want)
+            self._report_in_use()
             if not wait or self._live():
                 return
             self._wait_for_worker()
@@ -241,12 +256,14 @@ class RolloutFleet:
         for m in [m for m in self.members if not m.joined]:
             try:
                 ready = self.transport.ready(m.handle)
+                host = self.transport.get(self.transport.call(m.handle, "host")) if ready else None
             except WorkerGone:
                 self._remove(m)
                 self.note("a rollout worker died while it started")
                 continue
             if ready:
                 m.joined = True
+                m.pod = pod_ordinal(str(host), self.job.metadata.name)
                 self._load(m, self.version)
                 if self.live_round is not None:
                     m.slot = self.sched.add_worker()
@@ -261,6 +278,26 @@ class RolloutFleet:
             return held, -m.id
         return sorted(members, key=work)
 
+    def _leaving_order(self, members: list[Member]) -> list[Member]:
+        """Which members leave first when fewer are wanted: those on the highest pod ordinals (the pods a
+        StatefulSet removes), then those holding the least work."""
+        rank = {m.id: i for i, m in enumerate(self._least_busy(members))}
+        return sorted(members, key=lambda m: (1 if m.pod is None else -m.pod, rank[m.id]))
+
+    def pods_in_use(self) -> int | None:
+        """How many leading rollout pod ordinals hold every worker of the fleet (leaving ones included
+        until they are stopped): a StatefulSet at that count or more removes none of them. None: a
+        worker's pod is not known (starting, or not in a cluster)."""
+        if any(m.pod is None for m in self.members):
+            return None
+        return max((m.pod + 1 for m in self.members if m.pod is not None), default=0)
+
+    def _report_in_use(self) -> None:
+        found = self.pods_in_use()
+        if found != self._in_use_said:
+            self._in_use_said = found
+            self.in_use(found)
+
     def _retire(self, m: Member) -> None:
         """Ask a worker to leave: one running a call hands its samples back first."""
         m.leaving = True
@@ -272,6 +309,7 @@ class RolloutFleet:
     def _remove(self, m: Member) -> None:
         if m in self.members:
             self.members.remove(m)
+            self._report_in_use()
         if self.broadcast is not None:
             self.broadcast.forget(m.id)
 
@@ -453,7 +491,7 @@ class RolloutFleet:
         return rnd
 
     def _indexes(self, rnd: Round, prompt_ids: list[str]) -> Any:
-        if self.job.spec.rollout.speculation.method != "history":
+        if not self.job.spec.rollout.speculation.reads_history:
             return None
         indexes = self.history.indexes(rnd.epoch, prompt_ids, rnd.step)
         rnd.history_ok = (rnd.history_ok is not False) and indexes is not None

@@ -37,6 +37,7 @@ from rhymerl.workers.roles.history_worker import HistoryWorker
 from rhymerl.workers.roles.reward_worker import RewardWorker
 from rhymerl.workers.roles.rollout_worker import RolloutWorker, encode_prompts, load_job_tokenizer
 from rhymerl.workers.roles.train_worker import TrainWorker
+from rhymerl.workers.rollout.engine import merged_counts
 from rhymerl.workers.rollout.speculation import speculation_metrics
 from rhymerl.workers.rollout.verify_cost import Progress
 from rhymerl.workers.run_folder.in_flight import InFlight, carried
@@ -55,6 +56,7 @@ class Backend:
     wanted: Callable[[], int]  # rollout workers wanted now
     notice: bool = False  # rollout workers take SIGTERM as a notice to leave (they are separate processes)
     say: Callable[[str], None] = lambda message: None  # what the run is waiting for (a status line)
+    in_use: Callable[[int | None], None] = lambda pods: None  # the rollout pods holding workers (RolloutFleet)
     profile_progress: Progress | None = None  # the verify-cost measurement of a worker in this process
 
 
@@ -103,7 +105,8 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False, backend: Backend | 
                              lambda: t.start("rollout", RolloutWorker, job, backend.threads, backend.profile_progress,
                                              backend.notice),
                              backend.wanted, run.note, backend.say,
-                             first_round=sum(m.gen_rounds for m in run.step_metrics()), broadcast=broadcast)
+                             first_round=sum(m.gen_rounds for m in run.step_metrics()), broadcast=broadcast,
+                             in_use=backend.in_use)
         roles = Roles(train, reward, history, fleet)
         older = {v: t.call(train.lead, "restored_weights", v)
                  for v in carried(sorted(resumed.versions()), state.policy_version)}
@@ -219,7 +222,7 @@ def step_metrics(state: LoopState, batch: Batch, train_stats: dict[str, float], 
         zero_std_frac=round(sum(len(set(g.rewards)) <= 1 for g in groups) / max(len(groups), 1), 4),
         **{k: (round(v, 5) if math.isfinite(v) else v) for k, v in stats.items()},
         **speculation_metrics(tokens, sum(g.drafted for g in groups), sum(g.accepted for g in groups),
-                              sum(g.forward_passes for g in groups)),
+                              sum(g.forward_passes for g in groups), merged_counts(g.by_source for g in groups)),
         **fleet_metrics(rounds, fleet.live_count(), fleet.wanted()),
         **gap,
         time_step_s=round(step_s, 3),

@@ -76,7 +76,7 @@ class RunHistory:
             store = redis_store
         else:
             store = MemoryHistoryStore(speculation.reward_weighted)
-        return cls(keep_responses=speculation.method == "history", drafting=store)
+        return cls(keep_responses=speculation.reads_history, drafting=store)
 
     def record(self, records: Iterable[RolloutRecord]) -> None:
         """A finished step (or, on resume, every dumped step in order): one group per (step, prompt)."""

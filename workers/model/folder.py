@@ -14,7 +14,9 @@ from pathlib import Path
 
 from rhymerl.errors import UserError
 
-BUILTIN = {"builtin:tiny-arith": "tiny-arith"}
+BUILTIN = {"builtin:tiny-arith": "tiny-arith", "builtin:tiny-arith-draft": "tiny-arith-draft"}
+REBUILD = {"builtin:tiny-arith": "--out {folder}", "builtin:tiny-arith-draft": "--draft --out {folder}"}
+"""How `rhymerl pretrain` rebuilds each embedded model."""
 CONFIG = "config.json"
 
 
@@ -116,18 +118,18 @@ def check_native(folder: Path) -> None:
                          "model.implementation: transformers (with rollout.engine: vllm)")
 
 
-def model_dir(path: str) -> Path:
-    """The folder of `model.path`: the embedded model's or the path itself."""
+def model_dir(path: str, field: str = "model.path") -> Path:
+    """The folder of a model path (`field` names it in errors): the embedded model's or the path itself."""
     if path in BUILTIN:
         folder = Path(str(resources.files("rhymerl").joinpath("assets", BUILTIN[path])))
         if not (folder / "model.safetensors").is_file():
             raise ModelError(
-                f"model.path: the embedded model is missing at {folder}; rebuild it with "
-                f"`python -P -m rhymerl.tools.pretrain --out {folder}`")
+                f"{field}: the embedded model is missing at {folder}; rebuild it with "
+                f"`rhymerl pretrain {REBUILD[path].format(folder=folder)}`")
         return folder
     if path.startswith("builtin:"):
-        raise ModelError(f"model.path: unknown builtin '{path}' (known: {', '.join(BUILTIN)})")
+        raise ModelError(f"{field}: unknown builtin '{path}' (known: {', '.join(BUILTIN)})")
     folder = Path(path)
     if not folder.is_dir():
-        raise ModelError(f"model.path: {path} is not a folder")
+        raise ModelError(f"{field}: {path} is not a folder")
     return folder

@@ -4,7 +4,7 @@ group-relative advantages (GRPO), the rollout dump's records."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -15,7 +15,7 @@ from rhymerl.workers.model.tokenizer import Tokenizer
 from rhymerl.workers.reward.outcome import Outcome
 from rhymerl.workers.reward.pool import Scorer
 from rhymerl.workers.roles.samples import GroupKey, SampleRef, ScoredSample
-from rhymerl.workers.rollout.engine import GenResult
+from rhymerl.workers.rollout.engine import GenResult, SourceCount
 from rhymerl.workers.run_folder.run_dir import LoopState
 from rhymerl.workers.task.prompts import Prompt
 from rhymerl.workers.train.guards import NonFiniteError
@@ -47,6 +47,7 @@ class GroupSummary:
     drafted: int
     accepted: int
     forward_passes: int
+    by_source: dict[str, SourceCount] = field(default_factory=dict)
 
     @property
     def informative(self) -> bool:
@@ -131,5 +132,7 @@ def records(groups: list[Group], state: LoopState) -> Iterator[dumps.RolloutReco
                 prompt_len=len(g.prompt_ids), prompt_ids=g.prompt_ids, response_ids=res.response_ids,
                 reward=reward, reward_error=error, finish_reason="stop" if res.finish_reason == "stop" else "length",
                 policy_version=g.policy_version,
-                speculation=dumps.SpeculationStats(drafted=res.drafted, accepted=res.accepted,
-                                                   forward_passes=res.forward_passes))
+                speculation=dumps.SpeculationStats(
+                    drafted=res.drafted, accepted=res.accepted, forward_passes=res.forward_passes,
+                    sources={name: dumps.SourceStats(passes=c.passes, drafted=c.drafted, accepted=c.accepted)
+                             for name, c in res.by_source.items()}))

@@ -36,7 +36,7 @@ class RewardWorker:
         scored = [ScoredSample(s, r, o.value, o.error, output.policy_version)
                   for s, r, o in zip(output.samples, output.results, outcomes, strict=True)]
         summaries = [SampleSummary(s.sample, len(s.result.response_ids), s.reward, s.error, s.result.drafted,
-                                   s.result.accepted, s.result.forward_passes) for s in scored]
+                                   s.result.accepted, s.result.forward_passes, s.result.by_source) for s in scored]
         seconds = time.perf_counter() - t0
         self.metrics.scored.inc(len(scored))
         self.metrics.call(seconds)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -76,7 +77,7 @@ class Deferred(Protocol):
 
 class RolloutWorker:
     CONCURRENCY_GROUPS: ClassVar[dict[str, int]] = {"control": 1, "weights": 1}
-    CONTROL: ClassVar[frozenset[str]] = frozenset({"release", "admit", "leave"})
+    CONTROL: ClassVar[frozenset[str]] = frozenset({"release", "admit", "leave", "host"})
     """Methods that reach a running call (they run beside it, in the control group, on Ray)."""
     WEIGHTS: ClassVar[frozenset[str]] = frozenset({"receive_weights"})
     """Receiving a published version over a broadcast, beside a running call (the weights group)."""
@@ -156,6 +157,11 @@ class RolloutWorker:
         nothing to hand back); the step loop then stops this worker."""
         with self._lock:
             self._leaving = True
+
+    def host(self) -> str:
+        """The host this worker runs on: in a cluster, its pod's name (which pod a scale-down removes:
+        the fleet retires the workers on the highest ordinals first)."""
+        return socket.gethostname()
 
     def ping(self) -> tuple[int, bool]:
         """This worker's process id, and whether it is leaving."""

@@ -3,9 +3,9 @@ and output, scored samples and the few numbers per sample the loop keeps."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from rhymerl.workers.rollout.engine import GenRequest, GenResult
+from rhymerl.workers.rollout.engine import GenRequest, GenResult, SourceCount
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,7 @@ class SampleSummary:
     drafted: int
     accepted: int
     forward_passes: int
+    by_source: dict[str, SourceCount] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

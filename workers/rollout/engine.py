@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -55,12 +55,38 @@ class GenRequest:
 
 
 @dataclass
+class SourceCount:
+    """What one draft source did for one response: passes that verified its draft, its tokens drafted
+    there, and how many of them verification accepted."""
+
+    passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    def add(self, other: SourceCount) -> None:
+        self.passes += other.passes
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+
+
+def merged_counts(counts: Iterable[Mapping[str, SourceCount]]) -> dict[str, SourceCount]:
+    """Per source, the sum of several responses' counts."""
+    out: dict[str, SourceCount] = {}
+    for by_source in counts:
+        for name, count in by_source.items():
+            out.setdefault(name, SourceCount()).add(count)
+    return out
+
+
+@dataclass
 class GenResult:
     response_ids: list[int] = field(default_factory=list)
     finish_reason: str = "length"
     forward_passes: int = 0
     drafted: int = 0
     accepted: int = 0
+    by_source: dict[str, SourceCount] = field(default_factory=dict)
+    """The drafted and accepted tokens split by the source that drafted them (source_of)."""
     logprobs: list[float] | None = None
     """Each response token's log-probability under the distribution it was drawn from (after
     temperature and top-p: the behaviour policy); None where an engine could not report every one."""
@@ -85,6 +111,10 @@ class DraftSource(Protocol):
 
     def move(self, src: list[int], dst: list[int]) -> None:
         """Running sequences were packed from slots src[i] to dst[i]."""
+        ...
+
+    def source_of(self, slot: int) -> str:
+        """The name of the source whose draft the slot's last proposal was."""
         ...
 
 
@@ -175,6 +205,9 @@ class TorchEngine:
             res.forward_passes += 1
             res.drafted += draft_len[s]
             res.accepted += a
+            if draft_len[s] and drafts is not None:
+                count = res.by_source.setdefault(drafts.source_of(s), SourceCount())
+                count.add(SourceCount(1, draft_len[s], a))
             grow[s] = 1 + a  # the fed token plus the accepted draft stay cached; the rest is rolled back
             kept = emit(s, target_rows[s][: a + 1], behaviour_rows[s][: a + 1])
             last[s] = kept[-1]
@@ -244,7 +277,8 @@ class EngineSession:
     def progress(self) -> dict[int, GenResult]:
         """Copies of every waiting or running request's partial result: what resumes them (`add`)
         if this session is lost."""
-        return {k: replace(r, response_ids=list(r.response_ids), logprobs=None if r.logprobs is None else list(r.logprobs))
+        return {k: replace(r, response_ids=list(r.response_ids), logprobs=None if r.logprobs is None else list(r.logprobs),
+                           by_source={n: replace(c) for n, c in r.by_source.items()})
                 for k, r in self._results.items()}
 
     # ------------------------------------------------------------------ changes

@@ -3,7 +3,8 @@
 
 Each keeps per-slot drafting state in step with what the engine emitted, and asks one shared
 `DraftCapController` for the pass's draft cap, so the AIMD window of each sequence (RhymeRL §5.4)
-runs underneath the cost-model cap (adaptive.py).
+runs underneath the cost-model cap (adaptive.py). Without a controller a source offers its drafts
+at each sequence's own window and whoever combines sources caps them (fastest_of_n.py).
 """
 
 from __future__ import annotations
@@ -148,7 +149,8 @@ class HistoryDrafts:
     finishing or taken sequence's unfed tokens are fed before it is forgotten, so its group keeps them.
     """
 
-    def __init__(self, spec: SpeculationSpec, indexes: Mapping[str, HistoryIndex], control: DraftCapController) -> None:
+    def __init__(self, spec: SpeculationSpec, indexes: Mapping[str, HistoryIndex],
+                 control: DraftCapController | None) -> None:
         self.spec = spec
         self.drafter = HistoryDrafter(spec)
         self.indexes = indexes
@@ -169,17 +171,18 @@ class HistoryDrafts:
             self.pending[slot] = []
 
     def propose(self, slots: list[int], batch_size: int) -> list[list[int]]:
-        if self.control.parked(batch_size):
+        if self.control is not None and self.control.parked(batch_size):
             return [[] for _ in slots]
         live = [s for s in slots if s in self.handle]
         if not live:
-            self.control.cap(batch_size, [])
+            if self.control is not None:
+                self.control.cap(batch_size, [])
             return [[] for _ in slots]
         handles = np.array([self.handle[s] for s in live], dtype=np.int64)
         self._flush(live, handles)
         offsets, tokens = self.drafter.draft(handles)  # at each sequence's own AIMD window
         lengths = np.diff(offsets)
-        cap = self.control.cap(batch_size, lengths.tolist())
+        cap = int(lengths.max()) if self.control is None else self.control.cap(batch_size, lengths.tolist())
         if cap == 0:  # nothing offered: settle() leaves these windows alone
             return [[] for _ in slots]
         if cap < int(lengths.max()):  # drafting again at the cap also tells the drafter what was offered
@@ -198,7 +201,8 @@ class HistoryDrafts:
                 self.pending[s] = []
 
     def settle(self, slots: list[int], drafted: list[int], accepted: list[int], emitted: list[list[int]]) -> None:
-        self.control.observe(drafted, accepted)
+        if self.control is not None:
+            self.control.observe(drafted, accepted)
         verified = [i for i, s in enumerate(slots) if drafted[i] > 0 and s in self.handle]  # windows tested
         if verified:
             self.drafter.report(np.array([self.handle[slots[i]] for i in verified], dtype=np.int64),
@@ -216,6 +220,9 @@ class HistoryDrafts:
                                   np.array(pending, dtype=np.int32))
             self.drafter.remove(handle)
 
+    def source_of(self, slot: int) -> str:
+        return "history"
+
     def move(self, src: list[int], dst: list[int]) -> None:
         self.handle = {d: self.handle[s] for s, d in zip(src, dst, strict=True) if s in self.handle}
         self.pending = {d: self.pending[s] for s, d in zip(src, dst, strict=True) if s in self.pending}
@@ -230,7 +237,7 @@ with `min_prob` over a history's branch priorities, and a sequence's own context
 class NgramDrafts:
     """vLLM-style n-gram (prompt lookup) drafts from each sequence's own context, AIMD window."""
 
-    def __init__(self, spec: SpeculationSpec, control: DraftCapController, max_len: int = 2048,
+    def __init__(self, spec: SpeculationSpec, control: DraftCapController | None, max_len: int = 2048,
                  match: tuple[int, int] = NGRAM_MATCH) -> None:
         if not 1 <= match[0] <= match[1]:
             raise ValueError(f"n-gram match {match}: need 1 <= shortest <= longest")
@@ -256,17 +263,18 @@ class NgramDrafts:
         self.windows.reset(slot)
 
     def propose(self, slots: list[int], batch_size: int) -> list[list[int]]:
-        if self.control.parked(batch_size):
+        if self.control is not None and self.control.parked(batch_size):
             return [[] for _ in slots]
         rows = np.array(slots, dtype=np.int64)
         lengths = np.array([self.length[s] for s in slots], dtype=np.int64)
         offsets, tokens = ngram_draft(self.context[rows], lengths, self.windows.windows[rows], *self.match)
-        cap = self.control.cap(batch_size, np.diff(offsets).tolist())
+        cap = self.spec.window.max if self.control is None else self.control.cap(batch_size, np.diff(offsets).tolist())
         out = [tokens[offsets[i]: min(offsets[i + 1], offsets[i] + cap)].tolist() for i in range(len(slots))]
         return out
 
     def settle(self, slots: list[int], drafted: list[int], accepted: list[int], emitted: list[list[int]]) -> None:
-        self.control.observe(drafted, accepted)
+        if self.control is not None:
+            self.control.observe(drafted, accepted)
         self.windows.update(drafted, accepted, rows=slots)
         for s, toks in zip(slots, emitted, strict=True):
             n = self.length[s]
@@ -276,6 +284,9 @@ class NgramDrafts:
 
     def end(self, slot: int) -> None:
         self.length.pop(slot, None)
+
+    def source_of(self, slot: int) -> str:
+        return "ngram"
 
     def move(self, src: list[int], dst: list[int]) -> None:
         self.context[dst] = self.context[src]

@@ -45,6 +45,7 @@ from rhymerl.api.spec import SpeculationSpec
 from rhymerl.errors import UserError
 from rhymerl.workers import atomic
 from rhymerl.workers.model.folder import model_dir, read_config
+from rhymerl.workers.rollout.draft_model import draft_folder
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams
 from rhymerl.workers.rollout.speculation import reachable_batches
 from rhymerl.workers.rollout.speculators import NGRAM_MATCH
@@ -52,7 +53,7 @@ from rhymerl.workers.rollout.verify_cost import Progress, cache_dir
 
 PROPOSER = "rhymerl.workers.rollout.vllm_proposer.HistoryProposer"
 EXTENSION = "rhymerl.workers.rollout.vllm_worker.RhymerlWorkerExtension"
-METHODS = ("none", "history", "ngram", "suffix")
+METHODS = ("none", "history", "ngram", "suffix", "draft-model")
 PROFILE_CODE_VERSION = 1  # raised when what measure_profile measures changes (the cache key has it)
 PROFILE_CONTEXT = 64  # tokens of each probe prompt of the pass-cost profile
 PROFILE_PASSES = 16  # engine passes each probe generate runs
@@ -97,12 +98,18 @@ class VllmSettings:
     """GPUs one engine shards its model over (rollout.gpus_per_replica; vLLM's own workers, one per GPU)."""
     log_stats: bool = False
     """vLLM's own counters (LLM.get_metrics: speculative-decoding acceptance and more), for benches."""
+    draft_model: Path | None = None
+    """method draft-model: the draft model's folder (vLLM's own draft_model method)."""
 
 
 def job_settings(job: RLJob, longest_prompt: int) -> VllmSettings:
     """The engine a rollout worker of `job` runs."""
     spec = job.spec
-    return VllmSettings(model=model_dir(spec.model.path), method=spec.rollout.speculation.method,
+    drafting = spec.rollout.speculation
+    draft = None
+    if drafting.method == "draft-model" and drafting.draft_model is not None:
+        draft = draft_folder(drafting.draft_model, model_dir(spec.model.path))
+    return VllmSettings(model=model_dir(spec.model.path), method=spec.rollout.speculation.method, draft_model=draft,
                         speculation=spec.rollout.speculation, max_batch_size=spec.rollout.max_batch_size,
                         max_model_len=longest_prompt + spec.algorithm.max_response_length,
                         dtype=spec.model.dtype, seed=spec.rollout.seed,
@@ -117,8 +124,11 @@ def request_seed(seed: int, sample_id: int) -> int:
     return (z ^ (z >> 31)) & 0x7FFFFFFFFFFFFFFF
 
 
-def speculative_config(method: str, spec: SpeculationSpec) -> dict[str, Any] | None:
-    """vLLM's speculative_config for a method; drafts are at most the AIMD window's maximum."""
+def speculative_config(method: str, spec: SpeculationSpec, draft: Path | None = None) -> dict[str, Any] | None:
+    """vLLM's speculative_config for a method; drafts are at most the AIMD window's maximum. With
+    draft-model (vLLM's own draft_model method over the folder `draft`) every step drafts a fixed
+    k, the AIMD window's initial size: vLLM runs the draft model k times per step whatever it accepts,
+    and no window or cap of ours reaches inside it."""
     k = spec.window.max
     if method == "history":
         return {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": k}
@@ -127,6 +137,10 @@ def speculative_config(method: str, spec: SpeculationSpec) -> dict[str, Any] | N
                 "prompt_lookup_max": NGRAM_MATCH[1]}
     if method == "suffix":  # vLLM's suffix decoding (arctic-inference), the peer HistoSpec is measured against
         return {"method": "suffix", "num_speculative_tokens": k}
+    if method == "draft-model":
+        if draft is None:
+            raise ValueError("speculation method draft-model: no draft model folder")
+        return {"method": "draft_model", "model": str(draft), "num_speculative_tokens": spec.window.initial}
     if method == "none":
         return None
     raise ValueError(f"speculation method {method!r}: one of {', '.join(METHODS)}")
@@ -146,7 +160,7 @@ class VllmEngine:
         from vllm import LLM
 
         self.settings = settings
-        spec_config = speculative_config(settings.method, settings.speculation)
+        spec_config = speculative_config(settings.method, settings.speculation, settings.draft_model)
         # vLLM drafts for no row of a pass whose longest sequence is within k tokens of max_model_len:
         # room for one more draft past the longest response keeps speculation on to the last token
         room = settings.speculation.window.max + 1 if spec_config else 0

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-MEASURED = frozenset({"spec_rate", "spec_acceptance", "tokens_per_pass", "rollout_busy_s", "rollout_makespan_s",
+MEASURED = frozenset({"spec_rate", "spec_acceptance", "tokens_per_pass", "spec_sources", "rollout_busy_s", "rollout_makespan_s",
                       "rollout_bubble", "weight_sync_s", "weight_fallbacks", "fleet_recommended", "rollout_logprob_diff_mean",
                       "rollout_logprob_diff_max", "is_ratio_mean", "is_ratio_max", "is_capped_frac"})
 """Fields measured with a clock, following from choices made on measured costs (the draft cap), or
@@ -57,6 +57,8 @@ class StepMetrics(BaseModel):
     spec_rate: float = 0.0
     spec_acceptance: float | None = None
     tokens_per_pass: float = 1.0
+    spec_sources: dict[str, dict[str, float | None]] | None = None
+    """Per draft source: its share of the passes that verified a draft, and its acceptance rate."""
     # the rollout fleet (rows written before 2026-11-26 have them only with several workers, and
     # say rollout_replicas for rollout_workers)
     rollout_workers: int | None = Field(None, validation_alias=AliasChoices("rollout_workers", "rollout_replicas"))

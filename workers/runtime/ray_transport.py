@@ -197,12 +197,13 @@ def run_steps_local_ray(job: RLJob, run: RunDir, resume: bool) -> Iterator[StepM
 
 
 def run_steps_ray(job: RLJob, run: RunDir, resume: bool, threads: int | None, train_run: str | None,
-                  wanted: Callable[[], int], say: Callable[[str], None] = lambda message: None) -> Iterator[StepMetrics]:
+                  wanted: Callable[[], int], say: Callable[[str], None] = lambda message: None,
+                  in_use: Callable[[int | None], None] = lambda pods: None) -> Iterator[StepMetrics]:
     """The job's steps on Ray workers (cluster.local_ray or a joined cluster must be up).
     threads: every worker's torch threads (None: each its own pod's CPU limit). train_run: the run
     folder the train worker writes dumps and checkpoints into (one machine); None: the run folder
-    on its own pod's data volume."""
-    backend = Backend(RayTransport(role_gpus(job)), threads, train_run, wanted, notice=True, say=say)
+    on its own pod's data volume. in_use: told how many leading rollout pod ordinals hold workers."""
+    backend = Backend(RayTransport(role_gpus(job)), threads, train_run, wanted, notice=True, say=say, in_use=in_use)
     try:
         yield from run_steps(job, run, resume, backend)
     except BaseException as exc:

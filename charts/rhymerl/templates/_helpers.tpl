@@ -66,6 +66,12 @@ write RLJob status, read pods to tell crashes from spot preemptions and unschedu
 events. It may grant the per-job Role only because it holds the same rljobs/status permissions itself
 (Kubernetes forbids granting what one does not have).
 */}}
+{{- define "rhymerl.nodeRules" }}
+{{- /* the nodes' taints (operator/reconcile/nodes.py): read only */}}
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [get, list, watch]
+{{- end }}
 {{- define "rhymerl.operatorRules" }}
 {{- /* delete: a finished job whose ttl_seconds_after_finished ran out */}}
 - apiGroups: [rhymerl.io]

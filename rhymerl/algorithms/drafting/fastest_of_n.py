@@ -37,15 +37,42 @@ class SourceChoice:
         self.decay = decay
         self.scores = np.zeros((requests, sources), dtype=np.float64)
 
-    def observe(self, confirmed: NDArray[np.int64], rows: NDArray[np.int64] | None = None) -> None:
-        """confirmed[i, k]: tokens of source k's last draft for request rows[i] the emitted tokens confirmed."""
+    def observe(self, confirmed: NDArray[np.int64], rows: NDArray[np.int64] | None = None,
+                asked: NDArray[np.bool_] | None = None) -> None:
+        """confirmed[i, k]: tokens of source k's last draft for request rows[i] the emitted tokens confirmed;
+        where `asked` is False the source was not asked for a draft, and its score stays."""
         r = np.arange(self.scores.shape[0]) if rows is None else rows
-        self.scores[r] = self.decay * self.scores[r] + (1.0 - self.decay) * confirmed
+        updated = self.decay * self.scores[r] + (1.0 - self.decay) * confirmed
+        self.scores[r] = updated if asked is None else np.where(asked, updated, self.scores[r])
 
-    def choose(self, rows: NDArray[np.int64] | None = None) -> NDArray[np.int64]:
-        """The source each request drafts from this pass."""
-        picks: NDArray[np.int64] = np.argmax(self.scores if rows is None else self.scores[rows], axis=1)
+    def choose(self, rows: NDArray[np.int64] | None = None,
+               offered: NDArray[np.bool_] | None = None) -> NDArray[np.int64]:
+        """The source each request drafts from this pass; with `offered` (rows x sources: which
+        sources have a draft this pass) the best-scored source among those that offer one, where any does."""
+        scores = self.scores if rows is None else self.scores[rows]
+        if offered is not None:
+            scores = np.where(offered | ~offered.any(axis=1, keepdims=True), scores, -np.inf)
+        picks: NDArray[np.int64] = np.argmax(scores, axis=1)
         return picks.astype(np.int64)
 
     def reset(self, row: int) -> None:
         self.scores[row] = 0.0
+
+    def resize(self, requests: int) -> None:
+        """Room for `requests` rows; the scores of rows that stay are kept."""
+        grown = np.zeros((requests, self.scores.shape[1]), dtype=np.float64)
+        keep = min(requests, self.scores.shape[0])
+        grown[:keep] = self.scores[:keep]
+        self.scores = grown
+
+    def move(self, src: NDArray[np.int64], dst: NDArray[np.int64]) -> None:
+        """Requests moved from rows src[i] to dst[i]."""
+        self.scores[dst] = self.scores[src]
+
+
+def told_accepted(draft: Sequence[int], emitted: Sequence[int]) -> int:
+    """What a source's own AIMD window is told it got accepted: its whole draft when the emitted tokens
+    did not refute it (they check only as far as the verified draft was accepted, plus one), else the
+    confirmed prefix."""
+    confirmed = matched(draft, emitted)
+    return len(draft) if confirmed == min(len(draft), len(emitted)) else confirmed

@@ -380,6 +380,15 @@ def token_cost(batch: int, context: float, profile: IterationProfile, spec: Spec
     return profile.iteration_time(batch, context) * spec.pass_cost / (batch * spec.tokens_per_pass)
 
 
+def verify_time(profile: IterationProfile, batch: int, context: float, tokens: int) -> float:
+    """Seconds of one pass that verifies `tokens` tokens for each of `batch` sequences at mean
+    context `context`: the profile's iteration over batch x tokens positions that read the batch's KV
+    cache once, iteration_time(batch * tokens, context / tokens). Under the roofline this is exact
+    (weights and KV read once, 2 x params FLOPs per position); a measured table is asked about a
+    cell it was measured for as plain decoding (an approximation). tokens = 1: a plain pass."""
+    return profile.iteration_time(batch * tokens, context / tokens)
+
+
 def knee_batch(profile: IterationProfile, context: float, fraction: float = 0.5) -> int:
     """Smallest batch whose throughput reaches `fraction` of the throughput at max_batch.
 

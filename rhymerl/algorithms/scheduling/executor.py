@@ -95,6 +95,12 @@ class Executor:
             self._request(m, "leave")
         return len(moves)
 
+    def consolidate(self, moves: Sequence[Move]) -> None:
+        """Moves the fleet decided itself, to empty a worker so that it drafts for the others
+        (scheduling/freed_drafters.py): booked as rebalances once confirmed."""
+        for m in moves:
+            self._request(m, "rebalance")
+
     def _offered(self, worker: int, round_no: int) -> list[tuple[SampleId, int]]:
         return [s for s in self.fleet.unfinished(worker, round_no) if s[0] not in self.in_flight]
 

@@ -27,7 +27,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rhymerl.algorithms.drafting import AimdWindows, GroupIndex, HistoryDrafter, HistoryIndex, ngram_draft
-from rhymerl.algorithms.drafting.fastest_of_n import SourceChoice, matched
+from rhymerl.algorithms.drafting.fastest_of_n import SourceChoice, matched, told_accepted
 from rhymerl.api.spec import SpeculationSpec
 from rhymerl.tools.bench.draft_workloads import PromptWork
 
@@ -338,9 +338,7 @@ class FastestOfNSource(Source):
                 draft = d_tok[d_off[i]: d_off[i + 1]].tolist()
                 emitted = tokens[offsets[i]: offsets[i + 1]].tolist()
                 confirmed[i, k] = matched(draft, emitted)
-                # a draft the emitted tokens did not refute counts as accepted (the chosen one's never is
-                # cut short: one token more than it accepted is emitted)
-                windows[i, k] = len(draft) if confirmed[i, k] == min(len(draft), len(emitted)) else confirmed[i, k]
+                windows[i, k] = told_accepted(draft, emitted)
         if accepted is not None:
             self.choice.observe(confirmed)
         seconds = 0.0

@@ -11,20 +11,27 @@ the median is reported. Methods:
 
 - none: plain decoding (the reference)
 - ngram: drafts from the sequence's own context (vLLM's prompt-lookup)
-- history: HistoSpec, reward-weighted index of last epoch's responses
-- history-unweighted: the same index ranked by frequency only
+- history: HistoSpec as the job runs it (its `speculation` block: by default branches ranked by
+  frequency, with group drafts)
+- history-weighted: the same index ranked by summed reward (RhymeRL's weighting)
 - history-paper: the same index drafted by the paper's rule (prefix 7 -> 3, no min_prob), to
   show what the job's defaults (prefix 32 -> 1, min_prob 0.5) add
 - history-mismatched: each prompt drafts from another prompt's history — poor drafts, to show the
   adaptive cap switching speculation off where it would slow things down
 - history-mismatched-fixed: the same poor drafts with the cap pinned at window.max (no adaptation)
+- draft-model: a small model's greedy drafts (the job's speculation.draft_model, else the embedded
+  policy's distilled draft), under the same AIMD windows and adaptive cap; left out of the default
+  methods where the run's policy has no known draft
+- fastest-of-n: history (as the job runs it) and n-gram, plus the draft model where the job names
+  one, chosen per response by what its own tokens confirmed (rollout/fastest_of_n.py); the split
+  of the drafting passes by source is reported
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,17 +41,22 @@ from rich.table import Table
 
 from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
 from rhymerl.api.spec import SpeculationSpec
-from rhymerl.errors import user_paths
+from rhymerl.errors import UserError, user_paths
 from rhymerl.tools.bench import report
 from rhymerl.tools.bench.tables import print_table
 from rhymerl.tools.bench.workload import load_run_workload
 from rhymerl.workers.history.store import MemoryHistoryStore
-from rhymerl.workers.rollout.engine import DraftSource, GenResult, TorchEngine
+from rhymerl.workers.model.folder import model_dir
+from rhymerl.workers.model.transformer import TinyLlama
+from rhymerl.workers.rollout.draft_model import DraftModelDrafts, default_draft, load_draft_model
+from rhymerl.workers.rollout.engine import DraftSource, GenResult, TorchEngine, merged_counts
+from rhymerl.workers.rollout.fastest_of_n import FastestOfNDrafts
+from rhymerl.workers.rollout.speculation import speculation_metrics
 from rhymerl.workers.rollout.speculators import DraftCapController, HistoryDrafts, NgramDrafts
 from rhymerl.workers.rollout.verify_cost import measure
 
-METHODS = ("none", "ngram", "history", "history-unweighted", "history-paper", "history-mismatched",
-           "history-mismatched-fixed")
+METHODS = ("none", "ngram", "history", "history-weighted", "history-paper", "history-mismatched",
+           "history-mismatched-fixed", "draft-model", "fastest-of-n")
 
 
 JOB = "job"
@@ -72,6 +84,7 @@ class Row:
     identical: bool
     caps: dict[int, int] = field(default_factory=dict)
     runs: list[float] = field(default_factory=list)  # every repeat's seconds, in run order
+    sources: dict[str, Any] | None = None  # per draft source: share of the drafting passes, acceptance
 
     def as_dict(self, base_seconds: float) -> dict[str, Any]:
         return {"method": self.method, "batch": self.batch, "seconds": round(self.seconds, 3),
@@ -80,7 +93,8 @@ class Row:
                 "tokens_per_pass": round(self.tokens / max(self.passes, 1), 3),
                 "acceptance": round(self.accepted / self.drafted, 4) if self.drafted else None,
                 "spec_rate": round(self.accepted / max(self.tokens, 1), 4),
-                "identical": self.identical, "caps": self.caps, "runs": [round(t, 3) for t in self.runs]}
+                "identical": self.identical, "caps": self.caps, "runs": [round(t, 3) for t in self.runs],
+                "sources": self.sources}
 
 
 def method_spec(method: str, job_spec: SpeculationSpec) -> SpeculationSpec:
@@ -94,16 +108,25 @@ def method_spec(method: str, job_spec: SpeculationSpec) -> SpeculationSpec:
 
 
 def _sources(method: str, spec: SpeculationSpec, store: dict[bool, MemoryHistoryStore], epoch: int,
-             prompt_ids: list[str], control: DraftCapController) -> DraftSource | None:
+             prompt_ids: list[str], control: DraftCapController, draft: TinyLlama | None = None) -> DraftSource | None:
     if method == "none":
         return None
     if method == "ngram":
         return NgramDrafts(spec, control)
-    weighted = method != "history-unweighted"
+    if method == "draft-model":
+        if draft is None:
+            raise ValueError("draft-model: no draft model")
+        return DraftModelDrafts(spec, draft, control)
+    weighted = spec.reward_weighted or method == "history-weighted"
     indexes = store[weighted].indexes_before(epoch, prompt_ids)
     if method.startswith("history-mismatched"):
         shifted = prompt_ids[1:] + prompt_ids[:1]
         indexes = {pid: indexes[other] for pid, other in zip(prompt_ids, shifted, strict=True) if other in indexes}
+    if method == "fastest-of-n":
+        sources: dict[str, DraftSource] = {"history": HistoryDrafts(spec, indexes, None), "ngram": NgramDrafts(spec, None)}
+        if draft is not None and spec.draft_model is not None:
+            sources["draft-model"] = DraftModelDrafts(spec, draft, None)
+        return FastestOfNDrafts(sources, control, costly=frozenset({"draft-model"}))
     return HistoryDrafts(spec, indexes, control)
 
 
@@ -111,6 +134,16 @@ def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str,
     w = load_run_workload(cfg.run)
     job, tok, reqs, params, per_step = w.job, w.tokenizer, w.requests, w.params, w.per_step
     model = w.native.to(cfg.device)
+    draft = None
+    name = job.spec.rollout.speculation.draft_model or default_draft(job.spec.model.path)
+    if name is None and "draft-model" in cfg.methods:
+        if cfg.methods != METHODS:
+            raise UserError(f"--methods draft-model: {job.spec.model.path} has no embedded draft model; name one in "
+                            "the run's spec.rollout.speculation.draft_model")
+        console.print(f"[dim]draft-model left out: {job.spec.model.path} has no known draft model[/]")
+        cfg = replace(cfg, methods=tuple(m for m in cfg.methods if m != "draft-model"))
+    if name is not None and {"draft-model", "fastest-of-n"} & set(cfg.methods):
+        draft = load_draft_model(name, model_dir(job.spec.model.path), next(model.parameters()).dtype, cfg.device)
     store = {weighted: MemoryHistoryStore(reward_weighted=weighted) for weighted in (True, False)}
     for s in store.values():
         s.update(r for r in w.records if r.epoch == w.last_epoch)
@@ -138,7 +171,7 @@ def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str,
             for method in cfg.methods if rep % 2 == 0 else cfg.methods[::-1]:
                 spec = method_spec(method, job.spec.rollout.speculation)
                 control = DraftCapController(spec, None if method.endswith("-fixed") else profile)
-                source = _sources(method, spec, store, w.epoch, w.prompt_ids, control)
+                source = _sources(method, spec, store, w.epoch, w.prompt_ids, control, draft)
                 t0 = time.perf_counter()
                 results = [r for chunk in chunks for r in engine.generate(chunk, params, source)]
                 times[method].append(time.perf_counter() - t0)
@@ -154,6 +187,8 @@ def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str,
                       sum(r.accepted for r in results),
                       [r.response_ids for r in results] == [r.response_ids for r in reference], caps,
                       times[method])
+            row.sources = speculation_metrics(row.tokens, row.drafted, row.accepted, row.passes,
+                                              merged_counts(r.by_source for r in results)).get("spec_sources")
             base = base or row.seconds
             out.append(row.as_dict(base))
             console.print(f"  batch {batch!s:>4} {method:<26} {row.seconds:7.2f}s  x{base / row.seconds:5.2f}  "

@@ -125,7 +125,7 @@ def join(sim: Simulator) -> int:
         idx = sim.sched.add_worker()
     if idx != len(sim.workers):
         raise SimulationError(f"join: the scheduler numbered the new worker {idx}, the simulator has {len(sim.workers)}")
-    w = SimWorker(idx, max(sim.plans, default=sim.first_step - 1))
+    w = SimWorker(idx, max(sim.plans, default=sim.first_step - 1), sim.alpha)
     w.clock = sim.now
     w.version = max((v.version for v in sim.workers), default=0) + 1
     sim.workers.append(w)

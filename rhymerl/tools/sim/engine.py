@@ -15,7 +15,10 @@ scheduling/batching.py. A worker that finished its share of a step but may not s
 offers itself to `Scheduler.on_idle` (work stealing: unstarted samples of its step, or started
 ones, which it recomputes). Step gating follows the scheduler's pipeline and the off-policy
 bound: step s may start only after step s - 1 - staleness trained. The fleet may change while it
-runs (spot preemptions, joins, resizing between steps) through `FleetHooks` (elastic.py).
+runs (spot preemptions, joins, resizing between steps) through `FleetHooks` (elastic.py). With
+`SimConfig.freed_drafters`, workers that hold no sample draft for straggling workers
+(scheduling/freed_drafters.py decides after every event; a drafted worker's samples go on at the
+drafted tokens per pass, its pass priced by the decision's `drafted_pass_seconds`).
 
 Assumptions (docs/scheduling.md): a worker admits sequences while their KV cache fits the
 profile's `kv_capacity_tokens` (none: unenforced), and when it runs full the sequences admitted
@@ -47,9 +50,17 @@ from rhymerl.algorithms.scheduling.costmodel import (
     SpeculationSpeedup,
 )
 from rhymerl.algorithms.scheduling.executor import Executor
+from rhymerl.algorithms.scheduling.freed_drafters import (
+    DraftCosts,
+    WorkerView,
+    assign,
+    consolidation,
+    drafted_pass_seconds,
+)
 from rhymerl.algorithms.scheduling.types import Move, RoundPlan, Sample, SampleId
 from rhymerl.tools.traces.model import Trace
 
+from .drafting import DraftSpan, StepDrafting, step_drafting
 from .metrics import SimResult
 from .results import collect_result
 from .state import SimSeq, SimWorker
@@ -87,6 +98,9 @@ class SimConfig:
     bandwidth_bytes_per_s: float = math.inf
     """What one rollout worker receives history indexes at. A step's indexes start shipping when
     the step is planned; a worker taking up its share waits for the rest of its prompts' indexes."""
+    freed_drafters: DraftCosts | None = None
+    """Workers that hold no sample draft for straggling workers (scheduling/freed_drafters.py),
+    priced by these costs; None (the default): off."""
 
 
 class Simulator:
@@ -122,7 +136,7 @@ class Simulator:
             self.step_samples[s] = batch
         self.sched.final_round = last
         n = config.workers
-        self.workers = [SimWorker(w, self.first_step - 1) for w in range(n)]
+        self.workers = [SimWorker(w, self.first_step - 1, self.alpha) for w in range(n)]
         self.per_step = float(np.mean([len(b) for b in self.step_samples.values()]))
         self.bound_batch = max(1, math.ceil((1 + scheduler.staleness) * self.per_step / n))
         """The lower bound's batch: the even split of the 1 + staleness steps released at once."""
@@ -170,6 +184,14 @@ class Simulator:
         self.gone: set[int] = set()
         """Workers that left the fleet (elastic.py): they take no work; their index stays until compacted."""
         self.hooks: FleetHooks | None = None
+        self.draft_costs = config.freed_drafters
+        self.drafting: dict[int, int] = {}
+        """Drafter -> verifier in force (freed_drafters.assign)."""
+        self.draft_spans: list[DraftSpan] = []
+        """Every drafter's assignment as it ran: drafter, verifier, start, end."""
+        self._draft_since: dict[int, float] = {}
+        self.consolidations = 0
+        """Workers emptied onto another so that they draft (DraftCosts.consolidate)."""
 
     # ------------------------------------------------------------------ setup
 
@@ -202,25 +224,34 @@ class Simulator:
                 self.sched.prime(pid, lens)
 
     # ------------------------------------------------------------------ worker arithmetic
-    def _passes(self, tokens: int) -> int:
+    @staticmethod
+    def _passes(tokens: int, alpha: float) -> int:
         if tokens <= 0:
             return 0
-        return math.ceil(tokens / self.alpha - 1e-9)
+        return math.ceil(tokens / alpha - 1e-9)
 
-    def _gen_at(self, q: SimSeq, it: int) -> int:
-        return q.generated + min(q.stop - q.generated, math.floor((it - q.start_it) * self.alpha + 1e-9))
+    @staticmethod
+    def _gen_at(q: SimSeq, it: int, alpha: float) -> int:
+        return q.generated + min(q.stop - q.generated, math.floor((it - q.start_it) * alpha + 1e-9))
 
     def _seg_time(self, w: SimWorker, it_to: int) -> float:
         delta = it_to - w.it
         if delta <= 0 or not w.running:
             return 0.0
+        if w.drafter is not None:  # its samples' drafts come from a freed worker (freed_drafters.py)
+            b = len(w.running)
+            return delta * self._drafted_pass(b, (w.c0 + b * w.alpha * (w.it + it_to) / 2.0) / b)
         return segment_seconds(self.profile, len(w.running), w.c0, self.alpha, w.it, it_to) * self.pass_cost
+
+    def _drafted_pass(self, batch: int, context: float) -> float:
+        assert self.draft_costs is not None
+        return drafted_pass_seconds(self.profile, self.draft_costs, batch, context, self.cfg.speculation)
 
     def _next_it(self, w: SimWorker) -> int | None:
         while w.fin:
             fit, sid = w.fin[0]
             q = w.running.get(sid)
-            if q is not None and q.start_it + self._passes(q.stop - q.generated) == fit:
+            if q is not None and q.start_it + self._passes(q.stop - q.generated, w.alpha) == fit:
                 break
             heapq.heappop(w.fin)
         while w.wat:
@@ -237,13 +268,13 @@ class Simulator:
         """A heap entry is stale once its sequence left the worker, got a new watch, or was
         readmitted (preempted, moved back) and so reaches `tok` at another iteration."""
         q = w.running.get(sid)
-        return q is not None and q.watch == tok and q.start_it + self._passes(tok - q.generated) == wit
+        return q is not None and q.watch == tok and q.start_it + self._passes(tok - q.generated, w.alpha) == wit
 
     def _kv_last_it(self, w: SimWorker) -> int:
         """The last iteration at which the running sequences' KV cache still fits the worker's.
         `_next_it` schedules an event there and `_preempt` acts when it is reached: one expression
         for both, so float rounding cannot make one fire while the other holds back."""
-        return last_fitting_iteration(w.c0, len(w.running), self.alpha, self.kv_cap)
+        return last_fitting_iteration(w.c0, len(w.running), w.alpha, self.kv_cap)
 
     def _schedule(self, w: SimWorker) -> None:
         w.version += 1
@@ -266,7 +297,10 @@ class Simulator:
         if limit <= 0:
             return w.it
         b = len(w.running)
-        per_it = self.profile.iteration_time(b, (w.c0 + b * self.alpha * w.it) / b) * self.pass_cost
+        if w.drafter is not None:
+            per_it = self._drafted_pass(b, (w.c0 + b * w.alpha * w.it) / b)
+        else:
+            per_it = self.profile.iteration_time(b, (w.c0 + b * self.alpha * w.it) / b) * self.pass_cost
         return w.it + (min(limit, int((now - w.clock) / per_it)) if per_it > 0 else 0)
 
     def _advance(self, w: SimWorker, now: float) -> None:
@@ -286,7 +320,7 @@ class Simulator:
         w.it = it_to
         self.iterations += delta
         self.seq_iterations += delta * b
-        kv = w.c0 + b * self.alpha * it_to
+        kv = w.c0 + b * w.alpha * it_to
         if kv > self.peak_kv:
             self.peak_kv = kv
 
@@ -328,16 +362,16 @@ class Simulator:
             q.running = True
             q.recompute = True
             w.running[q.sid] = q
-            w.c0 += q.input_len + q.generated - q.start_it * self.alpha
-            heapq.heappush(w.fin, (q.start_it + self._passes(q.stop - q.generated), q.sid))
+            w.c0 += q.input_len + q.generated - q.start_it * w.alpha
+            heapq.heappush(w.fin, (q.start_it + self._passes(q.stop - q.generated, w.alpha), q.sid))
             if q.watch is not None:
-                heapq.heappush(w.wat, (q.start_it + self._passes(q.watch - q.generated), q.sid, q.watch))
+                heapq.heappush(w.wat, (q.start_it + self._passes(q.watch - q.generated, w.alpha), q.sid, q.watch))
 
     def _remove(self, w: SimWorker, q: SimSeq) -> None:
         """Take a running sequence off its worker, freezing its generated tokens."""
         del w.running[q.sid]
-        w.c0 -= q.input_len + q.generated - q.start_it * self.alpha
-        q.generated = self._gen_at(q, w.it)
+        w.c0 -= q.input_len + q.generated - q.start_it * w.alpha
+        q.generated = self._gen_at(q, w.it, w.alpha)
         q.running = False
         q.where = -1
         if not w.running:
@@ -346,14 +380,14 @@ class Simulator:
     def _kv_now(self, w: SimWorker) -> float:
         """KV tokens the worker holds now: its running sequences' context at the iteration `_advance`
         would bring it to (computed without touching its state)."""
-        return w.c0 + len(w.running) * self.alpha * self._reached_it(w, self.now) if w.running else 0.0
+        return w.c0 + len(w.running) * w.alpha * self._reached_it(w, self.now) if w.running else 0.0
 
     def _fits(self, w: SimWorker, kv: float, q: SimSeq, admitting: int) -> bool:
         """Whether `q` fits next to `kv` tokens of cache for the next iteration, below a 1% watermark
         (vLLM's default; it also keeps a just-preempted sequence from coming straight back). A worker
         with nothing running or being admitted always takes one: a sequence longer than the cache
         runs alone."""
-        return admits(kv, q.input_len, q.generated, len(w.running) + admitting + 1, self.alpha, self.kv_cap)
+        return admits(kv, q.input_len, q.generated, len(w.running) + admitting + 1, w.alpha, self.kv_cap)
 
     def _take(self, w: SimWorker, queue: deque[SimSeq], batch: list[SimSeq], kv: float, most: int | None = None) -> float:
         """Move sequences from the front of `queue` into `batch` while a slot is free and their KV
@@ -476,6 +510,90 @@ class Simulator:
         if self.round_left[step] == 0:
             self._complete(step)
 
+    # ------------------------------------------------------------------ drafters on freed workers
+    def _place_drafters(self) -> None:
+        """After an event: the decision (freed_drafters.assign) on the fleet as it stands; a verifier
+        whose drafter changed goes on at its new tokens per pass. With `consolidate`, a straggling
+        worker left without a drafter is first emptied onto another where the decision says so
+        (freed_drafters.consolidation), its samples moved with their tokens. A worker's remaining work
+        is predicted from what has run: as many tokens again as its longest-running sample has made,
+        at least one (the work-stealing rule's fallback; the simulator does not peek at true lengths)."""
+        if self.hooks is not None:
+            raise SimulationError("freed drafters: not priced on a fleet that changes while it runs")
+        costs = self.draft_costs
+        assert costs is not None
+        current = self.drafting
+        for _ in range(len(self.workers)):  # each consolidation empties a worker: a bounded loop
+            freed = [w.idx for w in self.workers if not w.running and not w.waiting and w.idx not in self.gone]
+            if not freed and not self.drafting and not costs.consolidate:
+                return
+            views = self._draft_views(costs) if freed or costs.consolidate else []
+            new = assign(views, freed, current, self.profile, costs, self.cfg.speculation)
+            merge = consolidation(views, new, self.profile, costs, self.cfg.speculation) if costs.consolidate else None
+            if merge is None:
+                break
+            self._consolidate(*merge)
+            current = {**new, merge[0]: merge[1]}  # the emptied worker drafts for the one it filled
+        if new == self.drafting:
+            return
+        old_of = {v: d for d, v in self.drafting.items()}
+        new_of = {v: d for d, v in new.items()}
+        for d, v in self.drafting.items():
+            if new.get(d) != v:
+                self.draft_spans.append(DraftSpan(d, v, self._draft_since.pop(d), self.now))
+        for d, v in new.items():
+            if self.drafting.get(d) != v:
+                self._draft_since[d] = self.now
+        self.drafting = new
+        for v in sorted(set(old_of) | set(new_of)):
+            if old_of.get(v) != new_of.get(v):
+                self._redraft(self.workers[v], new_of.get(v))
+
+    def _draft_views(self, costs: DraftCosts) -> list[WorkerView]:
+        """The workers a drafter could serve, as the decision sees them."""
+        views = []
+        for w in self.workers:
+            b = len(w.running)
+            if not 1 <= b <= costs.max_batch or w.waiting or w.idx in self.gone:
+                continue
+            it = self._reached_it(w, self.now)
+            views.append(WorkerView(worker=w.idx, running=b, queued=0, context=(w.c0 + b * w.alpha * it) / b,
+                                    remaining=float(max(1, *(self._gen_at(q, it, w.alpha) for q in w.running.values())))))
+        return views
+
+    def _consolidate(self, src: int, dst: int) -> None:
+        """Move every running sample of `src` to `dst` with its tokens (`dst` recomputes their KV
+        cache), through the executor, booked as rebalances."""
+        w = self.workers[src]
+        self._advance(w, self.now)
+        moves = [Move(sid=q.sid, src=src, dst=dst, generated=self._gen_at(q, w.it, w.alpha), recompute=True)
+                 for q in sorted(w.running.values(), key=lambda q: q.admitted)]
+        outer, self.dirty = self.dirty, set()
+        self.executor.consolidate(moves)
+        touched, self.dirty = self.dirty, outer
+        self.consolidations += 1
+        for idx in sorted(touched):
+            self._refill(self.workers[idx])
+
+    def _redraft(self, w: SimWorker, drafter: int | None) -> None:
+        """The worker's drafts now come from `drafter` (None: its own speculation again). Its running
+        sequences keep the whole tokens they have made and go on at the new tokens per pass; the
+        pass under way is spent (as for a move)."""
+        assert self.draft_costs is not None
+        self._advance(w, self.now)
+        alpha = self.alpha if drafter is None else max(self.alpha, self.draft_costs.tokens_per_pass)
+        for q in w.running.values():
+            q.generated = self._gen_at(q, w.it, w.alpha)
+            q.start_it = w.it
+        w.alpha = alpha
+        w.drafter = drafter
+        w.c0 = float(sum(q.input_len + q.generated - q.start_it * alpha for q in w.running.values()))
+        for q in w.running.values():
+            heapq.heappush(w.fin, (q.start_it + self._passes(q.stop - q.generated, alpha), q.sid))
+            if q.watch is not None:
+                heapq.heappush(w.wat, (q.start_it + self._passes(q.watch - q.generated, alpha), q.sid, q.watch))
+        self._schedule(w)
+
     # ------------------------------------------------------------------ event loop
     def _on_worker(self, w: SimWorker) -> None:
         nxt = self._next_it(w)
@@ -489,7 +607,7 @@ class Simulator:
         while w.fin and w.fin[0][0] <= w.it:
             _, sid = heapq.heappop(w.fin)
             q = w.running.get(sid)
-            if q is not None and q.start_it + self._passes(q.stop - q.generated) <= w.it:
+            if q is not None and q.start_it + self._passes(q.stop - q.generated, w.alpha) <= w.it:
                 done[sid] = q
         while w.wat and w.wat[0][0] <= w.it:
             wit, sid, tok = heapq.heappop(w.wat)
@@ -514,7 +632,7 @@ class Simulator:
             if q.done or not q.running or q.where != where:
                 continue
             self._advance(self.workers[where], self.now)
-            gen = self._gen_at(q, self.workers[where].it)
+            gen = self._gen_at(q, self.workers[where].it, self.workers[where].alpha)
             if gen < watched:
                 raise AssertionError(f"sample {sid}: progress reported at {gen} tokens, watched for {watched}")
             self.executor.progressed(sid, where, gen, self.now)
@@ -543,7 +661,7 @@ class Simulator:
                     if w.running:
                         self._advance(w, self.now)
                         b = len(w.running)
-                        tokens = int(w.c0 + b * self.alpha * w.it)
+                        tokens = int(w.c0 + b * w.alpha * w.it)
                         self.recompute_tokens += tokens
                         w.clock += self.profile.prefill_time(tokens)
                         self._schedule(w)
@@ -623,7 +741,7 @@ class Simulator:
         if q.running:
             w = self.workers[q.where]
             self._advance(w, self.now)
-            wit = q.start_it + self._passes(tokens - q.generated)
+            wit = q.start_it + self._passes(tokens - q.generated, w.alpha)
             if wit <= w.it:
                 q.watch = None
                 self.progress.append((q.sid, q.where, tokens))
@@ -688,11 +806,13 @@ class Simulator:
             return []
         it = self._reached_it(v, self.now)  # read only: asking is not an event of the worker
         return [*((q.sid, q.generated) for q in v.waiting if q.step == step),
-                *((q.sid, self._gen_at(q, it)) for q in v.running.values() if q.step == step)]
+                *((q.sid, self._gen_at(q, it, v.alpha)) for q in v.running.values() if q.step == step)]
 
     def run(self, on_event: Callable[[Simulator], None] | None = None) -> SimResult:
         total = len(self.seqs)
         self._on_gate(2, 0)
+        if self.draft_costs is not None:
+            self._place_drafters()
         while self.events:
             t, _, kind, arg = heapq.heappop(self.events)
             if kind == 0:
@@ -710,6 +830,8 @@ class Simulator:
             else:
                 self.now = max(self.now, t)
                 self._on_gate(kind, arg)
+            if self.draft_costs is not None:
+                self._place_drafters()
             if on_event is not None:
                 on_event(self)
         if len(self.finished) != total:
@@ -719,7 +841,19 @@ class Simulator:
             )
         for w in self.workers:
             self._close(w, w.clock)
+        for d, v in self.drafting.items():
+            self.draft_spans.append(DraftSpan(d, v, self._draft_since.pop(d), self.now))
+        self.drafting = {}
         return collect_result(self, total)
+
+    def drafting_report(self) -> list[StepDrafting]:
+        """After `run`: per step, the workers that drafted for others and the step's tail (drafting.py)."""
+        steps = range(self.first_step, self.last_step + 1)
+        finishes: dict[int, list[float]] = {s: [] for s in steps}
+        for t, _, st in self.finished.values():
+            finishes[st].append(t)
+        windows = {s: (self.step_start.get(s, 0.0), self.completed.get(s, 0.0)) for s in steps if finishes[s]}
+        return step_drafting(self.draft_spans, windows, finishes)
 
 
 def simulate(

@@ -40,9 +40,11 @@ class SimSeq:
 
 class SimWorker:
     __slots__ = (
+        "alpha",
         "busy_since",
         "c0",
         "clock",
+        "drafter",
         "fin",
         "idx",
         "it",
@@ -54,8 +56,12 @@ class SimWorker:
         "wat",
     )
 
-    def __init__(self, idx: int, step: int) -> None:
+    def __init__(self, idx: int, step: int, alpha: float = 1.0) -> None:
         self.idx = idx
+        self.alpha = alpha
+        """Tokens per pass of its running sequences (the run's speculation, more while drafted for)."""
+        self.drafter: int | None = None
+        """The freed worker drafting for its running samples (freed_drafters.py); None: none."""
         self.clock = 0.0
         self.it = 0
         self.running: dict[int, SimSeq] = {}

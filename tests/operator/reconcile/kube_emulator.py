@@ -2,8 +2,10 @@
 
 kmock stores objects and streams watch events, but it is no Kubernetes: no uid, resourceVersion or
 generation, no server-side apply, no status and scale subresources, no garbage collector, no
-StatefulSet controller, no scheduler, no kubelet, no validation. `ApiServer` adds what the operator
-relies on of the API server; `Cluster.step` plays the garbage collector, the StatefulSet controller,
+StatefulSet controller, no scheduler, no kubelet, no validation, no label selectors; and it finds an
+object by scanning every object it holds, on every request. `ApiServer` adds what the operator
+relies on of the API server, and finds objects by key and lists one kind in one namespace (`_Objects`,
+an index by kind), filtered by `labelSelector` (benchmarks/operator-scale runs 1,000 jobs on it); `Cluster.step` plays the garbage collector, the StatefulSet controller,
 the scheduler and the kubelet, one round at a time, through the same HTTP API (so the operator sees
 watch events). The operator under test is never part of this: it runs as in a cluster.
 """
@@ -21,7 +23,7 @@ import aiohttp
 import aiohttp.web
 import attrs
 import kmock
-from kmock._internal import dicts, enums, rendering
+from kmock._internal import dicts, enums, k8s_dicts, k8s_views, references, rendering
 
 from rhymerl.operator.manifests.labels import (
     COMPONENT_KEY,
@@ -55,6 +57,36 @@ def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+class _Objects(k8s_views.ObjectsArray):
+    """kmock's store of objects, indexed by kind: kind -> (namespace, name) -> object."""
+
+    def kind(self, resource: references.resource) -> dict[tuple[str | None, str], k8s_dicts.Object]:
+        index: dict[references.resource, dict[tuple[str | None, str], k8s_dicts.Object]] = \
+            self.__dict__.setdefault("index", {})
+        return index.setdefault(resource, {})
+
+    def __setitem__(self, key: Any, value: Any, /) -> None:
+        super().__setitem__(key, value)
+        if len(key) == 3:
+            resource = k8s_views._parse_resource(key[0])
+            self.kind(resource)[key[1], key[2]] = self._objects[resource, key[1], key[2]]
+
+    def __delitem__(self, key: Any, /) -> None:
+        super().__delitem__(key)
+        if len(key) == 3:
+            self.kind(k8s_views._parse_resource(key[0])).pop((key[1], key[2]), None)
+
+    def clear(self) -> None:
+        super().clear()
+        self.__dict__.pop("index", None)
+
+
+def selected(obj: Mapping[str, Any], selector: str | None) -> bool:
+    """Whether `obj`'s labels match a label selector of `key=value` terms (what the operator sends)."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return not selector or all(labels.get(k) == v for k, _, v in (term.partition("=") for term in selector.split(",")))
+
+
 class ApiServer(kmock.KubernetesEmulator):
     """kmock's emulator with uid, creationTimestamp, resourceVersion (and 409 on a stale one), generation
     (bumped when the spec changes), server-side apply creating missing objects, and RLJob's status and
@@ -62,22 +94,43 @@ class ApiServer(kmock.KubernetesEmulator):
 
     _versions = itertools.count(1)
 
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_objects", _Objects())
+        super().__attrs_post_init__()
+
+    def _KubernetesEmulator__get_objs(self, request: rendering.Request, strict: bool) -> list[k8s_dicts.Object]:
+        """What kmock finds by scanning every object: one by its key, or one kind (in one namespace)."""
+        assert isinstance(self._objects, _Objects) and request.resource is not None
+        if request.name is not None and (strict or request.namespace is not None):
+            found = self._objects._objects.get((request.resource, request.namespace, request.name))
+            return [] if found is None else [found]
+        return [obj for (ns, name), obj in list(self._objects.kind(request.resource).items())
+                if (request.namespace is None or ns == request.namespace)
+                and (request.name is None or name == request.name)]
+
+    async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
+        listed = await super()._serve_list(request)
+        assert isinstance(listed, dict)
+        selector = request.params.get("labelSelector")
+        return {**listed, "items": [o for o in listed["items"] if selected(o, selector)]} if selector else listed
+
     def declare(self, namespaces: list[str]) -> None:
         for path, (kind, subresources) in RESOURCES.items():
             self.resources[path] = kmock.ResourceInfo(kind=kind, namespaced=True, verbs=ALL_VERBS,
                                                       subresources=subresources)
+        self.resources["v1/nodes"] = kmock.ResourceInfo(kind="Node", namespaced=False, verbs=ALL_VERBS)
         for namespace in namespaces:
             self.objects["v1/namespaces", None, namespace] = {"metadata": {"name": namespace}}
 
     def current(self, resource: Any, namespace: str | None, name: str | None) -> dict[str, Any] | None:
-        for (res, ns, n), obj in self.objects.items():
-            if res == resource and ns == namespace and n == name and not obj.deleted:
-                return obj.raw
-        return None
+        obj = self._objects._objects.get((k8s_views._parse_resource(resource), namespace, name))
+        return None if obj is None or obj.deleted else obj.raw
 
     def live(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
-        return [obj.raw for (res, ns, _), obj in list(self.objects.items())
-                if res.plural == plural and not obj.deleted and (namespace is None or ns == namespace)]
+        assert isinstance(self._objects, _Objects)
+        index: dict[Any, dict[tuple[str | None, str], k8s_dicts.Object]] = self._objects.__dict__.get("index", {})
+        return [obj.raw for resource, kind in list(index.items()) if resource.plural == plural
+                for (ns, _), obj in list(kind.items()) if not obj.deleted and (namespace is None or ns == namespace)]
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         resource = request.resource
@@ -294,6 +347,14 @@ class Cluster:
                        "message": "Preempted in order to admit critical pod"}]
         await self.request("PATCH", self.path("v1/pods", namespace, name),
                            {"metadata": {"deletionTimestamp": now()}, "status": {"conditions": conditions}})
+
+    async def taint_node_of(self, namespace: str, name: str, key: str, effect: str = "NoSchedule") -> None:
+        """Put pod `name` on a node of its own (spec.nodeName, as the scheduler binds it) and give that node
+        the taint `key`: what a cloud's termination handler or a node autoscaler does before the node goes."""
+        node = f"node-of-{name}"
+        await self.request("POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node},
+                                                     "spec": {"taints": [{"key": key, "effect": effect}]}})
+        await self.request("PATCH", self.path("v1/pods", namespace, name), {"spec": {"nodeName": node}})
 
     async def crash(self, namespace: str, name: str, exit_code: int = 1, reason: str = "Error") -> None:
         """What the kubelet reports after a container exited non-zero and was restarted: one more

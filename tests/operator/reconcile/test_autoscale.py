@@ -11,6 +11,7 @@ from rhymerl.api.spec import Failures, RLJob, RolloutSpec
 from rhymerl.cli.worker import wanted_rollout
 from rhymerl.operator.manifests import Owner, desired
 from rhymerl.operator.reconcile.autoscale import decide, with_rollout_replicas
+from rhymerl.operator.reconcile.nodes import disruption
 from rhymerl.operator.reconcile.pods import count, view
 
 NOW = datetime(2026, 11, 26, 10, 0, 0, tzinfo=UTC)
@@ -111,9 +112,44 @@ def test_a_container_restart_seen_on_a_pod_the_platform_takes_away_is_no_crash()
     assert (counted.failures.crashes, counted.failures.preemptions, counted.failures.restarts) == (0, 1, 1)
 
 
-def test_the_controller_follows_spec_replicas_or_with_autoscaling_every_pod_there_is() -> None:
+def test_the_taints_of_a_node_that_goes_are_told_from_those_of_a_node_that_stays() -> None:
+    going = [("node.kubernetes.io/unreachable", "NoExecute"), ("node.kubernetes.io/not-ready", "NoExecute"),
+             ("node.kubernetes.io/out-of-service", "NoExecute"), ("node.cloudprovider.kubernetes.io/shutdown", "NoSchedule"),
+             ("cloud.google.com/impending-node-termination", "NoSchedule"),
+             ("aws-node-termination-handler/spot-itn", "NoSchedule"), ("ToBeDeletedByClusterAutoscaler", "NoSchedule"),
+             ("karpenter.sh/disrupted", "NoSchedule"), ("karpenter.sh/disruption", "NoSchedule")]
+    for key, effect in going:
+        assert disruption("n1", [{"key": key, "effect": effect}]) is not None, key
+    staying = [("node.kubernetes.io/unreachable", "NoSchedule"),  # not ready for new pods, the running ones stay
+               ("node.kubernetes.io/unschedulable", "NoSchedule"),  # a cordon
+               ("kubernetes.azure.com/scalesetpriority", "NoSchedule"),  # a spot pool's own taint
+               ("DeletionCandidateOfClusterAutoscaler", "PreferNoSchedule")]  # only a candidate
+    for key, effect in staying:
+        assert disruption("n1", [{"key": key, "effect": effect}]) is None, key
+    assert disruption("n1", [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]) == (
+        "NodeTaint: node lost (unreachable): node n1 has the taint node.kubernetes.io/unreachable:NoExecute")
+
+
+def test_a_pod_that_goes_away_from_a_tainted_node_is_a_preemption_and_its_restart_no_crash() -> None:
+    why = disruption("n1", [{"key": "aws-node-termination-handler/spot-itn", "effect": "NoSchedule"}])
+    pod = {"metadata": {"name": "alpha-rollout-1", "uid": "u1", "labels": {}}, "spec": {"nodeName": "n1"},
+           "status": {"containerStatuses": [{"name": "worker", "restartCount": 1,
+                                             "lastState": {"terminated": {"exitCode": 137, "reason": "Error"}}}]}}
+    assert view(pod, why).preempted is None  # still running there: the node may yet stay
+    assert count(Failures(), [view(pod)]).failures.crashes == 1  # without the node's word: a crash
+    deleting = {**pod, "metadata": {**pod["metadata"], "deletionTimestamp": "2026-11-26T10:00:00Z"}}
+    counted = count(Failures(), [view(deleting, why)])
+    assert (counted.failures.crashes, counted.failures.preemptions, counted.failures.restarts) == (0, 1, 1)
+    assert counted.failures.lastFailure == f"pod alpha-rollout-1: preempted ({why})"
+    gone = count(Failures(), [], [view(pod, why, gone=True)])  # seen only once deleted
+    assert (gone.failures.crashes, gone.failures.preemptions) == (0, 1)
+
+
+def test_the_controller_follows_spec_replicas_or_with_autoscaling_the_operators_count() -> None:
     job = RLJob.model_validate({"spec": {"rollout": {"replicas": 2, "max_replicas": 6}}})
     assert wanted_rollout({"spec": {"rollout": {"replicas": 9}}}, job, 2) == 6  # clamped as the operator does
     assert wanted_rollout({"spec": {"rollout": {"replicas": 3}}}, job, 2) == 3
     assert wanted_rollout({"spec": {}}, job, 4) == 4
-    assert wanted_rollout({"spec": {"rollout": {"replicas": 3, "autoscaling": {"enabled": True}}}}, job, 2) == 6
+    auto = {"rollout": {"replicas": 3, "autoscaling": {"enabled": True}}}
+    assert wanted_rollout({"spec": auto}, job, 2) == 6  # every pod there is, until the operator decides
+    assert wanted_rollout({"spec": auto, "status": {"autoscaling": {"replicas": 4}}}, job, 2) == 4

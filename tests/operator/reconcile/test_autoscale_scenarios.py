@@ -15,7 +15,7 @@ import kubernetes.client
 import pytest
 from operator_harness import Kube
 
-from rhymerl.operator.progress import report
+from rhymerl.operator.progress import report, report_pods_in_use
 
 pytestmark = pytest.mark.asyncio
 NS = "team-a"
@@ -70,8 +70,13 @@ async def test_a_recommendation_moves_spot_rollout_pods_within_bounds_and_preemp
         assert job_status(kube)["autoscaling"]["lastScaleTime"] == "2026-11-26T10:00:00Z"
         for victim in ("alpha-rollout-1", "alpha-rollout-3"):
             await kube.cluster.preempt(NS, victim)
+        # a node the cluster autoscaler removes: its pod is deleted with no DisruptionTarget; the taint says why
+        await kube.cluster.taint_node_of(NS, "alpha-rollout-2", "ToBeDeletedByClusterAutoscaler")
+        await kube.cluster.request("DELETE", kube.cluster.path("v1/pods", NS, "alpha-rollout-2"))
         await kube.settle()
         assert len(kube.cluster.pods(NS, "alpha", "rollout")) == 4  # replaced
+        assert "node node-of-alpha-rollout-2 has the taint ToBeDeletedByClusterAutoscaler" in \
+            job_status(kube)["failures"]["lastFailure"]
         clock.now = "2026-11-26T10:04:59Z"  # within the cooldown
         await run.resync()
         await kube.settle()
@@ -85,11 +90,21 @@ async def test_a_recommendation_moves_spot_rollout_pods_within_bounds_and_preemp
         await recommend(api, 1)
         clock.now = "2026-11-26T10:10:00Z"
         await kube.settle()
-        assert rollout_replicas(kube) == 4  # down by max_step: the highest ordinals go
+        assert job_status(kube)["autoscaling"]["replicas"] == 4  # down by max_step, what the controller reads
+        assert rollout_replicas(kube) == 6  # held while the controller moves its workers off pods 4 and 5
+        draining = kube.condition(NS, "alpha", "Draining")
+        assert (draining["status"], draining["lastTransitionTime"]) == ("True", "2026-11-26T10:10:00Z")
+        await asyncio.to_thread(report_pods_in_use, api, NS, "alpha", 5)  # one of the two still holds samples
+        await kube.settle()
+        assert rollout_replicas(kube) == 6
+        await asyncio.to_thread(report_pods_in_use, api, NS, "alpha", 4)
+        await kube.settle()
+        assert rollout_replicas(kube) == 4  # drained: the highest ordinals go, holding no sample
+        assert kube.condition(NS, "alpha", "Draining")["reason"] == "Drained"
         assert [p["metadata"]["name"] for p in kube.cluster.pods(NS, "alpha", "rollout")] == [
             f"alpha-rollout-{i}" for i in range(4)]
     failures = job_status(kube)["failures"]
-    assert (failures["preemptions"], failures["crashes"]) == (2, 0)
+    assert (failures["preemptions"], failures["crashes"]) == (3, 0)
     assert job_status(kube)["phase"] == "Running"
     assert kube.condition(NS, "alpha", "Failed")["status"] == "False"
 
@@ -115,12 +130,14 @@ async def test_when_spot_capacity_runs_out_the_job_goes_on_with_what_it_has_and_
         assert rollout_replicas(kube) == 4  # no more asked of a pool that has none
         assert "holding while 1 rollout pods wait for a node" in job_status(kube)["autoscaling"]["message"]
         await recommend(api, 3)
+        await asyncio.to_thread(report_pods_in_use, api, NS, "alpha", 3)  # the controller drained pod 3
         await kube.settle()
         writes = len(kube.operator_writes())
         await run.resync()
         assert kube.operator_writes()[writes:] == []  # a pass with nothing changed writes nothing
         assert rollout_replicas(kube) == 3
         assert kube.condition(NS, "alpha", "RolloutReady")["reason"] == "AllReplicasReady"
+        await asyncio.to_thread(report_pods_in_use, api, NS, "alpha", 2)
         await kube.cluster.request("PATCH", kube.cluster.path("rhymerl.io/v1alpha1/rljobs", NS, "alpha"),
                                    {"spec": {"rollout": {"autoscaling": {"enabled": False}}}})
         await kube.settle()

@@ -54,10 +54,11 @@ class _Cluster:
         self.finalizers.append(finalizers)
 
 
-def _body(url: str, secret: dict[str, str] | None = None) -> dict[str, Any]:
-    history: dict[str, Any] = {"store": "redis", "redis_url": url}
+def _body(url: str, secret: dict[str, str] | None = None, snake_case: bool = False) -> dict[str, Any]:
+    """A job being deleted, as the API server stores it (camelCase; snake_case: stored before that CRD)."""
+    history: dict[str, Any] = {"store": "redis", "redis_url" if snake_case else "redisUrl": url}
     if secret is not None:
-        history["redis_password_secret"] = secret
+        history["redis_password_secret" if snake_case else "redisPasswordSecret"] = secret
     return {"metadata": {"name": "alpha", "namespace": "team", "uid": "u1", "finalizers": [FINALIZER],
                          "deletionTimestamp": DELETED_AT}, "spec": {"history": history}}
 
@@ -84,7 +85,8 @@ def test_a_failed_cleanup_names_the_redis_url_without_its_password_and_says_unti
 
 def test_a_cleanup_still_failing_at_its_deadline_releases_the_finalizer_with_a_warning() -> None:
     cluster = _Cluster()
-    wait = asyncio.run(_finalize(cluster, _body(_unreachable()), _at(CLEANUP_DEADLINE_S)))  # type: ignore[arg-type]
+    body = _body(_unreachable(), snake_case=True)
+    wait = asyncio.run(_finalize(cluster, body, _at(CLEANUP_DEADLINE_S)))  # type: ignore[arg-type]
     assert wait is None and cluster.finalizers == [[]]
     assert len(cluster.events) == 1 and cluster.events[0].startswith("HistoryCleanupAbandoned: cannot delete")
     assert "the keys stay (redis-cli --scan --pattern 'rhymerl:team:alpha:*'" in cluster.events[0]

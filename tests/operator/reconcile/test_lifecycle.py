@@ -42,7 +42,7 @@ def test_the_active_deadline_counts_from_the_last_start_or_resume_and_not_while_
     assert (running.exceeded, running.wait_s) == (None, 1.0)
     over = deadline(600, False, resumed, T0 + timedelta(seconds=600))
     assert over.exceeded is not None and over.exceeded.startswith(
-        "running since 2026-11-26T10:00:00Z, longer than spec.active_deadline_seconds 600")
+        "running since 2026-11-26T10:00:00Z, longer than spec.activeDeadlineSeconds 600")
     assert deadline(600, True, resumed, T0 + timedelta(days=1)).exceeded is None
     assert deadline(None, False, resumed, T0 + timedelta(days=1)).exceeded is None
     assert deadline(600, False, {}, T0).wait_s == 600.0  # the first pass: starting now

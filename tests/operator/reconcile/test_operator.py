@@ -62,7 +62,7 @@ def event_reasons(kube: Kube, name: str, namespace: str = NS) -> list[str]:
 
 async def test_a_new_job_gets_every_child_owned_by_it_and_a_running_status(kube: Kube) -> None:
     async with kube.operator():
-        created = await kube.create_job(NS, "alpha", {"rollout": {"replicas": 2, "max_replicas": 4}})
+        created = await kube.create_job(NS, "alpha", {"rollout": {"replicas": 2, "maxReplicas": 4}})
         await kube.settle()
     assert kube.children(NS, "alpha") == ALL_CHILDREN
     for plural, name in ALL_CHILDREN:
@@ -86,7 +86,7 @@ async def test_a_new_job_gets_every_child_owned_by_it_and_a_running_status(kube:
                               "app.kubernetes.io/component=rollout")
     assert {c["type"]: c["status"] for c in st["conditions"]} == {
         "Ready": "True", "RolloutReady": "True", "TrainReady": "True", "Degraded": "False", "Suspended": "False",
-        "Complete": "False", "Failed": "False"}
+        "Complete": "False", "Failed": "False", "Draining": "False"}
     assert {c["observedGeneration"] for c in st["conditions"]} == {1}
     assert "AllRolesReady" in event_reasons(kube, "alpha")
     assert "finalizers" not in metadata(kube, "alpha")  # memory history: nothing to clean up
@@ -117,7 +117,7 @@ async def test_a_pass_with_nothing_changed_writes_nothing_and_hand_edits_are_rep
 
 async def test_kubectl_scale_sets_rollout_pods_within_min_and_max_replicas(kube: Kube) -> None:
     async with kube.operator():
-        await kube.create_job(NS, "alpha", {"rollout": {"replicas": 1, "min_replicas": 1, "max_replicas": 3}})
+        await kube.create_job(NS, "alpha", {"rollout": {"replicas": 1, "minReplicas": 1, "maxReplicas": 3}})
         await kube.settle()
         scale = kube.cluster.path(RLJOBS, NS, "alpha", "scale")
         answer = await kube.cluster.request("PATCH", scale, {"spec": {"replicas": 3}})
@@ -222,7 +222,7 @@ async def test_controller_restarts_and_member_pods_rejoining_count_no_crash_and_
 
 
 async def test_a_crash_looping_pod_degrades_the_job_then_fails_it_past_the_backoff_limit(kube: Kube) -> None:
-    spec = {"rollout": {"replicas": 2, "max_replicas": 2}, "failure_policy": {"backoff_limit": 1}}
+    spec = {"rollout": {"replicas": 2, "maxReplicas": 2}, "failurePolicy": {"backoffLimit": 1}}  # as the CRD has it
     async with kube.operator():
         await kube.create_job(NS, "alpha", spec)
         await kube.settle()
@@ -237,12 +237,12 @@ async def test_a_crash_looping_pod_degrades_the_job_then_fails_it_past_the_backo
         await kube.settle()
         failed = kube.condition(NS, "alpha", "Failed")
         assert (failed["status"], failed["reason"]) == ("True", "BackoffLimitExceeded")
-        assert "2 crashes exceed spec.failure_policy.backoff_limit 1" in failed["message"]
+        assert "2 crashes exceed spec.failurePolicy.backoffLimit 1" in failed["message"]
         assert "pod alpha-rollout-0: container rollout exited 137 (OOMKilled)" in failed["message"]
         assert status(kube, "alpha")["phase"] == "Failed"
         assert kube.cluster.pods(NS, "alpha") == []  # GPUs released; the spec and claims stay
         assert {"CrashLoop", "BackoffLimitExceeded", "PodCrashed"} <= set(event_reasons(kube, "alpha"))
-        await patch_job(kube, "alpha", {"spec": {"failure_policy": {"backoff_limit": 5}}})
+        await patch_job(kube, "alpha", {"spec": {"failurePolicy": {"backoffLimit": 5}}})
         await kube.settle()
     assert status(kube, "alpha")["phase"] == "Running"
     assert status(kube, "alpha")["failures"]["crashes"] == 2

@@ -3,6 +3,7 @@ election on a Lease with an injected clock."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 from operator_harness import Kube
 
 from rhymerl.operator.reconcile.leader import LeaderElector
+from rhymerl.operator.reconcile.nodes import trimmed
 from rhymerl.operator.reconcile.watch import OURS, Cache, Informer
 
 pytestmark = pytest.mark.asyncio
@@ -73,6 +75,14 @@ async def test_a_410_gone_lists_again_and_reports_what_went_in_the_gap() -> None
     assert informer.of_job(NS, "alpha") == [informer.store[(NS, "a")]]
 
 
+async def test_a_watch_that_replays_what_the_store_holds_wakes_no_job() -> None:
+    source = Source([{"metadata": {"resourceVersion": "5"}, "items": [_obj("a", 1)]}],
+                    [{"type": "ADDED", "object": _obj("a", 1)}, {"type": "MODIFIED", "object": _obj("a", 6)}, "end"])
+    seen: list[tuple[str, str]] = []
+    await _informer(source, seen).watch_once()
+    assert seen == [("ADDED", "a"), ("MODIFIED", "a")]  # the list's, then version 6: the replay of 1 is no news
+
+
 async def test_an_event_older_than_the_operators_own_write_does_not_replace_it() -> None:
     source = Source([{"metadata": {"resourceVersion": "5"}, "items": [_obj("a", 1)]}], ["end"])
     informer = _informer(source, [])
@@ -86,6 +96,43 @@ async def test_an_event_older_than_the_operators_own_write_does_not_replace_it()
     assert cache.get("StatefulSet", NS, "a") == (False, None)  # refused with 409: read from the API
 
 
+class Forbidden(Exception):
+    status = 403
+    reason = 'nodes is forbidden: User "system:serviceaccount:rhymerl-system:rhymerl" cannot list resource "nodes"'
+
+
+class ForbiddenSource(Source):
+    async def list_page(self, plural: str, namespace: str | None, selector: str | None, limit: int,
+                        cont: str | None) -> Mapping[str, Any]:
+        self.lists.append((limit, cont))
+        raise Forbidden()
+
+
+async def test_without_leave_to_list_nodes_the_node_informer_says_why_once_and_no_pass_waits_for_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    source = ForbiddenSource([], [])
+    nodes = Informer(source, "nodes", "Node", None, None, lambda t, o: None, api_version="v1",
+                     transform=trimmed, optional=True)
+    cache = Cache([nodes])
+    await nodes.run()  # returns: a forbidden optional informer stops instead of retrying
+    await cache.synced()
+    assert len(source.lists) == 1 and not nodes.synced
+    assert cache.get("Node", "", "node-1") == (False, None)  # not known: preemptions come from the pods alone
+    assert [r.getMessage() for r in caplog.records] == [
+        f"nodes: the operator may not list them (403 Forbidden), so it goes on without them: {Forbidden.reason}"]
+
+
+async def test_the_node_informer_keeps_only_each_nodes_name_version_and_taints() -> None:
+    taint = {"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}
+    node = {"metadata": {"name": "n1", "resourceVersion": "3", "labels": {"zone": "a"}},
+            "spec": {"taints": [taint]}, "status": {"images": [{"names": ["x"], "sizeBytes": 1}]}}
+    informer = Informer(Source([{"metadata": {"resourceVersion": "3"}, "items": [node]}], ["end"]), "nodes", "Node",
+                        None, None, lambda t, o: None, api_version="v1", transform=trimmed, optional=True)
+    await informer.watch_once()
+    assert informer.store == {("", "n1"): {"metadata": {"name": "n1", "resourceVersion": "3"},
+                                           "spec": {"taints": [taint]}, "apiVersion": "v1", "kind": "Node"}}
+
+
 async def test_a_pass_at_rest_makes_no_api_call_and_reads_its_own_writes(kube: Kube) -> None:
     async with kube.operator() as running:
         await kube.create_job(NS, "alpha")
@@ -93,9 +140,12 @@ async def test_a_pass_at_rest_makes_no_api_call_and_reads_its_own_writes(kube: K
         cluster = running.op.cluster
         assert cluster.cache is not None and kube.children(NS, "alpha")
         before = len(kube.server._requests)
+        stored = copy.deepcopy({kind: [i.store for i in group] for kind, group in cluster.cache.informers.items()})
         await running.resync()
         await running.resync()
         assert running.op.passes >= 2 and len(kube.server._requests) == before  # through the emulator
+        # a pass reads the cache's own objects (no copies): it never changes them
+        assert {kind: [i.store for i in group] for kind, group in cluster.cache.informers.items()} == stored
         job = kube.job(NS, "alpha")
         assert job is not None
         cached = await running.call(lambda: cluster.get_job(NS, "alpha"))

@@ -178,7 +178,7 @@ def test_suspend_says_which_step_of_the_protocol_it_is_in_and_when_the_wait_ran_
 
 
 def test_a_passed_active_deadline_fails_the_job_after_the_backoff_limit_in_precedence() -> None:
-    o = obs(healthy(), deadline_exceeded="running since T, longer than spec.active_deadline_seconds 60")
+    o = obs(healthy(), deadline_exceeded="running since T, longer than spec.activeDeadlineSeconds 60")
     assert by_type(o)["Failed"][:2] == ("True", "DeadlineExceeded") and phase(o, conditions(o)) == "Failed"
     both = obs(healthy(), failures=Failures(crashes=4), deadline_exceeded="x")
     assert by_type(both)["Failed"][1] == "BackoffLimitExceeded"
@@ -189,7 +189,7 @@ def test_more_crashes_than_the_backoff_limit_fail_the_job_naming_the_last_one() 
     o = obs(healthy(), failures=failures)
     status_, reason, message = by_type(o)["Failed"]
     assert (status_, reason) == ("True", "BackoffLimitExceeded")
-    assert message.startswith("4 crashes exceed spec.failure_policy.backoff_limit 3; last: pod j-rollout-0: "
+    assert message.startswith("4 crashes exceed spec.failurePolicy.backoffLimit 3; last: pod j-rollout-0: "
                               "container rollout exited 1 (Error)")
     assert phase(o, conditions(o)) == "Failed"
     assert by_type(obs(healthy(), failures=Failures(crashes=3)))["Failed"][0] == "False"  # 3 of 3 tolerated

@@ -1,15 +1,17 @@
 """An operator upgrade restarts no job: the pod templates and the spec.yaml a job's pods run from change
-only when the user's spec does (diff.pinned), whatever the new release's builders render."""
+only when the user's spec does (diff.pinned), whatever the new release's builders render, and however the
+stored object spells its fields (the snake_case CRD's, or camelCase)."""
 
 from __future__ import annotations
 
 import copy
+import hashlib
 from typing import Any
 
 import pytest
 from operator_harness import Kube
 
-from rhymerl.api.spec import RLJob
+from rhymerl.api.spec import RLJob, camel_keys
 from rhymerl.operator.manifests import builders, spec_hash
 from rhymerl.workers.runtime.ray_network import AUTH_MODE_ENV, TOKEN_PATH_ENV
 
@@ -46,12 +48,21 @@ def test_a_field_a_release_adds_with_its_default_does_not_move_the_spec_hash() -
     assert spec_hash(RLJob.model_validate(changed)) != spec_hash(RLJob.model_validate(base))
 
 
+def test_the_spec_hash_reads_snake_case_field_names_so_the_camel_case_crd_restarts_no_job() -> None:
+    """Jobs started before the CRD served camelCase keep their hash: it hashes the fields by name, however
+    the object spells them."""
+    camel = {"metadata": {"name": "alpha"}, "spec": {"data": {"numPrompts": 64}, "rollout": {"topP": 0.5}}}
+    snake = {"metadata": {"name": "alpha"}, "spec": {"data": {"num_prompts": 64}, "rollout": {"top_p": 0.5}}}
+    before = hashlib.sha256(b'{"data":{"num_prompts":64},"rollout":{"top_p":0.5}}').hexdigest()[:16]
+    assert spec_hash(RLJob.model_validate(camel)) == spec_hash(RLJob.model_validate(snake)) == before
+
+
 @pytest.mark.asyncio
 async def test_an_upgraded_operator_writes_no_pod_template_until_the_user_changes_the_spec(
         kube: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(builders, "_pod_template", _without_ray_token)
     async with kube.operator():
-        await kube.create_job(NS, "alpha", {"algorithm": {"lr": 1e-5}})
+        await kube.create_job(NS, "alpha", {"algorithm": {"lr": 1e-5, "kl_coef": 0.001}})  # the snake_case CRD's
         await kube.settle()
     before = _running(kube)
     assert all("ray-token" not in str(t) for t in before[0].values())
@@ -61,6 +72,15 @@ async def test_an_upgraded_operator_writes_no_pod_template_until_the_user_change
         await run.resync()
         await kube.settle()
         assert _running(kube) == before  # no template, no spec.yaml, no pod changed
+        # the job rewritten camelCase under the transition CRD (rhymerl respell - | kubectl replace -f -; here
+        # a merge patch to the same end: the emulator has no PUT)
+        respelled = camel_keys(RLJob, kube.job(NS, "alpha"))["spec"]["algorithm"]
+        assert respelled == {"lr": 1e-5, "klCoef": 0.001}
+        await kube.cluster.request("PATCH", kube.cluster.path(RLJOBS, NS, "alpha"),
+                                   {"spec": {"algorithm": {**respelled, "kl_coef": None}}})
+        await kube.settle()
+        assert (kube.job(NS, "alpha") or {})["spec"]["algorithm"] == {"lr": 1e-5, "klCoef": 0.001}
+        assert _running(kube) == before
         assert not [w for w in kube.operator_writes()[writes:] if "/statefulsets/" in w or "/configmaps/" in w]
         await kube.cluster.request("PATCH", kube.cluster.path(RLJOBS, NS, "alpha"), {"spec": {"algorithm": {"lr": 2e-5}}})
         await kube.settle()

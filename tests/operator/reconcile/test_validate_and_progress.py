@@ -20,9 +20,16 @@ def stored(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_stored_job_validates_whatever_the_server_added_to_its_metadata() -> None:
-    parsed = parse(stored({"rollout": {"replicas": 2, "max_replicas": 3}}))
+    parsed = parse(stored({"rollout": {"replicas": 2, "maxReplicas": 3}}))
     assert parsed.problems is None and parsed.job is not None
     assert (parsed.job.metadata.namespace, parsed.job.spec.rollout.replicas) == ("ns", 2)
+
+
+def test_a_job_stored_in_snake_case_before_the_camel_case_crd_reads_as_its_camel_case_twin() -> None:
+    old = parse(stored({"rollout": {"replicas": 9, "max_replicas": 3}, "failure_policy": {"backoff_limit": 7}}))
+    new = parse(stored({"rollout": {"replicas": 9, "maxReplicas": 3}, "failurePolicy": {"backoffLimit": 7}}))
+    assert old.job is not None and old.job == new.job
+    assert (old.job.spec.rollout.replicas, old.clamped_from, old.job.spec.failure_policy.backoff_limit) == (3, 9, 7)
 
 
 def test_an_invalid_spec_names_every_bad_field_as_rhymerl_validate_does() -> None:
@@ -33,14 +40,15 @@ def test_an_invalid_spec_names_every_bad_field_as_rhymerl_validate_does() -> Non
 
 
 def test_scaled_replicas_out_of_bounds_are_clamped_not_refused() -> None:
-    high = parse(stored({"rollout": {"replicas": 10, "min_replicas": 2, "max_replicas": 4}}))
+    high = parse(stored({"rollout": {"replicas": 10, "minReplicas": 2, "maxReplicas": 4}}))
     assert high.job is not None and high.job.spec.rollout.replicas == 4 and high.clamped_from == 10
-    low = parse(stored({"rollout": {"replicas": 0, "min_replicas": 2, "max_replicas": 4}}))
+    low = parse(stored({"rollout": {"replicas": 0, "minReplicas": 2, "maxReplicas": 4}}))
     assert low.job is not None and low.job.spec.rollout.replicas == 2
-    assert clamp_replicas({"rollout": {"replicas": 3, "max_replicas": 4}}) is None
+    assert clamp_replicas({"rollout": {"replicas": 3, "maxReplicas": 4}}) is None
     assert clamp_replicas({"rollout": {"replicas": "many"}}) is None
-    bounds_wrong = parse(stored({"rollout": {"replicas": 3, "min_replicas": 5, "max_replicas": 4}}))
-    assert bounds_wrong.problems is not None and "spec.rollout.max_replicas" in bounds_wrong.problems
+    bounds_wrong = parse(stored({"rollout": {"replicas": 3, "minReplicas": 5, "maxReplicas": 4}}))
+    assert bounds_wrong.problems is not None
+    assert bounds_wrong.problems.startswith("spec.rollout.maxReplicas: must be >= minReplicas")
 
 
 def test_a_metrics_row_becomes_status_progress_leaving_out_what_is_not_a_number() -> None:
@@ -58,7 +66,7 @@ def test_a_metrics_row_becomes_status_progress_leaving_out_what_is_not_a_number(
 
 
 def test_a_stored_job_with_a_password_in_its_redis_url_is_refused_without_showing_it() -> None:
-    parsed = parse(stored({"history": {"store": "redis", "redis_url": "redis://reader:s3cret-pw@redis:6379/0"}}))
+    parsed = parse(stored({"history": {"store": "redis", "redisUrl": "redis://reader:s3cret-pw@redis:6379/0"}}))
     assert parsed.job is None and parsed.problems is not None
-    assert parsed.problems.startswith("spec.history.redis_url: a password does not go in the URL")
+    assert parsed.problems.startswith("spec.history.redisUrl: a password does not go in the URL")
     assert "s3cret-pw" not in parsed.problems

@@ -1,0 +1,110 @@
+"""Fastest-of-N in the torch engine: every draft source offers a draft each pass, and each sequence is
+verified on the draft of the source its own emitted tokens confirmed most (SPECATOR's several
+drafters, chosen per request; the choice rule is rhymerl/algorithms/drafting/fastest_of_n.py).
+
+One `DraftCapController` caps the pass, priced on the chosen drafts, as for every other method; the
+sources run without one and offer at their own AIMD windows. After verification every source is told
+how much of its own draft the emitted tokens confirmed (`told_accepted`), so a source that was not
+chosen keeps its window until its tokens are refuted and can take over when it keeps matching more.
+
+A costly source (a draft model: k forward passes per draft) is asked only for the sequences that
+would take its draft and, every PROBE_EVERY passes of a sequence, for the rest, so its score stays
+current without paying for drafts nobody verifies; between asks its score is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from rhymerl.algorithms.drafting.fastest_of_n import SourceChoice, matched, told_accepted
+from rhymerl.workers.rollout.engine import DraftSource, GenRequest
+from rhymerl.workers.rollout.speculators import PROBE_EVERY, DraftCapController
+
+
+class FastestOfNDrafts:
+    """Several draft sources behind one; `sources` in order of preference (ties go to the first), those
+    named in `costly` asked only where they lead or on a probe."""
+
+    def __init__(self, sources: Mapping[str, DraftSource], control: DraftCapController, decay: float = 0.8,
+                 costly: frozenset[str] = frozenset()) -> None:
+        if not sources:
+            raise ValueError("fastest-of-n: needs at least one draft source")
+        self.names = list(sources)
+        self.sources = list(sources.values())
+        self.costly = [name in costly for name in self.names]
+        self.control = control
+        self.choice = SourceChoice(0, len(self.sources), decay)
+        self.offers: dict[int, list[list[int]]] = {}  # slot -> each source's draft of the last pass
+        self.asked: dict[int, list[bool]] = {}  # slot -> which sources were asked for it in the last pass
+        self.picked: dict[int, int] = {}  # slot -> the source its last verified draft came from
+        self.passes: dict[int, int] = {}  # slot -> drafting passes since it began
+
+    def begin(self, slot: int, request: GenRequest) -> None:
+        if slot >= self.choice.scores.shape[0]:
+            self.choice.resize(max(slot + 1, 2 * self.choice.scores.shape[0]))
+        self.choice.reset(slot)
+        self.passes[slot] = 0
+        for source in self.sources:
+            source.begin(slot, request)
+
+    def propose(self, slots: list[int], batch_size: int) -> list[list[int]]:
+        for s in slots:
+            self.offers.pop(s, None)
+        if self.control.parked(batch_size):
+            return [[] for _ in slots]
+        rows = np.array(slots, dtype=np.int64)
+        leading = self.choice.choose(rows)
+        asked = np.ones((len(slots), len(self.sources)), dtype=np.bool_)
+        offers = []
+        for k, source in enumerate(self.sources):
+            if self.costly[k]:
+                asked[:, k] = (leading == k) | np.array([self.passes[s] % PROBE_EVERY == 0 for s in slots], dtype=np.bool_)
+                mine = [s for i, s in enumerate(slots) if asked[i, k]]
+                drafts = dict(zip(mine, source.propose(mine, batch_size) if mine else [], strict=True))
+                offers.append([drafts.get(s, []) for s in slots])
+            else:
+                offers.append(source.propose(slots, batch_size))
+        offered = np.array([[len(o[i]) > 0 for o in offers] for i in range(len(slots))], dtype=np.bool_)
+        picks = self.choice.choose(rows, offered.reshape(len(slots), len(offers)))
+        chosen = [offers[int(k)][i] for i, k in enumerate(picks)]
+        for i, s in enumerate(slots):
+            self.offers[s] = [o[i] for o in offers]
+            self.asked[s] = asked[i].tolist()
+            self.picked[s] = int(picks[i])
+            self.passes[s] += 1
+        cap = self.control.cap(batch_size, [len(c) for c in chosen])
+        return [c[:cap] for c in chosen]
+
+    def settle(self, slots: list[int], drafted: list[int], accepted: list[int], emitted: list[list[int]]) -> None:
+        self.control.observe(drafted, accepted)
+        none: list[list[int]] = [[] for _ in self.sources]
+        offers = [self.offers.get(s, none) for s in slots]
+        scored = [i for i, o in enumerate(offers) if any(o)]
+        if scored:
+            confirmed = np.array([[matched(d, emitted[i]) for d in offers[i]] for i in scored], dtype=np.int64)
+            asked = np.array([self.asked[slots[i]] for i in scored], dtype=np.bool_)
+            self.choice.observe(confirmed, np.array([slots[i] for i in scored], dtype=np.int64), asked)
+        for k, source in enumerate(self.sources):
+            own = [o[k] for o in offers]
+            source.settle(slots, [len(d) for d in own], [told_accepted(d, e) for d, e in zip(own, emitted, strict=True)],
+                          emitted)
+
+    def end(self, slot: int) -> None:
+        for state in (self.offers, self.asked, self.picked, self.passes):
+            state.pop(slot, None)
+        for source in self.sources:
+            source.end(slot)
+
+    def move(self, src: list[int], dst: list[int]) -> None:
+        self.choice.move(np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64))
+        self.offers = {d: self.offers[s] for s, d in zip(src, dst, strict=True) if s in self.offers}
+        self.asked = {d: self.asked[s] for s, d in zip(src, dst, strict=True) if s in self.asked}
+        self.picked = {d: self.picked[s] for s, d in zip(src, dst, strict=True) if s in self.picked}
+        self.passes = {d: self.passes[s] for s, d in zip(src, dst, strict=True) if s in self.passes}
+        for source in self.sources:
+            source.move(src, dst)
+
+    def source_of(self, slot: int) -> str:
+        return self.names[self.picked[slot]]
