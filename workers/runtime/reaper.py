@@ -28,6 +28,11 @@ from pathlib import Path
 OWNER_ENV = "RHYMERL_RAY_OWNER"
 GONE_TIMEOUT_S = 30.0  # a killed process is reaped by its parent or init; this long is a stuck kernel
 SETTLE_S = 0.5  # no process of the run seen for this long: none is left to start another
+STOPPED = b"stopped"  # what `Reaper.stop` writes to the watchdog before it closes the pipe
+SETTLE_AFTER_DEATH_S = 3.0
+"""The same after the driver died (SIGKILL, abort): the raylet may have been forking an agent as it was
+killed, and on a loaded machine the child can take seconds to show its environment (CI once found a
+DashboardAgent left behind after a 0.5 s settle)."""
 
 
 def carrying(token_prefix: str) -> list[int]:
@@ -47,8 +52,8 @@ def carrying(token_prefix: str) -> list[int]:
     return found
 
 
-def sweep(token: str, timeout_s: float = GONE_TIMEOUT_S) -> list[int]:
-    """SIGKILL every process carrying `token` until none has been left for SETTLE_S (or `timeout_s`
+def sweep(token: str, timeout_s: float = GONE_TIMEOUT_S, settle_s: float = SETTLE_S) -> list[int]:
+    """SIGKILL every process carrying `token` until none has been left for `settle_s` (or `timeout_s`
     passed); the pids killed. Whatever still ran has had its chance to stop gracefully
     (ray.shutdown) or never will (its driver is dead); every file it wrote is written whole or not at
     all. The settling covers a raylet that, in its last moments, starts again an agent killed before
@@ -60,7 +65,7 @@ def sweep(token: str, timeout_s: float = GONE_TIMEOUT_S) -> list[int]:
         pids = carrying(token)
         if not pids:
             quiet_since = quiet_since or time.monotonic()
-            if time.monotonic() - quiet_since >= SETTLE_S:
+            if time.monotonic() - quiet_since >= settle_s:
                 break
         else:
             quiet_since = None
@@ -99,6 +104,7 @@ class Reaper:
         sweep(self.token)
         watchdog, self._watchdog = self._watchdog, None
         if watchdog is not None and watchdog.stdin is not None:
+            watchdog.stdin.write(STOPPED)  # a clean stop: its sweep settles as briefly as ours
             watchdog.stdin.close()  # its sweep finds nothing left, and it exits
             try:
                 watchdog.wait(GONE_TIMEOUT_S)
@@ -109,14 +115,18 @@ class Reaper:
 
 def _watch(token: str, parent: int) -> None:
     """Until the pipe from `parent` closes (or `parent` is gone and this process was handed to
-    another), then sweep."""
+    another), then sweep: briefly after `Reaper.stop` said STOPPED, at length after a death."""
     for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(s, signal.SIG_IGN)  # a signal to the run's group is for the run, not for this
+    said = b""
     while os.getppid() == parent:
         ready, _, _ = select.select([sys.stdin.buffer], [], [], 1.0)
-        if ready and not os.read(sys.stdin.fileno(), 1 << 12):
-            break
-    sweep(token)
+        if ready:
+            data = os.read(sys.stdin.fileno(), 1 << 12)
+            if not data:
+                break
+            said += data
+    sweep(token, settle_s=SETTLE_S if said.endswith(STOPPED) else SETTLE_AFTER_DEATH_S)
 
 
 if __name__ == "__main__":
