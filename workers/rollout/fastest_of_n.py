@@ -19,8 +19,12 @@ from collections.abc import Mapping
 import numpy as np
 
 from rhymerl.algorithms.drafting.fastest_of_n import SourceChoice, matched, told_accepted
+from rhymerl.algorithms.drafting.index import HistoryIndex
+from rhymerl.api.spec import SpeculationSpec
+from rhymerl.workers.model.transformer import TinyLlama
+from rhymerl.workers.rollout.draft_model import DraftModelDrafts
 from rhymerl.workers.rollout.engine import DraftSource, GenRequest
-from rhymerl.workers.rollout.speculators import PROBE_EVERY, DraftCapController
+from rhymerl.workers.rollout.speculators import PROBE_EVERY, DraftCapController, HistoryDrafts, NgramDrafts
 
 
 class FastestOfNDrafts:
@@ -108,3 +112,13 @@ class FastestOfNDrafts:
 
     def source_of(self, slot: int) -> str:
         return self.names[self.picked[slot]]
+
+
+def job_sources(spec: SpeculationSpec, indexes: Mapping[str, HistoryIndex], control: DraftCapController,
+                draft: TinyLlama | None = None) -> FastestOfNDrafts:
+    """`method: fastest-of-n` as a job runs it: history (with the group) and n-gram, plus the draft model
+    where one is given, the draft model asked as a costly source."""
+    sources: dict[str, DraftSource] = {"history": HistoryDrafts(spec, indexes, None), "ngram": NgramDrafts(spec, None)}
+    if draft is not None:
+        sources["draft-model"] = DraftModelDrafts(spec, draft, None)
+    return FastestOfNDrafts(sources, control, costly=frozenset({"draft-model"}))

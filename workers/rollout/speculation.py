@@ -23,7 +23,7 @@ from rhymerl.workers.model.folder import model_dir
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.rollout.draft_model import DraftModelDrafts, load_draft_model
 from rhymerl.workers.rollout.engine import DraftSource, SourceCount
-from rhymerl.workers.rollout.fastest_of_n import FastestOfNDrafts
+from rhymerl.workers.rollout.fastest_of_n import job_sources
 from rhymerl.workers.rollout.speculators import DraftCapController, HistoryDrafts, NgramDrafts
 from rhymerl.workers.rollout.verify_cost import BATCHES, ProfileStore, Progress
 
@@ -78,11 +78,7 @@ class RolloutSpeculation:
         if self.method == "draft-model" and self.draft is not None:
             return DraftModelDrafts(spec, self.draft, self.control)
         if self.method == "fastest-of-n":
-            sources: dict[str, DraftSource] = {"history": HistoryDrafts(spec, indexes, None),
-                                               "ngram": NgramDrafts(spec, None)}
-            if self.draft is not None:
-                sources["draft-model"] = DraftModelDrafts(spec, self.draft, None)
-            return FastestOfNDrafts(sources, self.control, costly=frozenset({"draft-model"}))
+            return job_sources(spec, indexes, self.control, self.draft)
         return None
 
     def keep_cost_evidence(self) -> None:

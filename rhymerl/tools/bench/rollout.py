@@ -50,7 +50,7 @@ from rhymerl.workers.model.folder import model_dir
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.rollout.draft_model import DraftModelDrafts, default_draft, load_draft_model
 from rhymerl.workers.rollout.engine import DraftSource, GenResult, TorchEngine, merged_counts
-from rhymerl.workers.rollout.fastest_of_n import FastestOfNDrafts
+from rhymerl.workers.rollout.fastest_of_n import job_sources
 from rhymerl.workers.rollout.speculation import speculation_metrics
 from rhymerl.workers.rollout.speculators import DraftCapController, HistoryDrafts, NgramDrafts
 from rhymerl.workers.rollout.verify_cost import measure
@@ -123,10 +123,7 @@ def _sources(method: str, spec: SpeculationSpec, store: dict[bool, MemoryHistory
         shifted = prompt_ids[1:] + prompt_ids[:1]
         indexes = {pid: indexes[other] for pid, other in zip(prompt_ids, shifted, strict=True) if other in indexes}
     if method == "fastest-of-n":
-        sources: dict[str, DraftSource] = {"history": HistoryDrafts(spec, indexes, None), "ngram": NgramDrafts(spec, None)}
-        if draft is not None and spec.draft_model is not None:
-            sources["draft-model"] = DraftModelDrafts(spec, draft, None)
-        return FastestOfNDrafts(sources, control, costly=frozenset({"draft-model"}))
+        return job_sources(spec, indexes, control, draft if spec.draft_model is not None else None)
     return HistoryDrafts(spec, indexes, control)
 
 
