@@ -79,6 +79,7 @@ def local_ray(job_name: str) -> Iterator[None]:
                 ray.init(address="local", num_cpus=os.cpu_count() or 1, resources=units,
                          namespace=NAMESPACE, include_dashboard=False, configure_logging=False, log_to_driver=True,
                          runtime_env={"env_vars": {"RHYMERL_JOB": job_name}})
+            reaper.look()  # the agents the raylet started, which its death would orphan
             faults.point("ray-start", 0)
         yield
     finally:
