@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 _FIELDS = {"step": "step", "epoch": "epoch", "policy_version": "policyVersion", "reward_mean": "rewardMean",
            "spec_acceptance": "acceptanceRate", "rollout_bubble": "bubbleRatio",
            "rollout_workers_live": "rolloutWorkers", "rollout_workers_wanted": "rolloutWorkersWanted",
-           "fleet_recommended": "recommendedRolloutWorkers"}
-_COUNTS = ("step", "epoch", "policyVersion", "rolloutWorkers", "rolloutWorkersWanted", "recommendedRolloutWorkers")
+           "fleet_recommended": "recommendedRolloutWorkers", "rollout_drafting_workers": "draftingRolloutWorkers"}
+_COUNTS = ("step", "epoch", "policyVersion", "rolloutWorkers", "rolloutWorkersWanted", "recommendedRolloutWorkers",
+           "draftingRolloutWorkers")
 MESSAGE_MAX = 500
 _TIMES = ("time_rollout_s", "time_reward_s", "time_train_s")
 

@@ -23,6 +23,10 @@ where `rhymerl run` is about to ask for its first step (rhymerl/cli/local_run.py
 instead, so a test can make something happen exactly there (scale the fleet, stop a pod): the first
 process to reach it writes `NAME-STEP.reached` (its pid and `RHYMERL_POD_NAME`) into that folder and
 waits until the test creates `NAME-STEP.go`; each point holds once.
+
+`RHYMERL_FORCE=DECISION[,DECISION...]` forces a decision a cost model would otherwise make from
+measured times (`forced`): `freed-drafters`, every freed rollout worker drafts for a straggling one
+(workers/controller/fleet.py), so a test on real processes sees the drafts travel between them.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ HOLD_DIR_ENV = "RHYMERL_HOLD_DIR"
 ONCE_ENV = "RHYMERL_CRASH_ONCE_DIR"
 SIGNAL_ENV = "RHYMERL_CRASH_SIGNAL"
 WHO_ENV = "RHYMERL_CRASH_WHO"
+FORCE_ENV = "RHYMERL_FORCE"
 
 
 def point(name: str, step: int) -> None:
@@ -60,6 +65,11 @@ def point(name: str, step: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     who = os.getpid() if os.environ.get(WHO_ENV) != "raylet" else int(os.environ["RAY_RAYLET_PID"])
     os.kill(who, signal.Signals[how])
+
+
+def forced(decision: str) -> bool:
+    """Whether RHYMERL_FORCE names `decision`."""
+    return decision in os.environ.get(FORCE_ENV, "").split(",")
 
 
 def _hold(marker: str) -> None:

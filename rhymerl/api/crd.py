@@ -97,6 +97,8 @@ RULES: dict[type[BaseModel], tuple[Rule, ...]] = {
         Rule("self.engine != 'vllm' || self.speculation.method != 'fastest-of-n'",
              "speculation: method fastest-of-n runs on the torch engine; with vllm choose history, ngram or none",
              ".speculation"),
+        Rule("self.engine != 'vllm' || !self.speculation.freedDrafters",
+             "speculation: freedDrafters runs on the torch engine (a vLLM call is one generate)", ".speculation"),
         Rule("!self.autoscaling.enabled || self.minReplicas < self.maxReplicas",
              "autoscaling: minReplicas equals maxReplicas: nothing to scale; raise maxReplicas, or leave "
              "autoscaling off", ".autoscaling"),
@@ -115,6 +117,8 @@ RULES: dict[type[BaseModel], tuple[Rule, ...]] = {
     SpeculationSpec: (
         Rule("self.method != 'draft-model' || has(self.draftModel)",
              "draftModel: required when method is draft-model", ".draftModel"),
+        Rule("!self.freedDrafters || has(self.draftModel)",
+             "draftModel: required when freedDrafters is true (what the freed workers draft with)", ".draftModel"),
     ),
     DraftWindowSpec: (Rule("self.initial <= self.max", "initial: larger than max", ".initial"),),
     DraftPrefixSpec: (Rule("self.min <= self.max", "min: larger than max", ".min"),),

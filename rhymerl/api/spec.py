@@ -406,6 +406,12 @@ class SpeculationSpec(Strict):
         "profiled cost model"
     )
     draft_model: str | None = Field(None, max_length=MAX_PATH, description="draft-model: path of the draft model")
+    freed_drafters: bool = Field(
+        False, description="torch engine: in a round's tail, rollout workers left with nothing to run draft with the "
+        "draft model (draft_model) for the workers still running the stragglers, which verify those drafts where "
+        "their own method has none; the controller pairs them where its cost model prices the drafted passes "
+        "faster (SPECATOR's drafters on freed GPUs)"
+    )
 
     @property
     def reads_history(self) -> bool:
@@ -422,6 +428,8 @@ class SpeculationSpec(Strict):
     def _draft_model_named(self) -> SpeculationSpec:
         if self.method == "draft-model" and not self.draft_model:
             raise ValueError("draft_model: required when method is draft-model")
+        if self.freed_drafters and not self.draft_model:
+            raise ValueError("draft_model: required when freed_drafters is true (what the freed workers draft with)")
         return self
 
 
@@ -483,6 +491,8 @@ class RolloutSpec(Placement):
         if self.engine == "vllm" and self.speculation.method == "fastest-of-n":
             raise ValueError("speculation: method fastest-of-n runs on the torch engine; with vllm choose history, "
                              "ngram or none")
+        if self.engine == "vllm" and self.speculation.freed_drafters:
+            raise ValueError("speculation: freed_drafters runs on the torch engine (a vLLM call is one generate)")
         affinity = self.pod.affinity
         if self.spot.enabled and self.spot.node_selector and affinity is not None and affinity.nodeAffinity is not None:
             raise ValueError("pod.affinity.nodeAffinity: spot.node_selector sets the rollout pods' node affinity; "
@@ -715,6 +725,9 @@ class Progress(BaseModel):
     recommendedRolloutWorkers: NonNegInt | None = Field(
         None, description="the fleet size the controller recommends for the next step, within min_replicas and "
         "max_replicas: from the predicted remaining work and the measured throughput per worker")
+    draftingRolloutWorkers: NonNegInt | None = Field(
+        None, description="the most rollout workers that drafted for others at once in the last step "
+        "(spec.rollout.speculation.freedDrafters: workers the round's tail freed)")
     rolloutPodsInUse: NonNegInt | None = Field(
         None, description="the rollout pods that hold the fleet's workers lie within ordinals 0..N-1, so a "
         "scale-down to N pods or more takes no sample away (written whenever it changes)")

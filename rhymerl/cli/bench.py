@@ -285,7 +285,8 @@ def rollout(
     out: Annotated[Path | None, typer.Option("--out", help="folder for results.json, table.md, speedup.png, "
                                              "verify_profile.png")] = None,
     engine: Annotated[str, typer.Option("--engine", help="torch (the methods above, outputs checked identical) or "
-                                        "vllm (none, ngram, suffix, history, history-aimd; --batch-sizes job only)")
+                                        "vllm (none, ngram, suffix, history, history-alone, history-aimd, draft-model; "
+                                        "--batch-sizes job only)")
                       ] = "torch",
     device: Annotated[str, typer.Option("--device", help="cpu or cuda[:N] (--engine torch)")] = "cpu",
 ) -> None:

@@ -5,7 +5,7 @@ token what one engine makes. Each event is forced (a decision, a count of report
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -15,6 +15,7 @@ from rhymerl.algorithms.scheduling.base import SampleState, Scheduler
 from rhymerl.algorithms.scheduling.baselines import Reallocate
 from rhymerl.algorithms.scheduling.costmodel import TableProfile
 from rhymerl.algorithms.scheduling.executor import Executor
+from rhymerl.algorithms.scheduling.freed_drafters import WorkerView
 from rhymerl.algorithms.scheduling.histopipe import HistoPipe
 from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.algorithms.scheduling.types import Action, Move, RoundPlan, Sample, Watch
@@ -22,18 +23,20 @@ from rhymerl.api import RLJob, parse_job
 from rhymerl.workers import dumps
 from rhymerl.workers.controller.fleet import RolloutFleet, pod_ordinal, table_profile
 from rhymerl.workers.controller.history_client import HistoryClient
-from rhymerl.workers.controller.loop import run_steps
+from rhymerl.workers.controller.loop import fleet_metrics, run_steps
 from rhymerl.workers.controller.transport import LocalTransport
 from rhymerl.workers.roles.history_worker import HistoryWorker
 from rhymerl.workers.roles.reward_worker import RewardWorker
 from rhymerl.workers.roles.rollout_worker import RolloutWorker, encode_prompts, load_job_tokenizer
 from rhymerl.workers.roles.samples import ScoredSample
 from rhymerl.workers.roles.train_worker import TrainWorker
+from rhymerl.workers.rollout.remote_drafts import SOURCE
 from rhymerl.workers.run_folder.run_dir import RunDir
 from rhymerl.workers.task.prompts import load_prompts
 
 
-def _job(model_dir: Path, workers: int = 1, policy: str = "histopipe", length: int = 24, batch: int = 8) -> RLJob:
+def _job(model_dir: Path, workers: int = 1, policy: str = "histopipe", length: int = 24, batch: int = 8,
+         rollout: str = "") -> RLJob:
     return parse_job(f"""
 apiVersion: rhymerl.io/v1alpha1
 kind: RLJob
@@ -42,7 +45,7 @@ spec:
   data: {{num_prompts: 6, min_ops: 1, median_ops: 2, max_ops: 3}}
   algorithm: {{group_size: 4, prompts_per_step: 3, max_response_length: {length}, epochs: 2, lr: 0.01,
               max_off_policy_steps: 0}}
-  rollout: {{replicas: {workers}, max_replicas: 4, max_batch_size: {batch}}}
+  rollout: {{replicas: {workers}, max_replicas: 4, max_batch_size: {batch}{rollout}}}
   scheduling: {{policy: {policy}, ranking_groups: 2}}
 """)
 
@@ -142,6 +145,42 @@ def test_a_move_mid_generation_keeps_the_samples_tokens_and_counts_it_once(model
     assert sched.moves and any(m.generated >= 5 for m in sched.moves)
     assert rnd.counts["migrated"] == sched.stats.intra_step > 0  # those not refused (finished first)
     assert sched.stats.finished == len(one) == 24
+
+
+class AllOnZero(Scheduler):
+    """Every sample on worker 0: worker 1 is freed from the round's start."""
+
+    name = "all-on-zero"
+
+    def __init__(self) -> None:
+        super().__init__(2)
+
+    def _plan(self, step: int, samples: list[Sample], carried: list[Sample]) -> RoundPlan:
+        return RoundPlan(round_no=step, queues=[[s.sid for s in samples + carried], []])
+
+
+def test_a_freed_worker_drafts_for_a_straggling_one_and_the_tokens_stay_one_workers(
+        model_dir: Path, tmp_path: Path) -> None:
+    one, _ = Fleet(_job(model_dir, rollout=", temperature: 0"), tmp_path / "one").round(PROMPTS)
+    # the policy drafting for itself, greedily: every draft it makes is the token plain decoding takes
+    job = _job(model_dir, 2, rollout=f", temperature: 0, speculation: {{method: none, freed_drafters: true, "
+                                     f"draft_model: {model_dir}}}")
+    f = Fleet(job, tmp_path / "two", scheduler=AllOnZero())
+    asked: list[tuple[list[int], list[int]]] = []
+
+    def forced(views: Sequence[WorkerView], freed: Sequence[int], current: Mapping[int, int]) -> dict[int, int]:
+        asked.append(([v.worker for v in views], list(freed)))
+        return {freed[0]: views[0].worker} if freed and views else {}
+
+    f.fleet.pair_drafters = forced
+    rnd = f.fleet.launch([(1, p) for p in PROMPTS], step=1, inter_step=False)
+    results = [s.result for _, scored in f.fleet.collect(rnd) for s in scored]
+    assert {(s.sample.prompt_id, s.sample.index): tuple(s.result.response_ids)
+            for _, scored in [(None, c.scored) for c in rnd.calls] for s in scored} == one
+    assert asked[0] == ([0], [1]) and rnd.drafting == 1
+    drafted = [r.by_source[SOURCE] for r in results if SOURCE in r.by_source]
+    assert sum(c.accepted for c in drafted) == sum(c.drafted for c in drafted) > 0
+    assert fleet_metrics([rnd], 2, 2)["rollout_drafting_workers"] == 1
 
 
 def test_the_default_shared_queue_emits_the_tokens_of_the_per_worker_placement_it_replaced(

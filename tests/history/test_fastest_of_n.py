@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rhymerl.algorithms.drafting import HistoryIndex
-from rhymerl.algorithms.drafting.fastest_of_n import SourceChoice, matched, told_accepted
+from rhymerl.algorithms.drafting.fastest_of_n import SourceChoice, costly_pays, matched, told_accepted
 from rhymerl.api.spec import SpeculationSpec
 from rhymerl.tools.bench.draft_replay import replay_units
 from rhymerl.tools.bench.draft_sources import FastestOfNSource, HistoSpecSource
@@ -90,3 +90,11 @@ def test_a_source_is_told_its_whole_draft_was_accepted_unless_the_emitted_tokens
     assert told_accepted([1, 2, 3, 4], [1, 9]) == 1      # refuted at its second token
     assert told_accepted([1, 2], [1, 2, 7]) == 2         # all of it confirmed
     assert told_accepted([], [5]) == 0
+
+
+def test_a_costly_source_pays_when_its_tokens_per_second_beat_the_pass_without_it() -> None:
+    # a pass of 10 tokens in 1 s: 10 tokens/s. 3 more tokens for 0.2 s more: 13 / 1.2 = 10.8 tokens/s
+    assert costly_pays(gain=3.0, tokens=10.0, pass_s=1.0, draft_s=0.2)
+    # 1 more token for 0.2 s more: 11 / 1.2 = 9.2 tokens/s
+    assert not costly_pays(gain=1.0, tokens=10.0, pass_s=1.0, draft_s=0.2)
+    assert not costly_pays(gain=0.0, tokens=10.0, pass_s=1.0, draft_s=0.0)  # nothing gained: not asked

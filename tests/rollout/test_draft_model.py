@@ -165,3 +165,16 @@ def test_drafting_is_priced_with_the_draft_models_own_steps(model: TinyLlama) ->
     source.step_cost = 10.0  # ten plain passes per step: nothing is offered, so nothing is drafted
     assert source.propose(list(range(4)), 4) == [[]] * 4
     assert control.caps_chosen[0] == 1
+
+
+def test_a_probe_drafts_at_most_the_initial_window_whatever_the_windows_grew_to(model: TinyLlama) -> None:
+    def grown() -> DraftModelDrafts:
+        source = DraftModelDrafts(SPEC, model, None)
+        for slot in range(2):
+            source.begin(slot, GenRequest([1, 5, 9, 11], slot, "p"))
+            source.settle([slot], [0], [0], [[7]])
+        source.windows.windows[:] = SPEC.window.max
+        return source
+
+    assert [len(d) for d in grown().probe([0, 1], 2)] == [SPEC.window.initial] * 2
+    assert [len(d) for d in grown().propose([0, 1], 2)] == [SPEC.window.max] * 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
 from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api.spec import SpeculationSpec
 from rhymerl.workers.model.transformer import TinyLlama
@@ -121,6 +122,12 @@ class _Counting(_Garbage):
     def source_of(self, slot: int) -> str:
         return "costly"
 
+    def draft_seconds(self, slots: list[int]) -> float | None:
+        return None
+
+    def probe(self, slots: list[int], batch_size: int) -> list[list[int]]:
+        return self.propose(slots, batch_size)
+
 
 def test_a_costly_source_that_loses_is_asked_only_on_probes(model: TinyLlama) -> None:
     engine, params, plain, indexes = _greedy_with_known_history(model)
@@ -128,10 +135,52 @@ def test_a_costly_source_that_loses_is_asked_only_on_probes(model: TinyLlama) ->
     spec = SpeculationSpec()
     costly = _Counting()
     drafts = FastestOfNDrafts({"history": HistoryDrafts(spec, indexes, None), "costly": costly},
-                              DraftCapController(spec), costly=frozenset({"costly"}))
+                              DraftCapController(spec), costly={"costly": costly})
     out = engine.generate(reqs, params, drafts)
     assert [r.response_ids for r in out] == [r.response_ids for r in plain]
     drafting_passes = sum(r.forward_passes - 1 for r in out)  # the prefill pass drafts nothing
     # asked on each sequence's first drafting pass and every PROBE_EVERY-th after, never in between
     assert len(reqs) <= costly.asked <= len(reqs) + drafting_passes / PROBE_EVERY
     assert all("costly" not in r.by_source for r in out)
+
+
+class _CountedHistory(HistoryDrafts):
+    """History drafts (right, with the known history) standing in for a costly source of a set price:
+    counts the sequences it was asked for."""
+
+    asked = 0
+    price: float | None = None
+
+    def propose(self, slots: list[int], batch_size: int) -> list[list[int]]:
+        self.asked += len(slots)
+        return super().propose(slots, batch_size)
+
+    def draft_seconds(self, slots: list[int]) -> float | None:
+        return self.price
+
+    def probe(self, slots: list[int], batch_size: int) -> list[list[int]]:
+        return self.propose(slots, batch_size)
+
+
+@pytest.mark.parametrize(("price", "asked_every_pass"), [(None, True), (1e6, False)])
+def test_a_costly_source_that_adds_no_tokens_for_its_seconds_is_asked_only_on_probes(
+        model: TinyLlama, price: float | None, asked_every_pass: bool) -> None:
+    # both sources draft the right tokens, the costly one listed first so it leads every tie: its lead
+    # adds nothing over history, so once its drafting is priced it is asked only on probes
+    engine, params, plain, indexes = _greedy_with_known_history(model)
+    reqs = _requests()
+    spec = SpeculationSpec()
+    costly = _CountedHistory(spec, indexes, None)
+    costly.price = price
+    control = DraftCapController(spec, CostProfile((1, 64), (1, 33), ((1.0, 1.0), (1.0, 1.0))))
+    drafts = FastestOfNDrafts({"costly": costly, "history": HistoryDrafts(spec, indexes, None)}, control,
+                              costly={"costly": costly})
+    out = engine.generate(reqs, params, drafts)
+    assert [r.response_ids for r in out] == [r.response_ids for r in plain]
+    drafting_passes = sum(r.forward_passes - 1 for r in out)
+    if asked_every_pass:
+        assert costly.asked >= drafting_passes
+    else:
+        assert costly.asked <= len(reqs) + drafting_passes / PROBE_EVERY
+        assert sum(r.by_source["history"].passes for r in out) > sum(
+            r.by_source["costly"].passes for r in out if "costly" in r.by_source)

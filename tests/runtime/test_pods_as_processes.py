@@ -1,7 +1,8 @@
 """The StatefulSets the operator renders, started as processes the way a kubelet would start their
 pods (tests/pods_as_processes.py), run a job across them while the fleet changes under it: rollout
 pods scaled from 2 to 4 and back, one deleted with notice (SIGTERM, a spot reclaim) and one killed
-without (SIGKILL, a lost node), the controller pod (the Ray head) killed once; and a vLLM job, whose
+without (SIGKILL, a lost node), the controller pod (the Ray head) killed once, a worker whose call ended
+drafting for one still running (freed drafters, forced); and a vLLM job, whose
 rollout pod serves vLLM with the train pod's weights. Every event is forced at a hold point."""
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ spec:
   data: {source: "builtin:arith-chain", num_prompts: 8, seed: 0}
   algorithm: {name: grpo, group_size: 4, prompts_per_step: 2, max_response_length: 120, epochs: 1,
               max_off_policy_steps: 0}
-  rollout: {replicas: 2, max_replicas: 4, seed: 0, speculation: {method: history}}
+  rollout: {replicas: 2, max_replicas: 4, seed: 0,
+            speculation: {method: history, freed_drafters: true, draft_model: "builtin:tiny-arith-draft"}}
   reward: {function: "pods_reward:score", replicas: 1, workers: 1}
   history: {replicas: 1}
   checkpoint: {every_steps: 1}
@@ -92,6 +94,7 @@ def test_a_job_runs_across_the_rendered_pods_while_its_fleet_grows_shrinks_loses
                        "RAY_gcs_rpc_server_reconnect_timeout_s": "5",  # a node gives up on a lost head sooner
                        "RAY_raylet_start_wait_time_s": "120",  # eight nodes starting on two cores register slowly
                        "RHYMERL_HOLD_AT": "metrics:1,rollout-worker:2,rollout-worker:3,metrics:3",
+                       "RHYMERL_FORCE": "freed-drafters",  # a worker whose call ended drafts for one still running
                        "RHYMERL_HOLD_DIR": str(holds)})
     pods = cluster.pods()
     kubelet = Kubelet(pods)
@@ -135,6 +138,9 @@ def test_a_job_runs_across_the_rendered_pods_while_its_fleet_grows_shrinks_loses
         deleting = threading.Thread(target=lambda: replaced.append(str(kubelet.delete(noticed))))
         deleting.start()  # SIGTERM, the spot notice: its workers hand their samples back, it exits 0
         time.sleep(2.0)
+        # held mid-call, it keeps unfinished samples while the other workers' calls end: freed, one drafts for it
+        _wait("a freed worker drafting", lambda: "drafts for rollout worker" in (run_dir / "events.log").read_text()
+              if (run_dir / "events.log").is_file() else False, 600, kubelet)
         go("rollout-worker:2")
         deleting.join(90)
         replace(noticed)
@@ -161,6 +167,7 @@ def test_a_job_runs_across_the_rendered_pods_while_its_fleet_grows_shrinks_loses
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [r["rollout_workers_wanted"] for r in rows] == [2, 4, 4, 2]
     assert int(str(rows[1]["rollout_handed_back"])) > 0 and int(str(rows[2]["rollout_handed_back"])) > 0
+    assert int(str(rows[1]["rollout_drafting_workers"])) >= 1  # step 2: while a worker was held
     # the train pod keeps the dumps (its own data volume): every response of the job exactly once, with
     # the tokens of the fixed fleet
     train = next(p for p in kubelet.pods if p.role == "train")

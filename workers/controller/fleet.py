@@ -42,9 +42,11 @@ from rhymerl.algorithms.scheduling.costmodel import SpeculationSpeedup, TablePro
 from rhymerl.algorithms.scheduling.executor import Executor
 from rhymerl.algorithms.scheduling.factory import make_scheduler
 from rhymerl.algorithms.scheduling.fleet_size import FleetAdvice, calibration, predicted_lengths, recommend
+from rhymerl.algorithms.scheduling.freed_drafters import DraftCosts, ScaledProfile, WorkerView, assign
 from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.algorithms.scheduling.types import Move, Sample, SampleId
 from rhymerl.api import RLJob
+from rhymerl.workers import faults
 from rhymerl.workers.controller.history_client import HistoryClient
 from rhymerl.workers.controller.transport import ResultLost, Stream, Transport, WorkerGone, pipelined
 from rhymerl.workers.controller.weight_broadcast import WeightBroadcast
@@ -64,6 +66,10 @@ RERUNS = 3  # a sample may lose its worker this often; once more stops the run
 STATE_PASSES = 4  # a Ray call's token-count reports, when a scheduler acts on them (engine passes)
 SNAPSHOT_PASSES = 16  # a Ray call's snapshots of its samples' tokens (what a re-run resumes from)
 ADMIT_WAIT_S = 10.0
+DRAFT_STEP_COST = 0.5
+"""A draft-model step over a policy pass at the same batch, as the freed-drafter decision prices it: the
+shipped tiny-arith-draft measured 0.51-0.54 on the 2-core CPU (benchmarks/draft-model); on a GPU a
+model 10x smaller costs less, so this errs toward not drafting."""
 WAIT_NOTE_S = 60.0  # how often the fleet says again that it waits for a rollout worker
 CAPACITY_EVERY_S = 1.0  # how often a Ray fleet asks the cluster how many rollout pods joined
 
@@ -147,6 +153,7 @@ class Round:
     ends: dict[int, float] = field(default_factory=dict)  # worker id -> its clock at its last output
     workers: set[int] = field(default_factory=set)  # ids of the workers that ran calls of it
     counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    drafting: int = 0  # the most workers drafting for others at once (freed drafters)
     summaries: list[tuple[Call, CallSummary]] = field(default_factory=list)
 
 
@@ -209,6 +216,12 @@ class RolloutFleet:
         self._waiting_said = -math.inf
         self._last_count: tuple[int, int] | None = None
         self._started = False  # the fleet was up once: changes of its size are news from then on
+        self.freed_drafters = spec.rollout.speculation.freed_drafters and self.releasable
+        self.drafting: dict[int, tuple[int, int]] = {}  # drafter's member id -> (verifier's member id, its call id)
+        self.pair_drafters: Callable[[Sequence[WorkerView], Sequence[int], Mapping[int, int]], dict[int, int]] = \
+            self._priced_pairs
+        """Drafter -> verifier from the workers' state, the freed ones and the pairs in force (a seam: tests
+        force pairs)."""
 
     # ------------------------------------------------------------------ membership
     def start(self, version: int, weights: Any, older: Mapping[int, Any] | None = None) -> None:
@@ -580,6 +593,7 @@ class RolloutFleet:
             if report is not None:
                 self._on_report(self.by_stream[id(report.stream)], report.kind, report.value, report.item)
             self._steal_for_idle(rnd)
+            self._pair(rnd)
 
     def _on_report(self, call: Call, kind: str, value: Any, item: Any) -> None:
         if kind == "state":
@@ -711,6 +725,67 @@ class RolloutFleet:
                 call.resume_of[s], call.resumed[s] = resume[s], tokens[s]
                 call.tokens[s] = tokens[s]
         return bool(ok)
+
+    # ------------------------------------------------------------------ freed drafters
+    def _pair(self, rnd: Round) -> None:
+        """Freed workers draft for straggling ones (rollout/remote_drafts.py): the pairs `pair_drafters`
+        decides from the round's calls, each verifier's running call told its drafter's link (or
+        that it has none any more)."""
+        if not self.freed_drafters:
+            return
+        members = {m.id: m for m in self._live() if not m.leaving and m.slot >= 0}
+        running: dict[int, Call] = {}
+        views = []
+        for m in members.values():
+            calls = self._active(m)
+            if not calls:
+                continue
+            running[m.id] = calls[0]
+            views.append(self._view(m, calls))
+        freed = sorted(i for i in members if i not in running and i in rnd.workers)
+        current = {d: v for d, (v, _) in self.drafting.items()}
+        wanted = {d: v for d, v in self.pair_drafters(views, freed, current).items()
+                  if d in members and d not in running and v in running}
+        for d, (v, call_id) in list(self.drafting.items()):
+            call = running.get(v)
+            if wanted.get(d) != v or call is None or call.id != call_id:
+                del self.drafting[d]
+                if call is not None and call.id == call_id:
+                    self.transport.tell(call.member.handle, "draft_from", call_id, None)
+        for d, v in wanted.items():
+            if d not in self.drafting:
+                call = running[v]
+                self.drafting[d] = (v, call.id)
+                link = self.transport.draft_link(members[d].handle, f"{v}:{call.id}:{d}")
+                self.transport.tell(call.member.handle, "draft_from", call.id, link)
+                self.note(f"rollout worker {d} drafts for rollout worker {v} (step {rnd.step}; freed drafters)")
+        rnd.drafting = max(rnd.drafting, len(self.drafting))
+
+    def _view(self, m: Member, calls: list[Call]) -> WorkerView:
+        """A worker as the drafter decision sees it: its unfinished samples (those beyond its batch
+        queued), their mean context as last reported, and as its remaining work as many tokens again as
+        its longest-running sample has made (work stealing's fallback, as in the simulator)."""
+        left = [(c, i) for c in calls for i, s in enumerate(c.samples) if s not in c.finished]
+        tokens = [c.tokens.get(c.samples[i], c.resumed.get(c.samples[i], 0)) for c, i in left]
+        context = sum(len(c.requests[i].prompt_ids) for c, i in left) + sum(tokens)
+        batch = self.job.spec.rollout.max_batch_size
+        return WorkerView(m.id, min(len(left), batch), max(0, len(left) - batch), context / max(len(left), 1),
+                          float(max([1, *tokens])))
+
+    def _priced_pairs(self, views: Sequence[WorkerView], freed: Sequence[int],
+                      current: Mapping[int, int]) -> dict[int, int]:
+        """freed_drafters.assign on the fleet's measured pass times, the draft model's steps priced at
+        DRAFT_STEP_COST of a policy pass (forced, faults.forced: passes that cost the same whatever
+        they verify, drafts that cost nothing and are always right, so every straggling worker a
+        freed one can serve pays)."""
+        if faults.forced("freed-drafters"):
+            flat = TableProfile.constant(max_batch=self.job.spec.rollout.max_batch_size)
+            return assign(views, freed, current, flat,
+                          DraftCosts(acceptance=0.99, message_s=0.0, draft_profile=ScaledProfile(flat, 0.0)))
+        if self.sched.profile is None:
+            return {}
+        costs = DraftCosts(draft_profile=ScaledProfile(self.sched.profile, DRAFT_STEP_COST))
+        return assign(views, freed, current, self.sched.profile, costs)
 
     def _steal_for_idle(self, rnd: Round) -> None:
         for m in self._live():

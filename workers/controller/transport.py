@@ -14,13 +14,14 @@ die (`WorkerGone`) and leave objects behind that died with them (`ResultLost`).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rhymerl.api import RLJob
 from rhymerl.api.roles import Role
 from rhymerl.workers.roles.rollout_worker import RolloutWorker
+from rhymerl.workers.rollout.remote_drafts import DraftLink, LocalDraftLink
 
 
 class WorkerGone(Exception):
@@ -69,6 +70,10 @@ class Transport(Protocol):
     def tell(self, handle: Any, method: str, *args: Any) -> None:
         """Call a method whose result nobody reads (in order with the worker's other calls, or beside
         a running call for those in its control group)."""
+
+    def draft_link(self, drafter: Any, link: Hashable) -> DraftLink:
+        """A link a rollout worker's call verifies drafts through, to rollout worker `drafter`, named
+        `link` (freed drafters, rollout/remote_drafts.py); it travels to the verifier in a call."""
 
     def get(self, result: Any, timeout: float | None = None) -> Any:
         """The value behind a result; raises WorkerGone, ResultLost, TimeoutError, or what the call raised."""
@@ -162,6 +167,9 @@ class LocalTransport:
 
     def tell(self, handle: Any, method: str, *args: Any) -> None:
         self.call(handle, method, *args)
+
+    def draft_link(self, drafter: Any, link: Hashable) -> DraftLink:
+        return LocalDraftLink(drafter.obj, link)
 
     def get(self, result: Any, timeout: float | None = None) -> Any:
         if isinstance(result, _Pending):

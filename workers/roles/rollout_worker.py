@@ -51,6 +51,7 @@ from rhymerl.workers.roles.threads import apply_threads, chooser, use_threads
 from rhymerl.workers.roles.weight_sync import STAGED_WAIT_S, Group, Layout, WeightReceiver
 from rhymerl.workers.roles.worker_metrics import WorkerMetrics
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, TorchEngine
+from rhymerl.workers.rollout.remote_drafts import DraftLink, DraftServer, DraftStream, News, RemoteDrafts
 from rhymerl.workers.rollout.speculation import RolloutSpeculation, reachable_batches
 from rhymerl.workers.rollout.verify_cost import Progress, load_or_measure
 from rhymerl.workers.rollout.vllm_engine import VllmEngine
@@ -76,11 +77,14 @@ class Deferred(Protocol):
 
 
 class RolloutWorker:
-    CONCURRENCY_GROUPS: ClassVar[dict[str, int]] = {"control": 1, "weights": 1}
-    CONTROL: ClassVar[frozenset[str]] = frozenset({"release", "admit", "leave", "host"})
+    CONCURRENCY_GROUPS: ClassVar[dict[str, int]] = {"control": 1, "weights": 1, "drafts": 1}
+    CONTROL: ClassVar[frozenset[str]] = frozenset({"release", "admit", "leave", "host", "draft_from"})
     """Methods that reach a running call (they run beside it, in the control group, on Ray)."""
     WEIGHTS: ClassVar[frozenset[str]] = frozenset({"receive_weights"})
     """Receiving a published version over a broadcast, beside a running call (the weights group)."""
+    DRAFTS: ClassVar[frozenset[str]] = frozenset({"exchange", "drop_link"})
+    """Drafting for another worker's call (freed drafters, rollout/remote_drafts.py), beside this
+    worker's own calls (the drafts group)."""
 
 
     def __init__(self, job: RLJob, threads: int | None = None, progress: Progress | None = None,
@@ -118,6 +122,8 @@ class RolloutWorker:
         self._admitted: list[tuple[SampleRef, GenRequest, GenResult | None]] = []  # to join the running call
         self._max_prompt = 0  # the running call's longest prompt: what its KV cache was sized for
         self._leaving = False
+        self._link: list[DraftLink | None] = []  # a drafter link for the running call to switch to
+        self._servers: dict[object, DraftServer] = {}  # links this worker drafts for
         if notice:
             signal.signal(signal.SIGTERM, self._on_notice)
             node_dir = os.environ.get(NODE_DIR_ENV)
@@ -157,6 +163,26 @@ class RolloutWorker:
         nothing to hand back); the step loop then stops this worker."""
         with self._lock:
             self._leaving = True
+
+    def draft_from(self, call: int, link: DraftLink | None) -> None:
+        """Have the running call `call` verify drafts from `link` where its own method has none (None:
+        from nobody); a call that already ended ignores it (freed drafters, rollout/remote_drafts.py)."""
+        with self._lock:
+            if self._call == call:
+                self._link = [link]
+
+    # ------------------------------------------------------------------ drafting for another worker
+    def exchange(self, link: object, news: list[News]) -> list[DraftStream]:
+        """Draft for the call at the other end of `link`: take its news, send streams back."""
+        assert self.speculation.draft is not None, "a drafter needs the job's draft model (freed_drafters)"
+        server = self._servers.get(link)
+        if server is None:
+            server = self._servers[link] = DraftServer(self.job.spec.rollout.speculation, self.speculation.draft)
+        return server.exchange(news)
+
+    def drop_link(self, link: object) -> None:
+        """The call at the other end of `link` no longer drafts from here."""
+        self._servers.pop(link, None)
 
     def host(self) -> str:
         """The host this worker runs on: in a cluster, its pod's name (which pod a scale-down removes:
@@ -216,6 +242,9 @@ class RolloutWorker:
                         resume: RolloutProgress | None, busy: _Busy,
                         started: float) -> Iterator[Tag | RolloutProgress | RolloutOutput | None]:
         drafts = self.speculation.drafts_from(indexes or {})
+        remote = RemoteDrafts(self.job.spec.rollout.speculation, drafts) \
+            if self.job.spec.rollout.speculation.freed_drafters else None
+        drafts = remote or drafts
         samples, requests = list(call.samples), list(call.requests)
         results: dict[int, GenResult] = {}
         gone: set[int] = set()  # handed back
@@ -239,12 +268,14 @@ class RolloutWorker:
         for i, sample in enumerate(samples):
             add(i, resume.results.get(sample) if resume else None)
         with self._lock:
-            self._call, self._release, self._admitted = call.id, set(), []
+            self._call, self._release, self._admitted, self._link = call.id, set(), [], []
             self._max_prompt = session.max_prompt_len
         try:
             passes = 0
             while True:
-                release, admitted, leaving = self._requests()
+                release, admitted, leaving, link = self._requests()
+                if remote is not None and link:
+                    remote.attach(link[0])
                 for sample, request, partial in admitted:
                     samples.append(sample)
                     requests.append(request)
@@ -283,15 +314,18 @@ class RolloutWorker:
         finally:
             with self._lock:
                 self._call = None
+            if remote is not None:
+                remote.attach(None)  # the drafter frees what it held for this call
         kept = [i for i in range(len(requests)) if i not in gone]
         yield from self._finish(RolloutOutput([samples[i] for i in kept], [results[i] for i in kept],
                                               self.policy_version, busy.now() - started, bool(indexes),
                                               sum(carried[i] for i in kept)), state(), busy)
 
-    def _requests(self) -> tuple[set[SampleRef], list[tuple[SampleRef, GenRequest, GenResult | None]], bool]:
+    def _requests(self) -> tuple[set[SampleRef], list[tuple[SampleRef, GenRequest, GenResult | None]], bool,
+                                 list[DraftLink | None]]:
         with self._lock:
-            out = (self._release, self._admitted, self._leaving)
-            self._release, self._admitted = set(), []
+            out = (self._release, self._admitted, self._leaving, self._link)
+            self._release, self._admitted, self._link = set(), [], []
             return out
 
     def _close_call(self) -> bool:

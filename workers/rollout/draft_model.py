@@ -85,12 +85,15 @@ def load_draft_model(draft: str, policy: Path, dtype: torch.dtype = torch.float3
 
 class DraftModelDrafts:
     """Drafts of k greedy tokens per running sequence from a small model (see the module docstring).
-    Without a controller it drafts at each sequence's own window (for a source that combines others)."""
+    Without a controller it drafts at each sequence's own window (for a source that combines others);
+    `pricing` is then the controller whose profile its steps are measured against (`draft_seconds`)."""
 
-    def __init__(self, spec: SpeculationSpec, model: TinyLlama, control: DraftCapController | None) -> None:
+    def __init__(self, spec: SpeculationSpec, model: TinyLlama, control: DraftCapController | None,
+                 pricing: DraftCapController | None = None) -> None:
         self.spec = spec
         self.model = model.eval()
         self.control = control
+        self.pricing = control or pricing
         self.windows = AimdWindows(spec.window)
         self.context: dict[int, list[int]] = {}  # slot -> prompt + emitted tokens
         self.cached: dict[int, int] = {}         # slot -> tokens of its context in the draft's cache
@@ -166,7 +169,9 @@ class DraftModelDrafts:
         for s, a, toks in zip(slots, accepted, emitted, strict=True):
             context = self.context[s]
             if self.cached[s] == len(context):  # drafted this pass: accepted draft tokens stay cached
-                self.cached[s] += min(a, self.fed[s], len(toks))
+                # but never the last emitted token: the next drafting starts from its logits (in the
+                # engine it is the pass's own token; a freed drafter hears tokens its stream predicted)
+                self.cached[s] += min(a, self.fed[s], len(toks) - 1)
             self.fed[s] = 0
             context += toks
 
@@ -227,11 +232,28 @@ class DraftModelDrafts:
                 out[s].append(guess[s])
         for s, k in live:
             self.fed[s] = k - 1  # the last draft token was never fed
-        profile = None if self.control is None else self.control.profile
+        profile = None if self.pricing is None else self.pricing.profile
         if profile is not None:
             seen = (time.perf_counter() - t0) / max(k for _, k in live) / profile.cost(len(live), 1)
             self.step_cost = seen if self.step_cost is None else 0.8 * self.step_cost + 0.2 * seen
         return [out.get(s, []) for s in slots]
+
+    def probe(self, slots: list[int], batch_size: int) -> list[list[int]]:
+        """Drafts of at most window.initial tokens (a probe of Fastest-of-N: a few steps, whatever the
+        windows grew to)."""
+        room = self.model.cfg.max_position_embeddings
+        return self._draft(slots, [max(0, min(int(self.windows.windows[s]), self.spec.window.initial,
+                                              room - len(self.context[s]))) for s in slots])
+
+    def draft_seconds(self, slots: list[int]) -> float | None:
+        """What drafting for `slots` would cost now: a step per token of the longest window among them,
+        each at the measured share (`step_cost`) of the pricing profile's plain pass at their batch;
+        None until a drafting was measured."""
+        profile = None if self.pricing is None else self.pricing.profile
+        if profile is None or self.step_cost is None or not slots:
+            return None
+        steps = max(int(self.windows.windows[s]) for s in slots)
+        return steps * self.step_cost * profile.cost(len(slots), 1)
 
     def _forward(self, tokens: torch.Tensor, start: list[int], counts: list[int]) -> torch.Tensor:
         assert self.cache is not None

@@ -9,16 +9,22 @@ chosen keeps its window until its tokens are refuted and can take over when it k
 
 A costly source (a draft model: k forward passes per draft) is asked only for the sequences that
 would take its draft and, every PROBE_EVERY passes of a sequence, for the rest, so its score stays
-current without paying for drafts nobody verifies; between asks its score is kept.
+current without paying for drafts nobody verifies; between asks its score is kept. A probe drafts
+at most window.initial tokens (a couple of its steps, not a grown window's). Where the source
+prices its drafting (the draft model's measured steps), it is asked for the sequences it leads
+only when the tokens its lead is expected to add outweigh the seconds it adds to the pass
+(`costly_pays`): the one cap prices verification, not the drafting behind it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol
 
 import numpy as np
+from numpy.typing import NDArray
 
-from rhymerl.algorithms.drafting.fastest_of_n import SourceChoice, matched, told_accepted
+from rhymerl.algorithms.drafting.fastest_of_n import SourceChoice, costly_pays, matched, told_accepted
 from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api.spec import SpeculationSpec
 from rhymerl.workers.model.transformer import TinyLlama
@@ -27,17 +33,30 @@ from rhymerl.workers.rollout.engine import DraftSource, GenRequest
 from rhymerl.workers.rollout.speculators import PROBE_EVERY, DraftCapController, HistoryDrafts, NgramDrafts
 
 
+class Costly(Protocol):
+    """What Fastest-of-N needs of a source that costs model passes to ask (the draft model)."""
+
+    def draft_seconds(self, slots: list[int]) -> float | None:
+        """Seconds drafting for these slots would take now (None: not known yet)."""
+        ...
+
+    def probe(self, slots: list[int], batch_size: int) -> list[list[int]]:
+        """Short drafts (at most window.initial tokens) for these slots: what a probe asks."""
+        ...
+
+
 class FastestOfNDrafts:
     """Several draft sources behind one; `sources` in order of preference (ties go to the first), those
-    named in `costly` asked only where they lead or on a probe."""
+    named in `costly` (each mapped to the source as a `Costly`) asked only where they lead and pay
+    (module docstring), or on a probe."""
 
     def __init__(self, sources: Mapping[str, DraftSource], control: DraftCapController, decay: float = 0.8,
-                 costly: frozenset[str] = frozenset()) -> None:
+                 costly: Mapping[str, Costly] | None = None) -> None:
         if not sources:
             raise ValueError("fastest-of-n: needs at least one draft source")
         self.names = list(sources)
         self.sources = list(sources.values())
-        self.costly = [name in costly for name in self.names]
+        self.costly = [(costly or {}).get(name) for name in self.names]
         self.control = control
         self.choice = SourceChoice(0, len(self.sources), decay)
         self.offers: dict[int, list[list[int]]] = {}  # slot -> each source's draft of the last pass
@@ -63,10 +82,18 @@ class FastestOfNDrafts:
         asked = np.ones((len(slots), len(self.sources)), dtype=np.bool_)
         offers = []
         for k, source in enumerate(self.sources):
-            if self.costly[k]:
-                asked[:, k] = (leading == k) | np.array([self.passes[s] % PROBE_EVERY == 0 for s in slots], dtype=np.bool_)
-                mine = [s for i, s in enumerate(slots) if asked[i, k]]
-                drafts = dict(zip(mine, source.propose(mine, batch_size) if mine else [], strict=True))
+            costly = self.costly[k]
+            if costly is not None:
+                lead = leading == k
+                if lead.any() and not self._pays(costly, k, rows, lead, slots, batch_size):
+                    lead[:] = False
+                probe = ~lead & np.array([self.passes[s] % PROBE_EVERY == 0 for s in slots], dtype=np.bool_)
+                asked[:, k] = lead | probe
+                drafts: dict[int, list[int]] = {}
+                for ask, which in ((source.propose, lead), (costly.probe, probe)):
+                    mine = [s for s, yes in zip(slots, which, strict=True) if yes]
+                    if mine:
+                        drafts.update(zip(mine, ask(mine, batch_size), strict=True))
                 offers.append([drafts.get(s, []) for s in slots])
             else:
                 offers.append(source.propose(slots, batch_size))
@@ -80,6 +107,19 @@ class FastestOfNDrafts:
             self.passes[s] += 1
         cap = self.control.cap(batch_size, [len(c) for c in chosen])
         return [c[:cap] for c in chosen]
+
+    def _pays(self, costly: Costly, k: int, rows: NDArray[np.int64], lead: NDArray[np.bool_], slots: list[int],
+              batch_size: int) -> bool:
+        """Whether costly source k pays for the rows it leads (`costly_pays`; unpriced: it does)."""
+        profile = self.control.profile
+        seconds = costly.draft_seconds([s for s, led in zip(slots, lead, strict=True) if led])
+        if seconds is None or profile is None or len(self.sources) < 2:
+            return True
+        scores = self.choice.scores[rows]
+        others = np.delete(scores, k, axis=1).max(axis=1)
+        gain = float((scores[:, k] - others)[lead].sum())
+        tokens = float(len(slots) + others.sum())
+        return costly_pays(gain, tokens, profile.cost(batch_size, tokens / len(slots)), seconds)
 
     def settle(self, slots: list[int], drafted: list[int], accepted: list[int], emitted: list[list[int]]) -> None:
         self.control.observe(drafted, accepted)
@@ -119,6 +159,8 @@ def job_sources(spec: SpeculationSpec, indexes: Mapping[str, HistoryIndex], cont
     """`method: fastest-of-n` as a job runs it: history (with the group) and n-gram, plus the draft model
     where one is given, the draft model asked as a costly source."""
     sources: dict[str, DraftSource] = {"history": HistoryDrafts(spec, indexes, None), "ngram": NgramDrafts(spec, None)}
+    costly: dict[str, Costly] = {}
     if draft is not None:
-        sources["draft-model"] = DraftModelDrafts(spec, draft, None)
-    return FastestOfNDrafts(sources, control, costly=frozenset({"draft-model"}))
+        model = DraftModelDrafts(spec, draft, None, pricing=control)
+        sources["draft-model"] = costly["draft-model"] = model
+    return FastestOfNDrafts(sources, control, costly=costly)

@@ -44,7 +44,8 @@ class RolloutSpeculation:
     drafting: HistoryStore
     costs: ProfileStore | None = None
     draft: TinyLlama | None = None
-    """method draft-model, and fastest-of-n with draft_model set: the draft model (draft_model.DraftModelDrafts)."""
+    """method draft-model, and fastest-of-n or freed_drafters with draft_model set: the draft model
+    (draft_model.DraftModelDrafts; a freed worker drafts with it for others, rollout/remote_drafts.py)."""
 
     @classmethod
     def for_job(cls, job: RLJob, model: TinyLlama, drafting: HistoryStore,
@@ -53,7 +54,7 @@ class RolloutSpeculation:
         `progress(done, total)` follows the cost profile's measurement (verify_cost.Progress)."""
         spec = job.spec.rollout.speculation
         draft = None
-        if spec.method in ("draft-model", "fastest-of-n") and spec.draft_model is not None:
+        if (spec.method in ("draft-model", "fastest-of-n") or spec.freed_drafters) and spec.draft_model is not None:
             param = next(model.parameters())
             draft = load_draft_model(spec.draft_model, model_dir(job.spec.model.path), param.dtype, param.device)
         costs = evidence = None

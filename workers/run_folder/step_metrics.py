@@ -73,6 +73,7 @@ class StepMetrics(BaseModel):
     rollout_deferred: int | None = None  # outliers moved on to the next round with their tokens (inter-step)
     rollout_handed_back: int | None = None  # samples of workers that left or died, resumed elsewhere
     rollout_resumed_tokens: int | None = None  # generated tokens the step's calls took over from elsewhere
+    rollout_drafting_workers: int | None = None  # most workers drafting for others at once (freed drafters)
     schedule_ranking: str | None = None  # how the step's first round ranked its prompts (history, prompt-length)
     fleet_recommended: int | None = None  # rollout workers the next step wants (scheduling/fleet_size.py)
     time_step_s: float | None = None  # wall clock of the whole step (before writing its metrics)

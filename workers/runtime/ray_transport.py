@@ -15,7 +15,7 @@ import contextlib
 import importlib
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any
 
 import ray
@@ -34,6 +34,7 @@ from rhymerl.workers.roles.train_worker import TrainWorker
 from rhymerl.workers.run_folder.run_dir import RunDir
 from rhymerl.workers.run_folder.step_metrics import StepMetrics
 from rhymerl.workers.runtime.cluster import local_ray, role_capacity, role_gpus, spawn
+from rhymerl.workers.runtime.ray_draft_link import RayDraftLink
 
 START_TIMEOUT_S = 600.0  # a restarted worker's start-up (loading the model, measuring the verify cost)
 
@@ -72,11 +73,16 @@ class RayTransport:
             options["concurrency_group"] = "control"
         elif method in RolloutWorker.WEIGHTS | TrainWorker.WEIGHTS:
             options["concurrency_group"] = "weights"
+        elif method in RolloutWorker.DRAFTS:
+            options["concurrency_group"] = "drafts"
         refs = getattr(handle, method).options(**options).remote(*args)
         return tuple(refs) if returns > 1 else refs
 
     def tell(self, handle: Any, method: str, *args: Any) -> None:
         self.call(handle, method, *args)
+
+    def draft_link(self, drafter: Any, link: Hashable) -> RayDraftLink:
+        return RayDraftLink(drafter, link)
 
     def get(self, result: Any, timeout: float | None = None) -> Any:
         try:

@@ -23,6 +23,7 @@ the standard library, so it starts in milliseconds.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import select
@@ -192,10 +193,8 @@ def _watch(token: str, parent: int) -> None:
         said = (said + data)[-1:]
         roll = family(token, roll)
         if LOOK in data:
-            try:
+            with contextlib.suppress(OSError):  # the driver is gone: the next read says so
                 os.write(sys.stdout.fileno(), SEEN)
-            except OSError:  # the driver is gone: the next read says so
-                pass
     sweep(token, roll, settle_s=SETTLE_S if said == STOPPED else SETTLE_AFTER_DEATH_S)
 
 

@@ -70,6 +70,14 @@ class SourceChoice:
         self.scores[dst] = self.scores[src]
 
 
+def costly_pays(gain: float, tokens: float, pass_s: float, draft_s: float) -> bool:
+    """Whether a costly source (a draft model) pays for the requests it leads this pass: `gain` more
+    tokens expected from its drafts (its score over the best other source's, summed over those
+    requests) for `draft_s` more seconds of drafting, against a pass that yields `tokens` in `pass_s`
+    without it: tokens per second rise."""
+    return (tokens + gain) * pass_s > tokens * (pass_s + draft_s)
+
+
 def told_accepted(draft: Sequence[int], emitted: Sequence[int]) -> int:
     """What a source's own AIMD window is told it got accepted: its whole draft when the emitted tokens
     did not refute it (they check only as far as the verified draft was accepted, plus one), else the

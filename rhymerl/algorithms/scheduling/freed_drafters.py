@@ -25,6 +25,8 @@ The rule (SPECATOR's Algorithm 3, coupled to one drafter per request's worker):
   margin (`consolidation`). Without drafting, moving a tail onto fewer workers measured worse
   (docs/scheduling.md, "tail consolidation"); with the emptied worker drafting it pays.
 
+The rollout fleet (workers/controller/fleet.py) runs `assign` on its workers' reported state and
+links the pairs (workers/rollout/remote_drafts.py); consolidation is priced in the simulator only.
 Not built: Best-of-N with several draft methods per straggler (SPECATOR's parallel drafters),
 refreshing the draft model on the step's finished responses.
 """
@@ -34,13 +36,46 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .costmodel import NO_SPECULATION, IterationProfile, RooflineProfile, SpeculationSpeedup, verify_time
+from .costmodel import (
+    NO_SPECULATION,
+    FloatArray,
+    IterationProfile,
+    RooflineProfile,
+    SpeculationSpeedup,
+    verify_time,
+)
 
 QWEN25_05B = RooflineProfile(params=0.494e9, kv_bytes_per_token=12_288.0)
 """The draft model on a freed H100: Qwen2.5-0.5B (0.49e9 parameters, model card; 24 layers x 2 KV
 heads x 64 dims x K,V x 2 bytes = 12,288 bytes of KV per token, its config), priced by the same
 roofline as the target (1.37 ms a pass at batch 1). SPECATOR §5 found 0.5B the best drafter for a
 32B target; for our 7B-shaped target it is the smallest model of the same family (shared vocabulary)."""
+
+
+@dataclass(frozen=True)
+class ScaledProfile:
+    """Another profile's times times `factor`: a draft model priced as a fraction of the policy's pass
+    where it was not profiled itself (the controller knows the policy's measured pass times)."""
+
+    base: IterationProfile
+    factor: float
+
+    @property
+    def max_batch(self) -> int:
+        return self.base.max_batch
+
+    def iteration_time(self, batch: int, context: float) -> float:
+        return self.factor * self.base.iteration_time(batch, context)
+
+    def iteration_times(self, batch: FloatArray, context: FloatArray) -> FloatArray:
+        return self.factor * self.base.iteration_times(batch, context)
+
+    def prefill_time(self, tokens: int) -> float:
+        return self.factor * self.base.prefill_time(tokens)
+
+    @property
+    def kv_capacity_tokens(self) -> int | None:
+        return self.base.kv_capacity_tokens
 
 
 @dataclass(frozen=True)

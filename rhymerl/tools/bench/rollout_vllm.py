@@ -13,8 +13,12 @@ this process, each started (and its pass-cost profile taken) before any timing. 
   HistoSpec drafts from: in RL that is what a long-running engine's cache would hold, and a
   repeat must not draft from the responses of the same epoch's earlier repeat
 - history: HistoSpec as rhymerl's custom_class proposer, AIMD windows under the draft cap priced
-  from this engine's own pass times (what `rollout.engine: vllm` runs)
-- history-aimd: the same drafts with the cap pinned at window.max (AIMD windows alone)
+  from this engine's own pass times (what `rollout.engine: vllm` runs: the run's `speculation`
+  block, by default with group drafts)
+- history-alone: the same without group drafts (last epoch's responses only)
+- history-aimd: the same drafts as history with the cap pinned at window.max (AIMD windows alone)
+- draft-model: vLLM's own draft_model method over the run's speculation.draft_model, else the
+  embedded policy's distilled draft (left out of the default methods where there is none)
 
 At temperature > 0 vLLM's speculation is lossless in distribution, not token for token, so the
 methods' responses differ; their lengths and mean log-probability under the policy are reported
@@ -39,12 +43,14 @@ from rich.table import Table
 from rhymerl.tools.bench.tables import print_table
 from rhymerl.tools.bench.workload import RunWorkload, load_run_workload
 from rhymerl.workers.history.store import MemoryHistoryStore
+from rhymerl.workers.model.folder import model_dir
 from rhymerl.workers.model.policy import save_model
+from rhymerl.workers.rollout.draft_model import default_draft, draft_folder
 from rhymerl.workers.rollout.engine import GenResult
 from rhymerl.workers.rollout.speculation import reachable_batches
 from rhymerl.workers.rollout.vllm_engine import VllmEngine, VllmSettings
 
-METHODS = ("none", "ngram", "suffix", "history", "history-aimd")
+METHODS = ("none", "ngram", "suffix", "history", "history-alone", "history-aimd", "draft-model")
 
 
 @dataclass
@@ -68,14 +74,24 @@ def available(method: str) -> bool:
     return method != "suffix" or importlib.util.find_spec("arctic_inference") is not None
 
 
+def _draft(w: RunWorkload) -> Path | None:
+    """The draft model's folder for the draft-model row (None: the run's policy has none known)."""
+    spec = w.job.spec
+    name = spec.rollout.speculation.draft_model or default_draft(spec.model.path)
+    return None if name is None else draft_folder(name, model_dir(spec.model.path))
+
+
 def _engine(method: str, folder: Path, w: RunWorkload) -> VllmEngine:
+    speculation = w.job.spec.rollout.speculation
+    if method == "history-alone":
+        speculation = speculation.model_copy(update={"group_drafts": False})
     settings = VllmSettings(folder, method="history" if method.startswith("history") else method,
-                            speculation=w.job.spec.rollout.speculation,
+                            speculation=speculation, draft_model=_draft(w) if method == "draft-model" else None,
                             max_batch_size=w.job.spec.rollout.max_batch_size,
                             max_model_len=max(len(r.prompt_ids) for r in w.requests) + w.params.max_response_length + 1,
                             seed=w.job.spec.rollout.seed, log_stats=True)
     engine = VllmEngine(settings)
-    if method == "history":  # history-aimd keeps no profile: its cap stays at window.max
+    if method in ("history", "history-alone"):  # history-aimd keeps no profile: its cap stays at window.max
         engine.cost_profile(reachable_batches(w.job), w.model.vocab_size)
     return engine
 
@@ -126,10 +142,12 @@ def run_bench(cfg: VllmBenchConfig, console: Console) -> list[dict[str, Any]]:
     w = load_run_workload(cfg.run)
     store = MemoryHistoryStore()
     store.update(r for r in w.records if r.epoch == w.last_epoch)
-    methods = [name for name in cfg.methods if available(name)]
+    methods = [name for name in cfg.methods if available(name) and (name != "draft-model" or _draft(w) is not None)]
     for name in cfg.methods:
         if name not in methods:
-            console.print(f"  {name}: skipped (arctic-inference is not installed: scripts/bench_setup_arctic.sh)")
+            why = "arctic-inference is not installed: scripts/bench_setup_arctic.sh" if name == "suffix" else \
+                f"{w.job.spec.model.path} has no known draft model; name one in the run's speculation.draft_model"
+            console.print(f"  {name}: skipped ({why})")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "policy"
         save_model(w.model, folder)
