@@ -184,3 +184,40 @@ def test_a_costly_source_that_adds_no_tokens_for_its_seconds_is_asked_only_on_pr
         assert costly.asked <= len(reqs) + drafting_passes / PROBE_EVERY
         assert sum(r.by_source["history"].passes for r in out) > sum(
             r.by_source["costly"].passes for r in out if "costly" in r.by_source)
+
+
+class _Silent(_Garbage):
+    """A source with nothing to offer."""
+
+    def propose(self, slots: list[int], batch_size: int) -> list[list[int]]:
+        return [[] for _ in slots]
+
+
+class _Probed(_Garbage):
+    """A costly source priced out of reach whose probes draft the right token: it records the passes
+    it was probed on."""
+
+    def __init__(self) -> None:
+        self.probed: list[int] = []
+        self.passes = 0
+
+    def draft_seconds(self, slots: list[int]) -> float | None:
+        return 1e6
+
+    def probe(self, slots: list[int], batch_size: int) -> list[list[int]]:
+        self.probed.append(self.passes)
+        return [[5] for _ in slots]
+
+
+def test_while_a_costly_source_wins_no_paid_lead_its_probes_thin_out() -> None:
+    spec = SpeculationSpec()
+    control = DraftCapController(spec, CostProfile((1, 64), (1, 33), ((1.0, 1.0), (1.0, 1.0))))
+    costly = _Probed()
+    drafts = FastestOfNDrafts({"silent": _Silent(), "costly": costly}, control, costly={"costly": costly})
+    drafts.begin(0, GenRequest([1, 2, 3], 0))
+    for p in range(200):
+        costly.passes = p
+        (draft,) = drafts.propose([0], 1)
+        drafts.settle([0], [len(draft)], [len(draft)], [[*draft, 6]])
+    # it leads after its first probe, but never pays: probed at 0, then after 32, 64, 128 passes of gaps
+    assert costly.probed == [0, 32, 64, 128]

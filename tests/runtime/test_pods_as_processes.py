@@ -189,6 +189,7 @@ def test_rollout_pods_run_vllm_with_the_train_pods_weights(tmp_path: Path) -> No
                                               "    return float(response.strip().endswith(answer))\n")
     job = parse_job(JOB.replace("rollout: {replicas: 2, max_replicas: 4,",
                                 "rollout: {engine: vllm, replicas: 1, max_replicas: 1,")
+                    .replace(", freed_drafters: true", "")  # drafting for others is the torch engine's
                     .replace("num_prompts: 8", "num_prompts: 4").replace("max_off_policy_steps: 0",
                                                                          "max_off_policy_steps: 1"))
     pods = pods_of(_objects(job), tmp_path / "pods",

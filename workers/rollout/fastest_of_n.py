@@ -10,7 +10,9 @@ chosen keeps its window until its tokens are refuted and can take over when it k
 A costly source (a draft model: k forward passes per draft) is asked only for the sequences that
 would take its draft and, every PROBE_EVERY passes of a sequence, for the rest, so its score stays
 current without paying for drafts nobody verifies; between asks its score is kept. A probe drafts
-at most window.initial tokens (a couple of its steps, not a grown window's). Where the source
+at most window.initial tokens (a couple of its steps, not a grown window's), and while the source
+wins no paid lead its probes thin out: the gap doubles after each probe up to MAX_PROBE_GAP, as
+the draft model's own probes do (a probe also catches its cache up on everything since the last). Where the source
 prices its drafting (the draft model's measured steps), it is asked for the sequences it leads
 only when the tokens its lead is expected to add outweigh the seconds it adds to the pass
 (`costly_pays`): the one cap prices verification, not the drafting behind it.
@@ -28,7 +30,7 @@ from rhymerl.algorithms.drafting.fastest_of_n import SourceChoice, costly_pays, 
 from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api.spec import SpeculationSpec
 from rhymerl.workers.model.transformer import TinyLlama
-from rhymerl.workers.rollout.draft_model import DraftModelDrafts
+from rhymerl.workers.rollout.draft_model import MAX_PROBE_GAP, DraftModelDrafts
 from rhymerl.workers.rollout.engine import DraftSource, GenRequest
 from rhymerl.workers.rollout.speculators import PROBE_EVERY, DraftCapController, HistoryDrafts, NgramDrafts
 
@@ -57,6 +59,8 @@ class FastestOfNDrafts:
         self.names = list(sources)
         self.sources = list(sources.values())
         self.costly = [(costly or {}).get(name) for name in self.names]
+        self.probe_gap = [PROBE_EVERY] * len(self.sources)  # per costly source: passes of a sequence between probes
+        self.paid = [False] * len(self.sources)  # per costly source: a lead of it paid since its last probe
         self.control = control
         self.choice = SourceChoice(0, len(self.sources), decay)
         self.offers: dict[int, list[list[int]]] = {}  # slot -> each source's draft of the last pass
@@ -87,7 +91,11 @@ class FastestOfNDrafts:
                 lead = leading == k
                 if lead.any() and not self._pays(costly, k, rows, lead, slots, batch_size):
                     lead[:] = False
-                probe = ~lead & np.array([self.passes[s] % PROBE_EVERY == 0 for s in slots], dtype=np.bool_)
+                self.paid[k] |= bool(lead.any())
+                probe = ~lead & np.array([self.passes[s] % self.probe_gap[k] == 0 for s in slots], dtype=np.bool_)
+                if probe.any():
+                    self.probe_gap[k] = PROBE_EVERY if self.paid[k] else min(2 * self.probe_gap[k], MAX_PROBE_GAP)
+                    self.paid[k] = False
                 asked[:, k] = lead | probe
                 drafts: dict[int, list[int]] = {}
                 for ask, which in ((source.propose, lead), (costly.probe, probe)):
