@@ -58,13 +58,13 @@ def _stat(pid_dir: Path) -> tuple[int, int] | None:
     return None if fields[0] == "Z" else (int(fields[1]), int(fields[19]))
 
 
-def _scan(token: str, roll: Roll) -> tuple[set[int], Roll]:
-    """(the token's carriers, the run's processes: carriers, pids on `roll` with their recorded
-    start time, and every descendant of either), this process excepted."""
+def family(token: str, roll: Roll | None = None) -> Roll:
+    """The run's live processes now: the token's carriers, the pids on `roll` (if their start time
+    is still the recorded one), and all their descendants; this process excepted."""
     want = f"{OWNER_ENV}={token}".encode()
     me = os.getpid()
     stats: dict[int, tuple[int, int]] = {}
-    carriers: set[int] = set()
+    ours: set[int] = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
@@ -78,8 +78,8 @@ def _scan(token: str, roll: Roll) -> tuple[set[int], Roll]:
         except OSError:  # gone meanwhile, or not ours to read
             continue
         if any(var.startswith(want) for var in env.split(b"\0")):
-            carriers.add(pid)
-    ours = carriers | {pid for pid, started in roll.items() if pid in stats and stats[pid][1] == started}
+            ours.add(pid)
+    ours |= {pid for pid, started in (roll or {}).items() if pid in stats and stats[pid][1] == started}
     children: dict[int, list[int]] = {}
     for pid, (parent, _) in stats.items():
         children.setdefault(parent, []).append(pid)
@@ -89,13 +89,7 @@ def _scan(token: str, roll: Roll) -> tuple[set[int], Roll]:
             if child not in ours:
                 ours.add(child)
                 todo.append(child)
-    return carriers, {pid: stats[pid][1] for pid in ours if pid in stats}
-
-
-def family(token: str, roll: Roll | None = None) -> Roll:
-    """The run's live processes now: the token's carriers, the pids on `roll` (if their start time
-    is still the recorded one), and all their descendants."""
-    return _scan(token, roll or {})[1]
+    return {pid: stats[pid][1] for pid in ours}
 
 
 def sweep(token: str, roll: Roll | None = None, timeout_s: float = GONE_TIMEOUT_S,
