@@ -401,6 +401,12 @@ class SpeculationSpec(Strict):
         "the current step (on each rollout worker, a sample moved there included), in every epoch, the first "
         "included; each sequence drafts from whichever of history and group matches the longer suffix"
     )
+    group_relay: bool = Field(
+        True, description="group_drafts on several rollout workers (torch engine): each worker's new tokens are "
+        "relayed to the workers running the same groups, so every worker drafts from the whole group as it grows, "
+        "not only from the siblings it runs itself; it costs a message per worker every 4 passes and the indexing "
+        "of the siblings' tokens (benchmarks/group-drafts/relay)"
+    )
     disable_above_batch: PositiveInt | None = Field(
         None, le=MAX_BATCH, description="switch speculation off above this many running sequences; default: "
         "profiled cost model"

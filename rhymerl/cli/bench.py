@@ -333,6 +333,10 @@ def replicas(
                                                  "(default: all)")] = None,
     groups: Annotated[int, typer.Option("--groups", min=1, help="HistoPipe ranking groups K")] = 4,
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="runs per policy; medians are reported")] = 1,
+    relay: Annotated[str, typer.Option("--relay", help="group drafts across workers: on (siblings' tokens relayed "
+                                       "between workers, as a run does), off, or both (each policy twice)")] = "on",
+    first_epoch: Annotated[bool, typer.Option("--first-epoch", help="replay as a run's first epoch: no history "
+                                              "index, no length history")] = False,
     out: Annotated[Path | None, typer.Option("--out", help="folder for results.json, table.md, makespan.png")] = None,
 ) -> None:
     """Scheduling policies placing a run's next epoch on N rollout workers (real engines): measured makespans."""
@@ -340,8 +344,12 @@ def replicas(
 
     from rhymerl.tools.bench.replicas import ReplicaBenchConfig, main
 
+    relays = {"on": (True,), "off": (False,), "both": (True, False)}
+    if relay not in relays:
+        raise OptionError(f"--relay: {relay!r}; one of on, off, both")
     chosen = tuple(p.strip() for p in policies.split(",")) if policies else ReplicaBenchConfig.policies
-    main(ReplicaBenchConfig(run, replicas, chosen, groups, repeats), writable_folder(out) if out else None, Console())
+    main(ReplicaBenchConfig(run, replicas, chosen, groups, repeats, relays[relay], first_epoch),
+         writable_folder(out) if out else None, Console())
 
 
 @bench_app.command("profile-recovery")

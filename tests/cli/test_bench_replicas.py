@@ -36,3 +36,24 @@ def test_bench_replicas_names_an_unknown_policy(tmp_path: Path) -> None:
     res = rhymerl("bench", "replicas", "--run", str(tmp_path), "--policies", "equal,fifo")
     assert res.returncode == 2
     assert "--policies: unknown ['fifo']" in res.stderr
+
+
+def test_bench_replicas_runs_each_policy_with_the_relay_on_and_off_as_a_first_epoch(tiny_run: Path,
+                                                                                   tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    res = rhymerl("bench", "replicas", "--run", str(tiny_run), "--replicas", "2", "--policies", "histopipe",
+                  "--relay", "both", "--first-epoch", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    result = json.loads((out / "results.json").read_text())
+    rows = {r["policy"]: r for r in result["rows"]}
+    assert list(rows) == ["histopipe, relay on", "histopipe, relay off"]
+    assert [(r["scheduler"], r["relay"]) for r in rows.values()] == [("histopipe", True), ("histopipe", False)]
+    assert result["first_epoch"] and all(r["identical"] for r in rows.values())
+    # as a first epoch: no length history to rank by, and the group the only draft source
+    assert all(r["ranking"] == ["prompt-length"] and r["tokens_per_pass"] >= 1.0 for r in rows.values())
+
+
+def test_bench_replicas_names_a_relay_it_does_not_know(tmp_path: Path) -> None:
+    res = rhymerl("bench", "replicas", "--run", str(tmp_path), "--relay", "sometimes")
+    assert res.returncode == 2
+    assert "--relay: 'sometimes'; one of on, off, both" in res.stderr

@@ -30,7 +30,9 @@ from rhymerl.workers.roles.reward_worker import RewardWorker
 from rhymerl.workers.roles.rollout_worker import RolloutWorker, encode_prompts, load_job_tokenizer
 from rhymerl.workers.roles.samples import ScoredSample
 from rhymerl.workers.roles.train_worker import TrainWorker
+from rhymerl.workers.rollout.group_drafts import GrownTokens
 from rhymerl.workers.rollout.remote_drafts import SOURCE
+from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.run_folder.run_dir import RunDir
 from rhymerl.workers.task.prompts import load_prompts
 
@@ -314,3 +316,45 @@ def test_a_resumed_fleet_starts_each_group_with_the_policy_version_it_is_given(m
     assert {k: v for k, v in tokens.items() if k[0] != PROMPTS[2]} == old_tokens
     f.fleet.publish(6, old)
     assert set(f.fleet.weights) == {6}  # nothing in use holds 4 or 5 any more
+
+
+def test_siblings_on_other_workers_reach_each_others_group_and_the_tokens_stay_one_workers(
+        model_dir: Path, tmp_path: Path) -> None:
+    one, _ = Fleet(_job(model_dir, length=40), tmp_path / "one").round(PROMPTS)
+    f = Fleet(_job(model_dir, 2, length=40), tmp_path / "two")  # the shared queue deals each group over both
+    relayed: list[tuple[int, list[GrownTokens]]] = []
+    tell = f.t.tell
+
+    def spy(handle: object, method: str, *args: object) -> None:
+        if method == "hear":
+            call_id, blocks = args
+            assert isinstance(call_id, int) and isinstance(blocks, list)
+            relayed.append((call_id, blocks))
+        tell(handle, method, *args)
+
+    f.t.tell = spy  # type: ignore[method-assign]
+    got, rnd = f.round(PROMPTS)
+    assert got == one
+    calls = {c.id: c for c in rnd.calls}
+    assert relayed and {call_id for call_id, _ in relayed} == set(calls)  # both calls heard the other
+    for call_id, blocks in relayed:
+        own = {(s.epoch, s.prompt_id) for s in calls[call_id].samples}
+        mine = {sample_key(s.prompt_id, s.epoch, s.index) for s in calls[call_id].samples}
+        # a block of another call's samples, sharing a group with this one
+        assert all(b.groups & own and mine.isdisjoint(b.sample_ids.tolist()) for b in blocks)
+    # every token a worker heard is one its sibling generated elsewhere, each once
+    heard = [m.handle.obj.metrics.registry.get_sample_value("rhymerl_rollout_group_tokens_heard_total")
+             for m in f.fleet.members]
+    assert all(n is not None and n > 0 for n in heard)
+    assert sum(n or 0 for n in heard) <= sum(len(t) for t in got.values())
+
+
+def test_with_the_relay_off_each_workers_groups_hold_only_its_own_samples(model_dir: Path, tmp_path: Path) -> None:
+    f = Fleet(_job(model_dir, 2, length=40, rollout=", speculation: {group_relay: false}"), tmp_path / "two")
+    told: list[str] = []
+    tell = f.t.tell
+    f.t.tell = lambda handle, method, *args: (told.append(method), tell(handle, method, *args))[1]  # type: ignore[method-assign]
+    _, rnd = f.round(PROMPTS)
+    assert len(rnd.workers) == 2 and "hear" not in told
+    assert all(not m.handle.obj.metrics.registry.get_sample_value("rhymerl_rollout_group_tokens_heard_total")
+               for m in f.fleet.members)

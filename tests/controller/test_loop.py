@@ -107,7 +107,7 @@ def test_a_non_empty_run_folder_is_not_overwritten(model_dir: Path, tmp_path: Pa
 
 FLEET_KEYS = {"rollout_workers", "rollout_workers_live", "rollout_workers_wanted", "rollout_busy_s",
               "rollout_makespan_s", "rollout_bubble", "rollout_migrated", "rollout_stolen", "rollout_deferred",
-              "rollout_handed_back", "rollout_resumed_tokens", "schedule_ranking"}
+              "rollout_handed_back", "rollout_resumed_tokens", "rollout_group_tokens_heard", "schedule_ranking"}
 
 
 def test_more_rollout_workers_run_the_scheduler_and_change_no_token_reward_or_weight(
@@ -123,6 +123,9 @@ def test_more_rollout_workers_run_the_scheduler_and_change_no_token_reward_or_we
     assert all(r.keys() >= FLEET_KEYS for r in rows_one + rows_two)  # one fleet, whatever its size
     assert [r["rollout_workers"] for r in rows_one] == [1] * 4 and [r["rollout_workers"] for r in rows_two] == [2] * 4
     assert [r["schedule_ranking"] for r in rows_two] == ["prompt-length", "prompt-length", "history", "history"]
+    # each group ran on both workers: each heard the other's siblings (one worker hears nobody)
+    assert {r["rollout_group_tokens_heard"] for r in rows_one} == {0}
+    assert all(int(str(r["rollout_group_tokens_heard"])) > 0 for r in rows_two)
     for r in rows_two:
         busy, makespan = r["rollout_busy_s"], r["rollout_makespan_s"]
         assert isinstance(busy, list) and isinstance(makespan, float)

@@ -72,6 +72,28 @@ def test_siblings_fed_in_any_interleaving_draft_what_a_brute_force_count_drafts(
     assert group.n_tokens == sum(map(len, seqs))
 
 
+@settings(max_examples=60, deadline=None)
+@given(seqs=st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=12), min_size=2, max_size=4),
+       cuts_seed=st.integers(0, 2**16))
+def test_siblings_heard_in_chunks_draft_as_if_they_were_generated_here(seqs: list[list[int]], cuts_seed: int) -> None:
+    """Sequence 0 is generated here; the others arrive through feeds, each in random chunks, the
+    feeds interleaved: the draft is the brute-force count's over all of them."""
+    drafter = HistoryDrafter(_spec(0.0))
+    group = GroupIndex(DEPTH)
+    mine = drafter.add(None, seqs[0], group=group)
+    rng = np.random.default_rng(cuts_seed)
+    feeds = [group.follow() for _ in seqs[1:]]
+    queues = [np.array_split(np.array(q, dtype=np.int32), int(rng.integers(1, 4))) for q in seqs[1:]]
+    while any(queues):  # the feeds interleaved, each feed's chunks in order
+        k = int(rng.integers(len(feeds)))
+        if queues[k]:
+            feeds[k].append(queues[k].pop(0))
+    _, tokens = drafter.draft([mine])
+    assert tokens.tolist() == _reference(seqs, 0, 0.0)
+    assert [f.fed for f in feeds] == [len(q) for q in seqs[1:]]
+    assert group.n_tokens == sum(map(len, seqs))
+
+
 def test_the_source_with_the_longer_match_drafts() -> None:
     drafter = HistoryDrafter(SpeculationSpec(prefix=DraftPrefixSpec(max=4, min=1), min_prob=0.0))
     history = HistoryIndex.build([([1, 2, 3, 4, 7, 7], 1.0)])

@@ -227,6 +227,8 @@ def test_a_rollout_worker_that_dies_while_others_take_over_its_samples_loses_non
     assert (once / "rollout-worker-1").exists(), "no worker reached its crash point"
     assert samples(out) == samples(in_process)
     assert [m["worker_reruns"] for m in metrics(out)] == [1, 0, 0, 0]
+    # each group ran on both workers: siblings' tokens crossed between them (over Ray, group drafts)
+    assert sum(int(str(m["rollout_group_tokens_heard"])) for m in metrics(out)) > 0
 
 
 # responses long enough to vary in length; every running sample of a ranking group is watched once

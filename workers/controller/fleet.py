@@ -60,10 +60,11 @@ from rhymerl.workers.roles.samples import (
 )
 from rhymerl.workers.roles.weight_sync import STAGED_WAIT_S
 from rhymerl.workers.rollout.engine import GenRequest
+from rhymerl.workers.rollout.group_drafts import GrownTokens
 from rhymerl.workers.rollout.sampling import sample_key
 
 RERUNS = 3  # a sample may lose its worker this often; once more stops the run
-STATE_PASSES = 4  # a Ray call's token-count reports, when a scheduler acts on them (engine passes)
+STATE_PASSES = 4  # a Ray call's token-count reports (a scheduler acts on them), any call's shares of its tokens (passes)
 SNAPSHOT_PASSES = 16  # a Ray call's snapshots of its samples' tokens (what a re-run resumes from)
 ADMIT_WAIT_S = 10.0
 DRAFT_STEP_COST = 0.5
@@ -217,6 +218,14 @@ class RolloutFleet:
         self._last_count: tuple[int, int] | None = None
         self._started = False  # the fleet was up once: changes of its size are news from then on
         self.freed_drafters = spec.rollout.speculation.freed_drafters and self.releasable
+        speculation = spec.rollout.speculation
+        self.relays_groups = speculation.group_drafts and speculation.group_relay and speculation.reads_history \
+            and self.releasable
+        """Calls report their samples' new tokens, relayed to the calls running their siblings
+        elsewhere (group drafts across workers; a vLLM call is one generate, its groups its own)."""
+        self.heard_for: defaultdict[int, list[GrownTokens]] = defaultdict(list)
+        """Per running call: its samples' siblings' tokens from other workers, not sent yet (`_relay`)."""
+        self.reports_kept = 0  # reports whose tokens `heard_for` keeps
         self.drafting: dict[int, tuple[int, int]] = {}  # drafter's member id -> (verifier's member id, its call id)
         self.pair_drafters: Callable[[Sequence[WorkerView], Sequence[int], Mapping[int, int]], dict[int, int]] = \
             self._priced_pairs
@@ -533,7 +542,8 @@ class RolloutFleet:
         watched = self.job.spec.rollout.max_replicas > 1 or len(self.members) > 1
         rc = RolloutCall(call.id, list(call.samples), list(call.requests), call.round.step,
                          report_every=(STATE_PASSES if concurrent else 1) if watched and self.releasable else None,
-                         snapshot_every=SNAPSHOT_PASSES if concurrent and self.releasable else None)
+                         snapshot_every=SNAPSHOT_PASSES if concurrent and self.releasable else None,
+                         share_every=STATE_PASSES if watched and self.relays_groups else None)
         call.tokens = {s: call.resumed.get(s, 0) for s in call.samples}
         call.stream = self.transport.stream(m.handle, call.id, rc, call.indexes, self._progress(call.resume_of))
         self.by_stream[id(call.stream)] = call
@@ -565,6 +575,8 @@ class RolloutFleet:
         self.live_round = None
         for c in rnd.calls:
             self.by_stream.pop(id(c.stream), None)
+            self.heard_for.pop(c.id, None)
+        self.reports_kept = 0
         for m in [m for m in self.members if m.leaving and not self._active(m)]:
             self._stop(m)
         return [(summary, c.scored) for c, summary in rnd.summaries]
@@ -615,6 +627,8 @@ class RolloutFleet:
     def _observe(self, call: Call, state: CallState) -> None:
         """What a call reported: finishes and token counts go to the scheduler (watched samples once
         they reach their count)."""
+        if self.relays_groups:
+            self._relay(call, state.grown)
         now = self.transport.clock(call.member.handle)
         mine = set(call.samples)
         call.tokens = {s: n for s, n in state.running.items() if s in mine}
@@ -633,6 +647,30 @@ class RolloutFleet:
             if want is not None and generated >= want and s not in self.moving:
                 del self.watches[s]
                 self.executor.progressed(self.sid[s], call.member.slot, generated, now)
+
+    def _relay(self, call: Call, grown: GrownTokens | None) -> None:
+        """A call's block of new tokens is kept, whole, for every other running call of the round
+        that runs one of its groups (same prompt, same epoch) with a sample still unfinished; once
+        as many reports came in as calls run (about one from each), every call is sent the blocks
+        kept for it. One message per call per report interval whatever the fleet's size (a message
+        per pair of workers would grow with its square) and no work per token here; each token at
+        most about one report interval old, and every worker hears its siblings' tokens of the
+        same passes, as siblings in one session do (in-process, where the workers take turns, a
+        sibling heard within the pass it was made would be half a pass ahead of any real fleet)."""
+        live = [c for c in call.round.calls if not c.ended]
+        if grown is not None:
+            for other in live:
+                if other is not call and not grown.groups.isdisjoint(
+                        (s.epoch, s.prompt_id) for s in other.samples if s not in other.finished):
+                    self.heard_for[other.id].append(grown)
+        self.reports_kept += 1
+        if self.reports_kept < len(live):
+            return
+        self.reports_kept = 0
+        for other in live:
+            blocks = self.heard_for.pop(other.id, None)
+            if blocks:
+                self.transport.tell(other.member.handle, "hear", other.id, blocks)
 
     def _handback(self, call: Call, item: Any, hb: Handback) -> None:
         """Samples a call handed back: each goes where the move asked for it says; with the worker

@@ -6,9 +6,9 @@ A call is a generator: every `report_every` passes it reports each sample's toke
 end the finished responses. Between passes it honours what the step loop asked meanwhile
 (`release`: hand named samples back with their tokens, to be moved; `admit`: take moved samples
 into the running call; `leave`: hand every unfinished sample back, the worker is leaving the
-fleet). In the step loop's process the loop steps the generator itself, one report at a time; on
-Ray it is a streaming actor method, and those three requests run beside the call in their own
-concurrency group.
+fleet; `hear`: tokens the samples' siblings generated on other workers, for its group drafts). In
+the step loop's process the loop steps the generator itself, one report at a time; on Ray it is a
+streaming actor method, and those requests run beside the call in their own concurrency group.
 
 On a pod (and on a local Ray instance) SIGTERM is a notice to leave: a worker running a call
 hands its samples back and is stopped by the step loop once they are safe; an idle one exits at
@@ -51,6 +51,7 @@ from rhymerl.workers.roles.threads import apply_threads, chooser, use_threads
 from rhymerl.workers.roles.weight_sync import STAGED_WAIT_S, Group, Layout, WeightReceiver
 from rhymerl.workers.roles.worker_metrics import WorkerMetrics
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, TorchEngine
+from rhymerl.workers.rollout.group_drafts import GroupDrafts, GrownTokens
 from rhymerl.workers.rollout.remote_drafts import DraftLink, DraftServer, DraftStream, News, RemoteDrafts
 from rhymerl.workers.rollout.speculation import RolloutSpeculation, reachable_batches
 from rhymerl.workers.rollout.verify_cost import Progress, load_or_measure
@@ -78,7 +79,7 @@ class Deferred(Protocol):
 
 class RolloutWorker:
     CONCURRENCY_GROUPS: ClassVar[dict[str, int]] = {"control": 1, "weights": 1, "drafts": 1}
-    CONTROL: ClassVar[frozenset[str]] = frozenset({"release", "admit", "leave", "host", "draft_from"})
+    CONTROL: ClassVar[frozenset[str]] = frozenset({"release", "admit", "leave", "host", "draft_from", "hear"})
     """Methods that reach a running call (they run beside it, in the control group, on Ray)."""
     WEIGHTS: ClassVar[frozenset[str]] = frozenset({"receive_weights"})
     """Receiving a published version over a broadcast, beside a running call (the weights group)."""
@@ -123,6 +124,7 @@ class RolloutWorker:
         self._max_prompt = 0  # the running call's longest prompt: what its KV cache was sized for
         self._leaving = False
         self._link: list[DraftLink | None] = []  # a drafter link for the running call to switch to
+        self._heard: list[GrownTokens] = []  # siblings' tokens from other workers, for the running call's groups
         self._servers: dict[object, DraftServer] = {}  # links this worker drafts for
         if notice:
             signal.signal(signal.SIGTERM, self._on_notice)
@@ -170,6 +172,13 @@ class RolloutWorker:
         with self._lock:
             if self._call == call:
                 self._link = [link]
+
+    def hear(self, call: int, blocks: list[GrownTokens]) -> None:
+        """Tokens siblings of the running call's samples generated on other workers, for its group
+        indexes (group drafts); a call that already ended ignores them."""
+        with self._lock:
+            if self._call == call:
+                self._heard += blocks
 
     # ------------------------------------------------------------------ drafting for another worker
     def exchange(self, link: object, news: list[News]) -> list[DraftStream]:
@@ -241,14 +250,16 @@ class RolloutWorker:
     def _generate_torch(self, call: RolloutCall, indexes: Mapping[str, HistoryIndex] | None,
                         resume: RolloutProgress | None, busy: _Busy,
                         started: float) -> Iterator[Tag | RolloutProgress | RolloutOutput | None]:
-        drafts = self.speculation.drafts_from(indexes or {})
-        remote = RemoteDrafts(self.job.spec.rollout.speculation, drafts) \
-            if self.job.spec.rollout.speculation.freed_drafters else None
+        spec = self.job.spec.rollout.speculation
+        groups = GroupDrafts(spec, (r.prompt_id for r in call.requests)) if spec.group_drafts else None
+        drafts = self.speculation.drafts_from(indexes or {}, groups)
+        remote = RemoteDrafts(spec, drafts) if spec.freed_drafters else None
         drafts = remote or drafts
         samples, requests = list(call.samples), list(call.requests)
         results: dict[int, GenResult] = {}
         gone: set[int] = set()  # handed back
         carried: dict[int, int] = {}  # tokens each sample brought from elsewhere
+        shared: dict[int, int] = {}  # tokens of each sample its reports carried (share_every)
         # samples other calls hand over (`admit`) take the slots this call's finished samples free
         session = self.engine.session(self.params, drafts, slots=len(requests),
                                       max_prompt_len=max(len(r.prompt_ids) for r in requests))
@@ -260,23 +271,45 @@ class RolloutWorker:
             else:
                 session.add(i, requests[i], partial, first=first)
 
-        def state() -> CallState:  # waiting samples in queue order, then running ones
+        def state(passes: int | None = None) -> CallState:  # waiting samples in queue order, then running ones
+            """passes: after this many passes (None: the call's end)."""
             live = [*session.waiting(), *session.running()]
+            share = call.share_every is not None and (passes is None or passes % call.share_every == 0)
             return CallState({samples[i]: session.generated(i) for i in live},
-                             {samples[i]: len(r.response_ids) for i, r in results.items()})
+                             {samples[i]: len(r.response_ids) for i, r in results.items()},
+                             grown() if share else None)
+
+        def grown() -> GrownTokens | None:
+            """Tokens since they were last shared (a moved sample's from where it arrived: its
+            tokens before that were shared where they were generated)."""
+            rows = []
+            for i, n in [*((i, session.generated(i)) for i in session.running()),
+                         *((i, len(r.response_ids)) for i, r in results.items())]:
+                start = shared.get(i, carried[i])
+                if n > start:
+                    tokens = results[i].response_ids[start:] if i in results else session.tokens(i, start)
+                    rows.append((samples[i].epoch, requests[i].sample_id, requests[i].prompt_id, start, tokens))
+                    shared[i] = n
+            return GrownTokens.of(rows)
 
         for i, sample in enumerate(samples):
             add(i, resume.results.get(sample) if resume else None)
         with self._lock:
-            self._call, self._release, self._admitted, self._link = call.id, set(), [], []
+            self._call, self._release, self._admitted, self._link, self._heard = call.id, set(), [], [], []
             self._max_prompt = session.max_prompt_len
         try:
             passes = 0
             while True:
-                release, admitted, leaving, link = self._requests()
+                release, admitted, leaving, link, heard = self._requests()
                 if remote is not None and link:
                     remote.attach(link[0])
+                if groups is not None and heard:
+                    before = groups.heard
+                    groups.hear(heard)
+                    self.metrics.heard.inc(groups.heard - before)
                 for sample, request, partial in admitted:
+                    if groups is not None:
+                        groups.prompts.add(request.prompt_id)
                     samples.append(sample)
                     requests.append(request)
                     add(len(samples) - 1, partial, first=True)
@@ -301,13 +334,13 @@ class RolloutWorker:
                     snapshot = RolloutProgress({samples[i]: r for i, r in (results | session.progress()).items()})
                     busy.pause()
                     yield snapshot
-                    yield ("progress", state())
+                    yield ("progress", state(passes))
                     busy.resume()
                     faults.point("rollout-worker", call.step)
                 elif call.report_every and passes % call.report_every == 0:
                     busy.pause()
                     yield None
-                    yield ("state", state())
+                    yield ("state", state(passes))
                     busy.resume()
                     if not call.snapshot_every:  # in the step loop's process: a point to hold at
                         faults.point("rollout-worker", call.step)
@@ -319,13 +352,14 @@ class RolloutWorker:
         kept = [i for i in range(len(requests)) if i not in gone]
         yield from self._finish(RolloutOutput([samples[i] for i in kept], [results[i] for i in kept],
                                               self.policy_version, busy.now() - started, bool(indexes),
-                                              sum(carried[i] for i in kept)), state(), busy)
+                                              sum(carried[i] for i in kept), groups.heard if groups else 0),
+                                state(), busy)
 
     def _requests(self) -> tuple[set[SampleRef], list[tuple[SampleRef, GenRequest, GenResult | None]], bool,
-                                 list[DraftLink | None]]:
+                                 list[DraftLink | None], list[GrownTokens]]:
         with self._lock:
-            out = (self._release, self._admitted, self._leaving, self._link)
-            self._release, self._admitted, self._link = set(), [], []
+            out = (self._release, self._admitted, self._leaving, self._link, self._heard)
+            self._release, self._admitted, self._link, self._heard = set(), [], [], []
             return out
 
     def _close_call(self) -> bool:

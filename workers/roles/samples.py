@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SourceCount
+from rhymerl.workers.rollout.group_drafts import GrownTokens
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,10 @@ class RolloutCall:
     snapshot_every: int | None = None
     """Engine passes between snapshots of every sample's tokens ("progress", what a re-run of the
     call after its worker died resumes from); None: none."""
+    share_every: int | None = None
+    """Engine passes between reports that also carry the tokens each sample generated since the
+    last such report (`grown`; the output carries the rest): the step loop relays them to the calls
+    running the same groups on other workers (group drafts). None: no tokens shared."""
 
 
 @dataclass
@@ -49,6 +54,7 @@ class RolloutOutput:
     seconds: float
     speculated: bool  # history drafts were available for this call
     resumed_tokens: int  # tokens the samples brought from elsewhere (a lost call's progress, a move)
+    heard_tokens: int = 0  # tokens of siblings on other workers its group indexes took in (group drafts)
 
 
 @dataclass
@@ -62,10 +68,12 @@ class RolloutProgress:
 @dataclass(frozen=True)
 class CallState:
     """What a rollout call reports: the tokens each unfinished sample has so far (waiting ones
-    included, at 0) and the length of each finished one."""
+    included, at 0) and the length of each finished one; with `share_every`, the tokens its
+    samples generated since they were last shared (None: none)."""
 
     running: dict[SampleRef, int]
     finished: dict[SampleRef, int]
+    grown: GrownTokens | None = None
 
 
 @dataclass(frozen=True)
@@ -119,3 +127,4 @@ class CallSummary:
     speculated: bool
     policy_version: int
     resumed_tokens: int
+    heard_tokens: int = 0

@@ -35,6 +35,8 @@ class WorkerMetrics:
         self.accepted = Counter("rhymerl_rollout_accepted_tokens", "draft tokens accepted", registry=r)
         self.resumed = Counter("rhymerl_rollout_resumed_tokens", "tokens taken over from a lost call",
                                registry=r)
+        self.heard = Counter("rhymerl_rollout_group_tokens_heard", "tokens siblings generated on other rollout "
+                             "workers, indexed for group drafts", registry=r)
         self.policy = Gauge("rhymerl_rollout_policy_version", "policy version loaded", registry=r)
         self.scored = Counter("rhymerl_reward_samples", "responses scored", registry=r)
         self.shipped = Counter("rhymerl_history_indexes_shipped", "prompt indexes sent to rollout workers",

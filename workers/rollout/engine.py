@@ -274,6 +274,10 @@ class EngineSession:
         """Response tokens a waiting or running request has so far."""
         return len(self._results[key].response_ids)
 
+    def tokens(self, key: int, start: int = 0) -> list[int]:
+        """A waiting or running request's response tokens from `start` on (a copy)."""
+        return self._results[key].response_ids[start:]
+
     def progress(self) -> dict[int, GenResult]:
         """Copies of every waiting or running request's partial result: what resumes them (`add`)
         if this session is lost."""

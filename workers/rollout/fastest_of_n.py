@@ -32,6 +32,7 @@ from rhymerl.api.spec import SpeculationSpec
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.rollout.draft_model import MAX_PROBE_GAP, DraftModelDrafts
 from rhymerl.workers.rollout.engine import DraftSource, GenRequest
+from rhymerl.workers.rollout.group_drafts import GroupDrafts
 from rhymerl.workers.rollout.speculators import PROBE_EVERY, DraftCapController, HistoryDrafts, NgramDrafts
 
 
@@ -163,10 +164,10 @@ class FastestOfNDrafts:
 
 
 def job_sources(spec: SpeculationSpec, indexes: Mapping[str, HistoryIndex], control: DraftCapController,
-                draft: TinyLlama | None = None) -> FastestOfNDrafts:
+                draft: TinyLlama | None = None, groups: GroupDrafts | None = None) -> FastestOfNDrafts:
     """`method: fastest-of-n` as a job runs it: history (with the group) and n-gram, plus the draft model
     where one is given, the draft model asked as a costly source."""
-    sources: dict[str, DraftSource] = {"history": HistoryDrafts(spec, indexes, None), "ngram": NgramDrafts(spec, None)}
+    sources: dict[str, DraftSource] = {"history": HistoryDrafts(spec, indexes, None, groups), "ngram": NgramDrafts(spec, None)}
     costly: dict[str, Costly] = {}
     if draft is not None:
         model = DraftModelDrafts(spec, draft, None, pricing=control)

@@ -24,6 +24,7 @@ from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.rollout.draft_model import DraftModelDrafts, load_draft_model
 from rhymerl.workers.rollout.engine import DraftSource, SourceCount
 from rhymerl.workers.rollout.fastest_of_n import job_sources
+from rhymerl.workers.rollout.group_drafts import GroupDrafts
 from rhymerl.workers.rollout.speculators import DraftCapController, HistoryDrafts, NgramDrafts
 from rhymerl.workers.rollout.verify_cost import BATCHES, ProfileStore, Progress
 
@@ -68,18 +69,19 @@ class RolloutSpeculation:
         indexes = self.drafting.indexes_before(epoch, prompt_ids) if self.control.spec.reads_history else {}
         return self.drafts_from(indexes)
 
-    def drafts_from(self, indexes: Mapping[str, HistoryIndex]) -> DraftSource | None:
+    def drafts_from(self, indexes: Mapping[str, HistoryIndex], groups: GroupDrafts | None = None) -> DraftSource | None:
         """The draft source of one rollout, given the indexes of its prompts that history has (a
-        rollout worker receives them from a history worker)."""
+        rollout worker receives them from a history worker) and, with `group_drafts`, the call's
+        group indexes (None: the source's own; siblings on other workers join a worker's)."""
         spec = self.control.spec
         if self.method == "history":
-            return HistoryDrafts(spec, indexes, self.control) if indexes or spec.group_drafts else None
+            return HistoryDrafts(spec, indexes, self.control, groups) if indexes or spec.group_drafts else None
         if self.method == "ngram":
             return NgramDrafts(spec, self.control)
         if self.method == "draft-model" and self.draft is not None:
             return DraftModelDrafts(spec, self.draft, self.control)
         if self.method == "fastest-of-n":
-            return job_sources(spec, indexes, self.control, self.draft)
+            return job_sources(spec, indexes, self.control, self.draft, groups)
         return None
 
     def keep_cost_evidence(self) -> None:

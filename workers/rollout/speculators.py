@@ -25,13 +25,13 @@ from rhymerl.algorithms.drafting.adaptive_cap import (
 )
 from rhymerl.algorithms.drafting.index import (
     AimdWindows,
-    GroupIndex,
     HistoryDrafter,
     HistoryIndex,
     ngram_draft,
 )
 from rhymerl.api.spec import SpeculationSpec
 from rhymerl.workers.rollout.engine import GenRequest
+from rhymerl.workers.rollout.group_drafts import GroupDrafts
 
 PROBE_EVERY = 16
 
@@ -141,8 +141,9 @@ class DraftCapController:
 
 class HistoryDrafts:
     """HistoSpec: drafts from the previous epoch's responses to the same prompt (native index) and,
-    with `group_drafts`, from the responses of the prompt's group generated so far by this source's
-    engine (a `GroupIndex` per prompt; a resumed sample's tokens join it when it is admitted).
+    with `group_drafts`, from the responses of the prompt's group generated so far, by this source's
+    engine and by siblings on other workers (`GroupDrafts`; a resumed sample's tokens join it when
+    it is admitted).
 
     Emitted tokens are fed to the drafter lazily, in one native call just before it next drafts:
     while speculation is parked nothing is drafted, and the matcher catches up on the way back. A
@@ -150,22 +151,20 @@ class HistoryDrafts:
     """
 
     def __init__(self, spec: SpeculationSpec, indexes: Mapping[str, HistoryIndex],
-                 control: DraftCapController | None) -> None:
+                 control: DraftCapController | None, groups: GroupDrafts | None = None) -> None:
+        """groups: the call's group indexes (the siblings it hears join them); None: its own, with
+        `group_drafts`."""
         self.spec = spec
         self.drafter = HistoryDrafter(spec)
         self.indexes = indexes
         self.control = control
-        self.groups: dict[str, GroupIndex] | None = {} if spec.group_drafts else None
+        self.groups = groups if groups is not None or not spec.group_drafts else GroupDrafts(spec)
         self.handle: dict[int, int] = {}  # slot -> drafter handle (prompts with history or a group)
         self.pending: dict[int, list[int]] = {}  # slot -> emitted tokens the drafter has not seen
 
     def begin(self, slot: int, request: GenRequest) -> None:
         index = self.indexes.get(request.prompt_id)
-        group = None
-        if self.groups is not None:
-            group = self.groups.get(request.prompt_id)
-            if group is None:
-                group = self.groups[request.prompt_id] = GroupIndex.for_spec(self.spec)
+        group = self.groups.index(request.prompt_id) if self.groups is not None else None
         if index is not None or group is not None:
             self.handle[slot] = self.drafter.add(index, group=group)
             self.pending[slot] = []

@@ -13,9 +13,11 @@ from typing import Any
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 MEASURED = frozenset({"spec_rate", "spec_acceptance", "tokens_per_pass", "spec_sources", "rollout_busy_s", "rollout_makespan_s",
-                      "rollout_bubble", "weight_sync_s", "weight_fallbacks", "fleet_recommended", "rollout_logprob_diff_mean",
-                      "rollout_logprob_diff_max", "is_ratio_mean", "is_ratio_max", "is_capped_frac"})
-"""Fields measured with a clock, following from choices made on measured costs (the draft cap), or
+                      "rollout_bubble", "rollout_group_tokens_heard", "weight_sync_s", "weight_fallbacks",
+                      "fleet_recommended", "rollout_logprob_diff_mean", "rollout_logprob_diff_max", "is_ratio_mean",
+                      "is_ratio_max", "is_capped_frac"})
+"""Fields measured with a clock, following from choices made on measured costs (the draft cap) or
+from when the workers' reports arrived (the siblings' tokens relayed between them), or
 float rounding that depends on which rows the engine batched together (the behaviour
 log-probabilities against the trainer's), beside every `time_*` and `*_per_s`: two runs of one job
 legitimately differ in them, in nothing else."""
@@ -73,6 +75,7 @@ class StepMetrics(BaseModel):
     rollout_deferred: int | None = None  # outliers moved on to the next round with their tokens (inter-step)
     rollout_handed_back: int | None = None  # samples of workers that left or died, resumed elsewhere
     rollout_resumed_tokens: int | None = None  # generated tokens the step's calls took over from elsewhere
+    rollout_group_tokens_heard: int | None = None  # siblings' tokens relayed between workers (group drafts)
     rollout_drafting_workers: int | None = None  # most workers drafting for others at once (freed drafters)
     schedule_ranking: str | None = None  # how the step's first round ranked its prompts (history, prompt-length)
     fleet_recommended: int | None = None  # rollout workers the next step wants (scheduling/fleet_size.py)

@@ -202,6 +202,11 @@ class GroupIndex:
         """Index a whole response (one that no sequence of a drafter is generating)."""
         self._native.extend(_tokens(response))
 
+    def follow(self) -> GroupFeed:
+        """A response generated elsewhere (a sibling on another rollout worker), to append to as its
+        tokens arrive."""
+        return GroupFeed(self)
+
     @property
     def depth(self) -> int:
         return self._native.depth
@@ -220,6 +225,24 @@ class GroupIndex:
 
     def __repr__(self) -> str:
         return f"GroupIndex(depth={self.depth}, tokens={self.n_tokens}, nodes={self.n_nodes})"
+
+
+class GroupFeed:
+    """One response of a group that no sequence of this process generates, appended in order as
+    its tokens arrive (each token costs what a generated one does: O(depth), nothing rebuilt)."""
+
+    __slots__ = ("_native",)
+
+    def __init__(self, group: GroupIndex) -> None:
+        self._native = _native.GroupFeed(group._native)
+
+    def append(self, tokens: Tokens) -> None:
+        self._native.append(_tokens(tokens))
+
+    @property
+    def fed(self) -> int:
+        """Tokens appended so far."""
+        return self._native.fed
 
 
 @dataclass(frozen=True)

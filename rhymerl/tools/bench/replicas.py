@@ -13,6 +13,12 @@ this machine's wall time. `lpt` is given the true lengths (the reference run's),
 reference. With repeats, the policies run interleaved (the order reversed every other repeat); each
 step's makespan and each policy's bubble ratio (idle share of workers x makespan) are medians over
 the repeats; moves are the last repeat's (they vary only through `realloc`'s clock).
+
+Group drafts across workers: with `--relay both` each policy also runs with the relay of
+siblings' tokens between workers off (`speculation.group_relay`), so each worker's group indexes
+hold only the siblings it runs; `--first-epoch` replays the epoch as a run's first one sees it (no
+history index, no length history), where the group is the only draft source. Tokens per pass
+(response tokens over each response's verify passes) is reported per variant.
 """
 
 from __future__ import annotations
@@ -51,6 +57,10 @@ class ReplicaBenchConfig:
     policies: tuple[str, ...] = ("equal", "lpt", "skew-aware", "realloc", "async", "histopipe")
     groups: int = 4
     repeats: int = 1
+    relay: tuple[bool, ...] = (True,)
+    """Group drafts across workers: the variants run (True: siblings' tokens relayed between workers)."""
+    first_epoch: bool = False
+    """Replay as a first epoch: no history index and no length history."""
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.policies if p not in POLICIES]
@@ -60,22 +70,32 @@ class ReplicaBenchConfig:
             raise OptionError("--replicas: at least 2 (one worker has nothing to schedule)")
 
 
-def _fleet_run(w: RunWorkload, policy: str, cfg: ReplicaBenchConfig,
+def _variants(cfg: ReplicaBenchConfig) -> list[tuple[str, bool]]:
+    return [(p, relay) for p in cfg.policies for relay in cfg.relay]
+
+
+def _label(policy: str, relay: bool, cfg: ReplicaBenchConfig) -> str:
+    return policy if len(cfg.relay) == 1 else f"{policy}, relay {'on' if relay else 'off'}"
+
+
+def _fleet_run(w: RunWorkload, policy: str, relay: bool, cfg: ReplicaBenchConfig,
                oracle: dict[SampleRef, int]) -> tuple[dict[SampleRef, list[int]], list[Round]]:
-    """The epoch on a fresh fleet of `cfg.replicas` workers placed by `policy`: every response's
-    tokens, and one round per training step."""
+    """The epoch on a fresh fleet of `cfg.replicas` workers placed by `policy` (`relay`: siblings'
+    tokens relayed between workers): every response's tokens, and one round per training step."""
     job = w.job.model_copy(deep=True)
     job.spec.rollout.replicas = job.spec.rollout.max_replicas = cfg.replicas
     job.spec.rollout.min_replicas = 1
     job.spec.scheduling = SchedulingSpec(policy=policy, ranking_groups=cfg.groups)
     job.spec.algorithm.max_off_policy_steps = 0
+    job.spec.rollout.speculation.group_relay = relay
     t = LocalTransport()
     notes: list[str] = []
     reward = [t.start("reward", RewardWorker, job)]
-    history = HistoryClient(t, lambda: t.start("history", HistoryWorker, job, lambda: w.records), notes.append)
+    records = [] if cfg.first_epoch else w.records
+    history = HistoryClient(t, lambda: t.start("history", HistoryWorker, job, lambda: records), notes.append)
     lengths = LengthHistory()  # the length history a resumed run replays from its dumps
     groups: dict[tuple[int, str], list[int]] = {}
-    for rec in w.records:
+    for rec in records:
         groups.setdefault((rec.step, rec.prompt_id), []).append(len(rec.response_ids))
     for (_, pid), ls in groups.items():
         lengths.observe(pid, ls)
@@ -116,45 +136,56 @@ def run_bench(cfg: ReplicaBenchConfig, console: Console) -> dict[str, Any]:
     reference = {SampleRef(req.prompt_id, i % g, w.epoch): res.response_ids for chunk in w.steps()
                  for i, (req, res) in enumerate(zip(chunk, engine.generate(chunk, w.params), strict=True))}
     oracle = {s: len(ids) for s, ids in reference.items()}
-    makespans: dict[str, list[list[float]]] = {p: [] for p in cfg.policies}
-    bubbles: dict[str, list[float]] = {p: [] for p in cfg.policies}
-    last: dict[str, tuple[dict[SampleRef, list[int]], list[Round]]] = {}
+    variants = _variants(cfg)
+    makespans: dict[tuple[str, bool], list[list[float]]] = {v: [] for v in variants}
+    bubbles: dict[tuple[str, bool], list[float]] = {v: [] for v in variants}
+    last: dict[tuple[str, bool], tuple[dict[SampleRef, list[int]], list[Round]]] = {}
     for rep in range(cfg.repeats):
         # interleaved, the order reversed every other repeat: drift on a shared machine, and a
         # policy's position in the round, hit every policy alike
-        for policy in cfg.policies if rep % 2 == 0 else cfg.policies[::-1]:
-            last[policy] = _fleet_run(w, policy, cfg, oracle)
-            rounds = last[policy][1]
-            makespans[policy].append([fleet_metrics([r], cfg.replicas, cfg.replicas)["rollout_makespan_s"]
-                                      for r in rounds])
-            bubbles[policy].append(fleet_metrics(rounds, cfg.replicas, cfg.replicas)["rollout_bubble"])
-            console.print(f"    [dim]run {rep + 1}/{cfg.repeats} {policy}: makespan "
-                          f"{sum(makespans[policy][-1]):.2f}s, bubble {100 * bubbles[policy][-1]:.1f}%[/]",
-                          highlight=False)
+        for v in variants if rep % 2 == 0 else variants[::-1]:
+            last[v] = _fleet_run(w, *v, cfg, oracle)
+            rounds = last[v][1]
+            makespans[v].append([fleet_metrics([r], cfg.replicas, cfg.replicas)["rollout_makespan_s"] for r in rounds])
+            bubbles[v].append(fleet_metrics(rounds, cfg.replicas, cfg.replicas)["rollout_bubble"])
+            console.print(f"    [dim]run {rep + 1}/{cfg.repeats} {_label(*v, cfg)}: makespan "
+                          f"{sum(makespans[v][-1]):.2f}s, bubble {100 * bubbles[v][-1]:.1f}%, "
+                          f"{tokens_per_pass(rounds):.2f} tokens per pass[/]", highlight=False)
     rows: list[dict[str, Any]] = []
-    for policy in cfg.policies:
-        tokens, rounds = last[policy]
-        per_step = [statistics.median(run[i] for run in makespans[policy]) for i in range(len(rounds))]
+    for v in variants:
+        tokens, rounds = last[v]
+        per_step = [statistics.median(run[i] for run in makespans[v]) for i in range(len(rounds))]
         metrics = fleet_metrics(rounds, cfg.replicas, cfg.replicas)
         rows.append({
-            "policy": policy,
+            "policy": _label(*v, cfg),
+            "scheduler": v[0],
+            "relay": v[1],
             "makespan_s": round(sum(per_step), 3),
+            "tokens_per_pass": round(tokens_per_pass(rounds), 3),
             "per_step_makespan_s": [round(x, 3) for x in per_step],
-            "bubble": round(statistics.median(bubbles[policy]), 4),
+            "bubble": round(statistics.median(bubbles[v]), 4),
             "migrated": metrics["rollout_migrated"],
             "stolen": metrics["rollout_stolen"],
             "ranking": sorted({r.ranking for r in rounds}),
             "identical": tokens == reference,
         })
-    base = next((r["makespan_s"] for r in rows if r["policy"] == "equal"), rows[0]["makespan_s"])
+    base = next((r["makespan_s"] for r in rows if r["scheduler"] == "equal"), rows[0]["makespan_s"])
     for r in rows:
         r["vs_equal"] = round(base / r["makespan_s"], 3) if r["makespan_s"] else None
-    return {"replicas": cfg.replicas, "groups": cfg.groups, "repeats": cfg.repeats, "samples": len(w.requests),
+    return {"replicas": cfg.replicas, "groups": cfg.groups, "repeats": cfg.repeats, "first_epoch": cfg.first_epoch,
+            "samples": len(w.requests),
             "steps": len(w.steps()), "tokens": sum(oracle.values()), "checkpoint": w.checkpoint, "rows": rows}
 
 
+def tokens_per_pass(rounds: list[Round]) -> float:
+    """Response tokens over verify passes, every response of the rounds (a moved one's passes on
+    each worker counted)."""
+    samples = [s for r in rounds for _, summary in r.summaries for s in summary.samples]
+    return sum(s.length for s in samples) / max(1, sum(s.forward_passes for s in samples))
+
+
 def render(result: dict[str, Any], console: Console) -> str:
-    cols = ["policy", "makespan_s", "vs_equal", "bubble", "migrated", "stolen", "identical"]
+    cols = ["policy", "makespan_s", "vs_equal", "bubble", "tokens_per_pass", "migrated", "stolen", "identical"]
     table = Table(title=f"{result['samples']} samples on {result['replicas']} rollout workers: rollout makespan "
                         f"(sum of {result['steps']} steps)")
     for c in cols:

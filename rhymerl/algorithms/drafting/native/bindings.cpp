@@ -25,6 +25,12 @@ using rhymerl::SuffixIndex;
 
 namespace {
 
+struct GroupFeed {
+  std::shared_ptr<GroupIndex> group;
+  GroupIndex::Cursor cursor;
+  uint64_t fed = 0;
+};
+
 template <typename T>
 using Arr = py::array_t<T, py::array::c_style | py::array::forcecast>;
 
@@ -264,6 +270,27 @@ PYBIND11_MODULE(_suffix_index, m) {
       .def_property_readonly("n_nodes", &GroupIndex::n_nodes)
       .def_property_readonly("n_tokens", &GroupIndex::n_tokens)
       .def_property_readonly("memory_bytes", &GroupIndex::memory_bytes);
+
+  // One response of the group generated elsewhere (a sibling on another rollout worker), appended
+  // as its tokens arrive: the response's own cursor, under the group's mutex.
+  py::class_<GroupFeed>(m, "GroupFeed")
+      .def(py::init([](std::shared_ptr<GroupIndex> group) {
+             if (!group) throw std::invalid_argument("a feed needs a group index");
+             GroupFeed feed{group, group->cursor(), 0};
+             return feed;
+           }),
+           py::arg("group"))
+      .def(
+          "append",
+          [](GroupFeed& self, const py::object& tokens) {
+            auto t = in1d<int32_t>(tokens, "tokens");
+            py::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lock(self.group->mutex());
+            for (std::size_t i = 0; i < t.size; ++i) self.group->append(self.cursor, t.ptr[i]);
+            self.fed += t.size;
+          },
+          py::arg("tokens"), "Append the response's next tokens.")
+      .def_property_readonly("fed", [](const GroupFeed& self) { return self.fed; });
 
   py::class_<Drafter>(m, "Drafter")
       .def(py::init([](int64_t prefix_max, int64_t prefix_min, int64_t window_initial, int64_t window_step,
