@@ -47,6 +47,7 @@ from rhymerl.workers.roles.reward_worker import RewardWorker
 from rhymerl.workers.roles.rollout_worker import RolloutWorker, encode_prompts
 from rhymerl.workers.roles.samples import SampleRef, ScoredSample
 from rhymerl.workers.rollout.engine import TorchEngine
+from rhymerl.workers.rollout.speculation import speculation_metrics
 from rhymerl.workers.task.prompts import load_prompts
 
 
@@ -178,10 +179,11 @@ def run_bench(cfg: ReplicaBenchConfig, console: Console) -> dict[str, Any]:
 
 
 def tokens_per_pass(rounds: list[Round]) -> float:
-    """Response tokens over verify passes, every response of the rounds (a moved one's passes on
-    each worker counted)."""
+    """The step metric `tokens_per_pass` over every response of the rounds (a moved one's passes
+    on each worker counted)."""
     samples = [s for r in rounds for _, summary in r.summaries for s in summary.samples]
-    return sum(s.length for s in samples) / max(1, sum(s.forward_passes for s in samples))
+    tokens, passes = sum(s.length for s in samples), sum(s.forward_passes for s in samples)
+    return float(speculation_metrics(tokens, 0, 0, passes)["tokens_per_pass"])
 
 
 def render(result: dict[str, Any], console: Console) -> str:
