@@ -40,6 +40,10 @@ MAX_REPLICAS = 1024  # pods of one role
 MAX_TOKENS = 131_072  # 128K: the longest context of current open models
 MAX_BATCH = 16_384  # sequences one engine decodes together (vLLM's max_num_seqs is 256 by default)
 MAX_PATH = 4096  # PATH_MAX on Linux
+MAX_RECENT_TOKENS = 1 << 26  # a recent-responses index of 64Mi tokens is ~1.5 GB shipped with every rollout call
+HISTORY_EPOCHS = 2  # benchmarks/history-epochs: 2 lifts epochs 3-5 of the quickstart past 4 tokens per pass
+MAX_HISTORY_EPOCHS = 64
+RECENT_TOKENS = 1 << 18  # ~6 MB of index: the quickstart's last 16 steps, a real job's last few dozen responses
 MAX_INT64 = 2**63 - 1  # what Kubernetes, numpy and torch hold in an integer
 DAY_S = 86_400
 WEEK_S = 7 * DAY_S
@@ -380,7 +384,8 @@ class DraftPrefixSpec(Strict):
 
 class SpeculationSpec(Strict):
     method: Literal["none", "history", "ngram", "draft-model", "fastest-of-n"] = Field(
-        "history", description="history: HistoSpec (last epoch's responses, and the group's own with group_drafts); "
+        "history", description="history: HistoSpec (the prompt's responses of its last history_epochs epochs, the "
+        "run's recent responses for a prompt without any, and the group's own with group_drafts); "
         "ngram: each sequence's own context; draft-model: a small model (draft_model); fastest-of-n: every source "
         "there is (history with the group, n-gram, the draft model where draft_model is set) drafts and each "
         "response takes the drafts of the one its own tokens confirmed most"
@@ -406,6 +411,19 @@ class SpeculationSpec(Strict):
         "relayed to the workers running the same groups, so every worker drafts from the whole group as it grows, "
         "not only from the siblings it runs itself; it costs a message per worker every 4 passes and the indexing "
         "of the siblings' tokens (benchmarks/group-drafts/relay)"
+    )
+    history_epochs: PositiveInt = Field(
+        HISTORY_EPOCHS, le=MAX_HISTORY_EPOCHS,
+        description="history: a prompt drafts from its responses of its last this many epochs, in one index (1: the "
+        "previous epoch only, as RhymeRL); each one adds the size of an epoch's index to what is shipped "
+        "(benchmarks/history-epochs)"
+    )
+    recent_tokens: NonNegInt = Field(
+        RECENT_TOKENS, le=MAX_RECENT_TOKENS,
+        description="history: a prompt without responses of its own in the history (every prompt in epoch 1) drafts "
+        "from the run's newest responses to any prompt, this many tokens of them at most (like suffix decoding's "
+        "global tree; about 24 bytes of index per token, shipped with each rollout call); 0: only from its group "
+        "(benchmarks/group-drafts/recent)"
     )
     disable_above_batch: PositiveInt | None = Field(
         None, le=MAX_BATCH, description="switch speculation off above this many running sequences; default: "

@@ -153,3 +153,18 @@ def test_a_run_drafting_from_redis_makes_the_tokens_of_one_drafting_from_memory_
     assert [(r.response_ids, r.reward) for r in cut] == [(r.response_ids, r.reward) for r in memory]
     assert sum(r.speculation.drafted for r in cut if r.epoch == 2) > 0  # history drafting did run
     assert redis.Redis.from_url(redis_url).keys("*") == []  # the finished run deleted its own keys
+
+
+def test_a_first_epoch_drafts_from_the_earlier_steps_responses_to_other_prompts(model_dir: Path, tmp_path: Path) -> None:
+    with_recent, without = _job(model_dir, epochs=1), _job(model_dir, epochs=1)
+    for job, budget in ((with_recent, 1 << 18), (without, 0)):
+        job.spec.rollout.speculation.group_drafts = False  # no other source: what drafts is the recent window
+        job.spec.rollout.speculation.recent_tokens = budget
+    _run(with_recent, tmp_path / "recent")
+    _run(without, tmp_path / "none")
+    recent, none = dumps.read_run(tmp_path / "recent"), dumps.read_run(tmp_path / "none")
+    assert [r.response_ids for r in recent] == [r.response_ids for r in none]
+    drafted = {(name, step): sum(r.speculation.drafted for r in recs if r.step == step)
+               for name, recs in (("recent", recent), ("none", none)) for step in (1, 2)}
+    assert drafted == {("recent", 1): 0, ("none", 1): 0, ("none", 2): 0, ("recent", 2): drafted["recent", 2]}
+    assert drafted["recent", 2] > 0  # step 2's prompts are new: they drafted from step 1's answers to others

@@ -20,6 +20,7 @@ from rhymerl.tools.bench.acceptance import (
     FASTEST_GROUP,
     FASTEST_HISTORY_GROUP,
     GROUP,
+    RECENT_GROUP,
     AcceptanceConfig,
 )
 from rhymerl.tools.bench.acceptance import run as run_acceptance
@@ -82,9 +83,12 @@ def test_a_late_divergence_history_drafts_the_rewarded_tail_only_when_weighted()
     assert HistoryIndex.build(unit.history).draft(trunk, 10).tolist() == wrong[40:].tolist()
 
 
-def write_run(run_dir: Path, epochs: int = 3, prompts: int = 2, samples: int = 3) -> None:
+def write_run(run_dir: Path, epochs: int = 3, prompts: int = 2, samples: int = 3, shared: bool = False) -> None:
+    """shared: every prompt's responses vary one base (a task whose answers share their form)."""
     rng = np.random.default_rng(0)
     bases = {p: rng.integers(0, 50, size=120) for p in range(prompts)}
+    if shared:
+        bases = {p: bases[0] for p in bases}
     step = 0
     for epoch in range(1, epochs + 1):
         for p in range(prompts):
@@ -113,7 +117,7 @@ def test_acceptance_bench_replays_each_epoch_against_the_previous_one(tmp_path: 
     assert any(name.startswith("arctic") for name in methods) == with_arctic
     lead = f"{GROUP}, 1 sibling 128 steps ahead"
     for name, m in methods.items():  # group and n-gram replay the first epoch too, the lead only that one
-        epochs = 1 if name in (lead, FASTEST_GROUP) else 3 if name in (GROUP, "n-gram") else 2
+        epochs = 1 if name in (lead, FASTEST_GROUP, RECENT_GROUP) else 3 if name in (GROUP, "n-gram") else 2
         assert m["tokens"] == epochs * 2 * 3 * 120
         assert 0.0 <= m["accepted_fraction"] <= 1.0 and m["tokens_per_step"] >= 1.0
     assert methods["histospec (reward)"]["accepted_fraction"] > 0.5
@@ -121,6 +125,14 @@ def test_acceptance_bench_replays_each_epoch_against_the_previous_one(tmp_path: 
     assert first[GROUP]["tokens_per_step"] < first[lead]["tokens_per_step"]
     assert [g["epochs"] for g in saved["group_index"]] == ["none->1", "1->2", "2->3"]
     assert methods[BOUND]["accepted_fraction"] >= methods["histospec (reward)"]["accepted_fraction"]
+
+
+def test_a_first_epoch_drafts_from_the_earlier_steps_responses_to_other_prompts(tmp_path: Path) -> None:
+    write_run(tmp_path / "run", epochs=1, prompts=3, shared=True)  # a step per prompt: steps 2 and 3 have a past
+    first = run_acceptance(AcceptanceConfig(dumps=tmp_path / "run", arctic=False), tmp_path / "out",
+                           QUIET)["pairs"][0]["methods"]
+    assert first[RECENT_GROUP]["tokens"] == first[GROUP]["tokens"] == 3 * 3 * 120
+    assert first[RECENT_GROUP]["tokens_per_step"] > 1.5 * first[GROUP]["tokens_per_step"]
 
 
 def test_drafter_bench_runs_end_to_end_on_tiny_synthetic_data(tmp_path: Path) -> None:

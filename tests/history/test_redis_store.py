@@ -47,6 +47,20 @@ def test_its_indexes_are_the_memory_stores_byte_for_byte(redis_url: str) -> None
     assert s.indexes_before(1, ["p0"]) == {}  # an epoch drafts only from earlier ones
 
 
+def test_an_index_of_several_epochs_is_the_memory_stores_byte_for_byte(redis_url: str) -> None:
+    s = RedisHistoryStore.connect(redis_url, history_key_prefix("team", "job-a"), epochs=2)
+    memory = MemoryHistoryStore(epochs=2)
+    later = [record(2, "p0", 0, [7, 7, 7], 1.0), record(3, "p0", 0, [4, 4], 0.0), record(3, "p1", 0, [3], 1.0)]
+    for st in (s, memory):
+        st.update(EPOCH1)
+        st.update(later[:1])  # epoch by epoch, as a run records them
+        st.update(later[1:])
+    got, want = s.indexes_before(4, ["p0", "p1"]), memory.indexes_before(4, ["p0", "p1"])
+    assert got["p0"].to_bytes() == want["p0"].to_bytes() and got["p1"].to_bytes() == want["p1"].to_bytes()
+    assert got["p0"].n_responses == 2  # epochs 2 and 3; epoch 1 went
+    assert got["p1"].n_responses == 1  # epoch 3 alone: its epoch 1 is older than epochs 2-3 (none in epoch 2)
+
+
 def test_a_later_epoch_replaces_the_index_and_an_epoch_is_never_indexed_twice(redis_url: str) -> None:
     s = store(redis_url)
     s.update(EPOCH1)

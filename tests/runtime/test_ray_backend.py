@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -175,6 +176,16 @@ def _reached(holds: Path, point: str, proc: subprocess.Popen[str], timeout_s: fl
     return marker.read_text()
 
 
+def _count_said(out: Path, count: str, proc: subprocess.Popen[str], timeout_s: float = 600) -> None:
+    """Wait until the newest rollout worker count in the run's events.log is `count` ("4 of 4")."""
+    deadline = time.monotonic() + timeout_s
+    said = re.compile(r"rollout workers: (\d+ of \d+) wanted")
+    while (found := said.findall((out / "events.log").read_text())) == [] or found[-1] != count:
+        assert proc.poll() is None, f"the run ended ({proc.returncode}) at {found[-1:]}: {proc.communicate()[1][-3000:]}"
+        assert time.monotonic() < deadline, f"rollout workers: {found[-1:]}, never {count}"
+        time.sleep(0.2)
+
+
 def _go(holds: Path, point: str) -> None:
     (holds / f"{point.replace(':', '-')}.go").touch()
 
@@ -184,15 +195,12 @@ def test_a_ray_run_whose_fleet_grows_shrinks_and_loses_workers_and_its_controlle
     """2 rollout workers, 4 after step 1, 2 after step 3; one killed (SIGKILL) in step 1, one sent
     SIGTERM (a spot notice) in step 2; the controller killed in step 5 and resumed."""
     reference = tmp_path / "fixed"
-    # without the group relay, as before it: with it, on 2 CPUs, the worker replacing the one sent SIGTERM was not
-    # always live when step 3 began (a timing dependence of this test, noted to be forced instead)
-    job = [*TINY, "algorithm.epochs=3", "checkpoint.every_steps=1", "rollout.replicas=2", "rollout.max_replicas=4",
-           "rollout.speculation.group_relay=false"]
+    job = [*TINY, "algorithm.epochs=3", "checkpoint.every_steps=1", "rollout.replicas=2", "rollout.max_replicas=4"]
     assert run(reference, job).returncode == 0
     holds, once, out = tmp_path / "holds", tmp_path / "once", tmp_path / "run"
     holds.mkdir()
     once.mkdir()
-    env = {"RHYMERL_HOLD_AT": "metrics:1,rollout-worker:2,metrics:3", "RHYMERL_HOLD_DIR": str(holds),
+    env = {"RHYMERL_HOLD_AT": "metrics:1,rollout-worker:2,rollout-worker:3,metrics:3", "RHYMERL_HOLD_DIR": str(holds),
            "RHYMERL_CRASH_AT": "rollout-worker:1,train:5", "RHYMERL_CRASH_ONCE_DIR": str(once)}
     proc = start(out, [*job, *RAY], env)
     _reached(holds, "metrics:1", proc)
@@ -202,6 +210,11 @@ def test_a_ray_run_whose_fleet_grows_shrinks_and_loses_workers_and_its_controlle
     os.kill(pid, signal.SIGTERM)  # the notice: it hands its samples back once it goes on
     time.sleep(1.0)
     _go(holds, "rollout-worker:2")
+    # step 3 stays open (a worker held in it) until the SIGTERMed worker's replacement has joined the fleet,
+    # however long it takes to start: a worker that joins a running round takes work in it
+    _reached(holds, "rollout-worker:3", proc)
+    _count_said(out, "4 of 4", proc)
+    _go(holds, "rollout-worker:3")
     _reached(holds, "metrics:3", proc)
     assert rhymerl_scale(out, 2).returncode == 0
     _go(holds, "metrics:3")

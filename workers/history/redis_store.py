@@ -2,8 +2,9 @@
 rollout workers, history workers, a restarted controller and the operator's cleanup all see it.
 
 Per (prompt, epoch) it keeps the responses (token arrays, zlib-compressed int32), their rewards and
-lengths; per prompt, the serialised index of its latest epoch (exactly the bytes
-`HistoryIndex.to_bytes` ships to a rollout worker). Keys (rhymerl.api.history_keys) all start with
+lengths; per prompt, the serialised index of its latest epochs (`history_epochs` of them, the
+earlier ones read back from their responses; exactly the bytes `HistoryIndex.to_bytes` ships to a
+rollout worker). Keys (rhymerl.api.history_keys) all start with
 the run's prefix `rhymerl:<namespace>:<job>:<run_id>:`:
 
     <prefix>responses:<prompt_id>:<epoch>   hash: tokens, offsets, rewards, lengths
@@ -29,6 +30,7 @@ from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api.history_keys import REDIS_PASSWORD_ENV, glob_escape, redacted
 from rhymerl.errors import UserError
 from rhymerl.workers.dumps import RolloutRecord
+from rhymerl.workers.history.store import grouped
 
 PING_TIMEOUT_S = 3.0
 
@@ -63,21 +65,25 @@ def ping(url: str, password: str | None = None, timeout_s: float = PING_TIMEOUT_
 
 
 class RedisHistoryStore:
-    def __init__(self, client: redis.Redis, prefix: str, reward_weighted: bool = False) -> None:
+    def __init__(self, client: redis.Redis, prefix: str, reward_weighted: bool = False, epochs: int = 1) -> None:
+        """epochs: how many of a prompt's latest epochs its index holds (`speculation.history_epochs`)."""
+        if epochs < 1:
+            raise ValueError(f"epochs {epochs}: must be >= 1")
         self.client = client
         self.prefix = prefix
         self.reward_weighted = reward_weighted
+        self.epochs = epochs
 
     @classmethod
     def connect(cls, url: str, prefix: str, reward_weighted: bool = False, password: str | None = None,
-                timeout_s: float = 10.0) -> RedisHistoryStore:
+                timeout_s: float = 10.0, epochs: int = 1) -> RedisHistoryStore:
         client = _client(url, password, timeout_s)
         try:
             client.ping()
         except redis.RedisError as exc:
             client.close()
             raise _problem(url, exc, password) from None
-        return cls(client, prefix, reward_weighted)
+        return cls(client, prefix, reward_weighted, epochs)
 
     def close(self, clear: bool = False) -> None:
         """Close the connection; with `clear`, delete this store's keys first as far as Redis answers (a
@@ -97,20 +103,20 @@ class RedisHistoryStore:
         return f"{self.prefix}index:{prompt_id}"
 
     def update(self, records: Iterable[RolloutRecord]) -> None:
-        """Keep every prompt's responses of one epoch and index them; a later epoch replaces the index."""
-        groups: dict[tuple[str, int], list[RolloutRecord]] = {}
-        for rec in records:
-            groups.setdefault((rec.prompt_id, rec.epoch), []).append(rec)
+        """Keep every prompt's responses of one epoch and index them with those of its `epochs - 1`
+        epochs before (read back from Redis); a later epoch replaces the index."""
+        groups = grouped(records)
         if not groups:
             return
-        current = self._epochs([pid for pid, _ in groups])
-        for (pid, epoch), recs in groups.items():
+        current = self._epochs(list(dict.fromkeys(pid for (pid, _), _ in groups)))
+        for (pid, epoch), recs in groups:
             have = current.get(pid)
             if have is not None and have > epoch:
                 continue
             if have is not None and have == epoch:
                 raise ValueError(f"prompt {pid}: epoch {epoch} indexed twice")
-            index = HistoryIndex.build(((r.response_ids, r.reward) for r in recs),
+            older = [r for e in range(epoch - self.epochs + 1, epoch) for r in zip(*self.responses(pid, e), strict=True)]
+            index = HistoryIndex.build([*older, *((r.response_ids, r.reward) for r in recs)],
                                        reward_weighted=self.reward_weighted)
             with self.client.pipeline(transaction=True) as tx:
                 tx.hset(self.responses_key(pid, epoch), items=_pack(recs))

@@ -3,7 +3,8 @@ each step, holding both kinds of history the papers use.
 
 - drafting (HistoSpec, RhymeRL §5): each prompt's latest epoch of responses, indexed with their
   rewards, in memory or in Redis (`history.store`; workers/history/), which the next epoch's
-  rollout drafts from;
+  rollout drafts from, and the run's newest responses to any prompt (recent.py, kept in memory),
+  which prompts without such an epoch draft from;
 - lengths (HistoPipe, RhymeRL §6.1): each prompt's latest group of response lengths, which the
   rollout scheduler ranks and places by (shared with it; it does not learn them on its own here).
 
@@ -21,11 +22,13 @@ import secrets
 from collections.abc import Iterable
 from pathlib import Path
 
+from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.api import RLJob
 from rhymerl.api.history_keys import LOCAL_NAMESPACE, REDIS_PASSWORD_ENV, RUN_ID, run_key_prefix
 from rhymerl.workers import atomic
 from rhymerl.workers.dumps import RolloutRecord
+from rhymerl.workers.history.recent import RecentResponses
 from rhymerl.workers.history.redis_store import RedisHistoryStore
 from rhymerl.workers.history.store import HistoryStore, MemoryHistoryStore
 
@@ -54,9 +57,10 @@ def history_run_id(job: RLJob, run_folder: Path) -> str | None:
 
 
 class RunHistory:
-    def __init__(self, keep_responses: bool, drafting: HistoryStore) -> None:
+    def __init__(self, keep_responses: bool, drafting: HistoryStore, recent: RecentResponses | None = None) -> None:
         self.keep_responses = keep_responses  # only history drafting reads the responses
         self.drafting = drafting
+        self.recent = recent
         self.lengths = LengthHistory()
 
     @classmethod
@@ -71,23 +75,38 @@ class RunHistory:
             assert spec.redis_url is not None
             prefix = run_key_prefix(job.metadata.namespace or LOCAL_NAMESPACE, job.metadata.name, run_id)
             redis_store = RedisHistoryStore.connect(spec.redis_url, prefix, speculation.reward_weighted,
-                                                    password=os.environ.get(REDIS_PASSWORD_ENV) or None)
+                                                    password=os.environ.get(REDIS_PASSWORD_ENV) or None,
+                                                    epochs=speculation.history_epochs)
             redis_store.clear()
             store = redis_store
         else:
-            store = MemoryHistoryStore(speculation.reward_weighted)
-        return cls(keep_responses=speculation.reads_history, drafting=store)
+            store = MemoryHistoryStore(speculation.reward_weighted, speculation.history_epochs)
+        recent = RecentResponses(speculation.recent_tokens, speculation.reward_weighted) \
+            if speculation.reads_history and speculation.recent_tokens else None
+        return cls(keep_responses=speculation.reads_history, drafting=store, recent=recent)
 
     def record(self, records: Iterable[RolloutRecord]) -> None:
         """A finished step (or, on resume, every dumped step in order): one group per (step, prompt)."""
         kept = list(records)
         if self.keep_responses:
             self.drafting.update(kept)
+        if self.recent is not None:
+            self.recent.add((r.response_ids, r.reward) for r in kept)
         groups: dict[tuple[int, str], list[int]] = {}
         for rec in kept:
             groups.setdefault((rec.step, rec.prompt_id), []).append(len(rec.response_ids))
         for (_, prompt_id), lengths in groups.items():
             self.lengths.observe(prompt_id, lengths)
+
+    def indexes(self, epoch: int, prompt_ids: Iterable[str]) -> dict[str, HistoryIndex]:
+        """What each prompt drafts from in `epoch`: its own index of an earlier epoch, else the recent
+        responses' (one object for all such prompts, so it is shipped once)."""
+        ids = list(prompt_ids)
+        found = self.drafting.indexes_before(epoch, ids)
+        recent = self.recent.index() if self.recent is not None else None
+        if recent is not None:
+            found.update({pid: recent for pid in ids if pid not in found})
+        return found
 
     def close(self) -> None:
         """The run is done with its history: a Redis store deletes its run's keys (a resume refills them from

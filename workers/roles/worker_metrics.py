@@ -39,7 +39,7 @@ class WorkerMetrics:
                              "workers, indexed for group drafts", registry=r)
         self.policy = Gauge("rhymerl_rollout_policy_version", "policy version loaded", registry=r)
         self.scored = Counter("rhymerl_reward_samples", "responses scored", registry=r)
-        self.shipped = Counter("rhymerl_history_indexes_shipped", "prompt indexes sent to rollout workers",
+        self.shipped = Counter("rhymerl_history_indexes_shipped", "indexes sent to rollout workers (the recent responses' once for all the prompts of a call)",
                                registry=r)
         self.shipped_bytes = Counter("rhymerl_history_bytes_shipped", "bytes of serialised indexes sent",
                                      registry=r)

@@ -205,9 +205,10 @@ class VllmEngine:
         if self.settings.method != "history":
             return
         profile = None if self._configured else json.dumps(asdict(self.profile)) if self.profile else None
+        blobs = {id(i): i.to_bytes() for i in indexes if i is not None}  # one bytes object per index, pickled once
         self.llm.collective_rpc("rhymerl_set_step", args=(
             self.settings.speculation.model_dump_json(), profile, [list(p) for p in prompts],
-            [i.to_bytes() if i is not None else None for i in indexes]))
+            [blobs[id(i)] if i is not None else None for i in indexes]))
         self._configured = True
 
     def proposer_stats(self) -> dict[str, int]:

@@ -69,7 +69,8 @@ class RhymerlWorkerExtension:
         if spec != proposer.spec or profile_json is not None:
             profile = CostProfile.from_dict(json.loads(profile_json)) if profile_json else None
             proposer.configure(spec, profile)
-        proposer.set_step(prompts, [HistoryIndex.from_bytes(b) if b is not None else None for b in indexes])
+        loaded = {id(b): HistoryIndex.from_bytes(b) for b in indexes if b is not None}  # a blob sent for many prompts loads once
+        proposer.set_step(prompts, [loaded[id(b)] if b is not None else None for b in indexes])
         return True
 
     def rhymerl_force_drafts(self, k: int) -> None:

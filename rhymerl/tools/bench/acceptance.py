@@ -10,7 +10,9 @@ rate (accepted / drafted) and mean tokens per verify step. Also the paper's §5.
 Group drafts (Seer): the responses of each prompt's group are replayed together, pass by pass, each
 drafting from the siblings' tokens generated so far (a `GroupIndex` grown as they are fed), alone
 (every epoch, the first included) and with the history index; and what growing a group index
-costs per token. Fastest-of-N rows: per response, the draft of whichever source (history+group or
+costs per token. The "long match" rows run with an RLJob's knobs, its index holding the job's
+`history_epochs` latest epochs. A prompt's first epoch also replays with the group and the recent responses (the
+earlier steps' newest responses to any prompt, within the job's `recent_tokens`), as a job drafts it. Fastest-of-N rows: per response, the draft of whichever source (history+group or
 group, n-gram) its own emitted tokens confirmed most so far (rhymerl/algorithms/drafting/fastest_of_n.py).
 """
 
@@ -42,9 +44,11 @@ from rhymerl.tools.bench.draft_sources import (
 )
 from rhymerl.tools.bench.draft_workloads import PromptWork, dump_workload
 from rhymerl.workers.dumps import DumpError
+from rhymerl.workers.history.recent import RecentResponses
 
 BOUND = "paper §5.1 bound"
 GROUP = "group (long match)"
+RECENT_GROUP = "recent+group (long match)"
 HISTORY_GROUP = "history+group (long match)"
 FASTEST_GROUP = "fastest-of-n (group, n-gram)"
 FASTEST_HISTORY_GROUP = "fastest-of-n (history+group, n-gram)"
@@ -104,6 +108,8 @@ def group_update_cost(units: list[PromptWork], depth: int) -> dict[str, float]:
 def run(cfg: AcceptanceConfig, out: Path, console: Console | None = None) -> dict[str, Any]:
     console = console or Console()
     units = dump_workload(cfg.dumps, first_epochs=True)
+    deep = {(u.prompt_id, u.epoch): u
+            for u in dump_workload(cfg.dumps, first_epochs=True, history_epochs=cfg.tuned.history_epochs)}
     if not units:
         raise DumpError(f"{cfg.dumps}: the dumps hold no responses, nothing to replay")
     with user_paths("write", out):
@@ -119,6 +125,7 @@ def run(cfg: AcceptanceConfig, out: Path, console: Console | None = None) -> dic
                                "long_match_knobs": knob_record(cfg.tuned), "pairs": [], "all": {},
                                "group_index": []}
     totals: dict[str, ReplayStats] = {}
+    recent = recent_indexes(units, cfg.tuned)
     depth = GroupIndex.for_spec(cfg.tuned).depth
     for (epoch, with_history), pair_units in sorted(pairs.items()):
         label = f"{epoch - 1}->{epoch}" if with_history else f"none->{epoch}"
@@ -129,6 +136,7 @@ def run(cfg: AcceptanceConfig, out: Path, console: Console | None = None) -> dic
             row: dict[str, Any] = {"epochs": label, "prompts": len(pair_units), "responses": n_resp, "methods": {}}
             first: list[tuple[Source, int]] = [
                 (HistoSpecSource([None] * len(pair_units), cfg.tuned, name=GROUP, groups=True), 0),
+                (HistoSpecSource([recent[u.step] for u in pair_units], cfg.tuned, name=RECENT_GROUP, groups=True), 0),
                 (HistoSpecSource([None] * len(pair_units), cfg.tuned, name=_lead(GROUP, cfg.lead), groups=True),
                  cfg.lead),
                 (NgramSource(cfg.knobs), 0),
@@ -143,7 +151,8 @@ def run(cfg: AcceptanceConfig, out: Path, console: Console | None = None) -> dic
             continue
         reward_idx = [HistoryIndex.build(u.history, reward_weighted=True) for u in pair_units]
         freq_idx = [HistoryIndex.build(u.history, reward_weighted=False) for u in pair_units]
-        tuned_idx = reward_idx if cfg.tuned.reward_weighted else freq_idx
+        tuned_idx = [HistoryIndex.build(deep[u.prompt_id, u.epoch].history, reward_weighted=cfg.tuned.reward_weighted)
+                     for u in pair_units]  # the job's: its last `history_epochs` epochs
         sources: list[Source] = [
             HistoSpecSource(reward_idx, cfg.knobs, name="histospec (reward)"),
             HistoSpecSource(freq_idx, cfg.knobs, name="histospec (frequency)"),
@@ -175,6 +184,17 @@ def run(cfg: AcceptanceConfig, out: Path, console: Console | None = None) -> dic
     print_table(results, console)
     console.print(f"wrote {out / 'results.json'} and {out / 'acceptance.png'}")
     return results
+
+
+def recent_indexes(units: list[PromptWork], knobs: SpeculationSpec) -> dict[int, HistoryIndex | None]:
+    """Per step, the index of the newest responses of the steps before it, to any prompt, within
+    `knobs.recent_tokens` (what a prompt without history drafts from in a job: RecentResponses)."""
+    window = RecentResponses(knobs.recent_tokens, knobs.reward_weighted)
+    out: dict[int, HistoryIndex | None] = {}
+    for step in sorted({u.step for u in units}):
+        out[step] = window.index()
+        window.add((t, 0.0) for u in units if u.step == step for t in u.targets)
+    return out
 
 
 def _lead(name: str, lead: int) -> str:

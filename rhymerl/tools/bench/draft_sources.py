@@ -38,7 +38,8 @@ I64 = NDArray[np.int64]
 def knob_record(knobs: SpeculationSpec) -> dict[str, float]:
     """The drafting knobs a bench ran with, as its results.json records them."""
     return {"prefix_max": knobs.prefix.max, "prefix_min": knobs.prefix.min, "window_initial": knobs.window.initial,
-            "window_step": knobs.window.step, "window_max": knobs.window.max, "min_prob": knobs.min_prob}
+            "window_step": knobs.window.step, "window_max": knobs.window.max, "min_prob": knobs.min_prob,
+            "history_epochs": knobs.history_epochs, "recent_tokens": knobs.recent_tokens}
 
 
 

@@ -23,6 +23,7 @@ class PromptWork:
     history: list[tuple[I32, float]]
     targets: list[I32]
     epoch: int = 0  # epoch of the targets (0 for synthetic data)
+    step: int = 0  # training step of the targets (0 for synthetic data)
 
     @property
     def history_tokens(self) -> int:
@@ -146,9 +147,11 @@ def _respond(
     return seq.astype(np.int32), reward
 
 
-def dump_workload(run_dir: Any, latest_only: bool = False, first_epochs: bool = False) -> list[PromptWork]:
-    """(prompt, epoch e) units from a run's rollout dumps: history = epoch e-1 responses of the prompt.
-    first_epochs: also a prompt's first epoch, with no history (what only its group can draft)."""
+def dump_workload(run_dir: Any, latest_only: bool = False, first_epochs: bool = False,
+                  history_epochs: int = 1) -> list[PromptWork]:
+    """(prompt, epoch e) units from a run's rollout dumps: history = the prompt's responses of epochs
+    e-history_epochs .. e-1 (a unit needs e-1). first_epochs: also a prompt's first epoch, with no
+    history (what only its group can draft)."""
     from rhymerl.workers.dumps import read_run
 
     records = read_run(run_dir)
@@ -164,9 +167,12 @@ def dump_workload(run_dir: Any, latest_only: bool = False, first_epochs: bool = 
             PromptWork(
                 prompt_id=pid,
                 prompt=np.asarray(recs[0].prompt_ids, dtype=np.int32),
-                history=[(np.asarray(r.response_ids, dtype=np.int32), float(r.reward)) for r in prev or []],
+                history=[(np.asarray(r.response_ids, dtype=np.int32), float(r.reward))
+                         for k in range(history_epochs, 0, -1) for r in groups.get((pid, epoch - k), [])]
+                if prev else [],
                 targets=[np.asarray(r.response_ids, dtype=np.int32) for r in recs],
                 epoch=epoch,
+                step=recs[0].step,
             )
         )
     if latest_only:

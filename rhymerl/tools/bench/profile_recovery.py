@@ -159,8 +159,7 @@ def run_bench(cfg: RecoveryBenchConfig, console: Console) -> tuple[list[StepRun]
     if job.spec.rollout.speculation.method != "history":
         raise OptionError(f"--run: {cfg.run} ran speculation method '{job.spec.rollout.speculation.method}'; "
                           "this bench replays its history drafts, so it needs a run with method history")
-    history = MemoryHistoryStore(job.spec.rollout.speculation.reward_weighted)
-    history.update(r for r in w.records if r.epoch == w.last_epoch)
+    history = w.history()
     steps = w.steps()[: cfg.steps]
     engine = TorchEngine(w.native, w.tokenizer.eos_id, job.spec.rollout.max_batch_size)
     loads = [os.getloadavg()[0]]

@@ -141,9 +141,7 @@ def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str,
         cfg = replace(cfg, methods=tuple(m for m in cfg.methods if m != "draft-model"))
     if name is not None and {"draft-model", "fastest-of-n"} & set(cfg.methods):
         draft = load_draft_model(name, model_dir(job.spec.model.path), next(model.parameters()).dtype, cfg.device)
-    store = {weighted: MemoryHistoryStore(reward_weighted=weighted) for weighted in (True, False)}
-    for s in store.values():
-        s.update(r for r in w.records if r.epoch == w.last_epoch)
+    store = {weighted: w.history(reward_weighted=weighted) for weighted in (True, False)}
     sizes = [b if isinstance(b, int) else min(per_step, job.spec.rollout.max_batch_size) for b in cfg.batch_sizes]
     # measured afresh (not the start-up cache) so the committed profile is this run's machine state;
     # up to the largest batch a workload runs at

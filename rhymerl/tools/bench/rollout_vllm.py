@@ -140,8 +140,7 @@ def _mean_logprob(results: list[GenResult]) -> float:
 
 def run_bench(cfg: VllmBenchConfig, console: Console) -> list[dict[str, Any]]:
     w = load_run_workload(cfg.run)
-    store = MemoryHistoryStore()
-    store.update(r for r in w.records if r.epoch == w.last_epoch)
+    store = w.history()
     methods = [name for name in cfg.methods if available(name) and (name != "draft-model" or _draft(w) is not None)]
     for name in cfg.methods:
         if name not in methods:

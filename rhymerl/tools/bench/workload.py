@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rhymerl.api.spec import RLJob
 from rhymerl.workers import dumps
+from rhymerl.workers.history.store import MemoryHistoryStore
 from rhymerl.workers.model.policy import PolicyModel, read_weights
 from rhymerl.workers.model.registry import load_policy
 from rhymerl.workers.model.tokenizer import Tokenizer
@@ -52,6 +53,15 @@ class RunWorkload:
     @property
     def per_step(self) -> int:
         return self.job.spec.algorithm.prompts_per_step * self.job.spec.algorithm.group_size
+
+    def history(self, reward_weighted: bool | None = None) -> MemoryHistoryStore:
+        """The drafting store the run's history worker held when its last epoch ended: each prompt's
+        index of its last `history_epochs` epochs (`reward_weighted` None: the job's)."""
+        spec = self.job.spec.rollout.speculation
+        store = MemoryHistoryStore(spec.reward_weighted if reward_weighted is None else reward_weighted,
+                                   spec.history_epochs)
+        store.update(self.records)
+        return store
 
     def steps(self) -> list[list[GenRequest]]:
         """The requests cut into training steps, as `rhymerl run` generates them."""
