@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel
 
 from rhymerl.api.spec import (
+    EMBEDDED_DRAFTS,
     GROUP,
     KIND,
     MAX_JOB_NAME,
@@ -31,7 +32,6 @@ from rhymerl.api.spec import (
     RLJobSpec,
     RLJobStatus,
     RolloutSpec,
-    SpeculationSpec,
     SpotSpec,
     StorageSpec,
     Toleration,
@@ -71,6 +71,7 @@ def _immutable(what: str, why: str) -> Rule:
 
 
 _RECREATE = "delete the RLJob and create a new one"
+EMBEDDED_POLICIES = "[" + ", ".join(f"'{p}'" for p in EMBEDDED_DRAFTS) + "]"  # a CEL list
 # Rules per spec block, attached wherever the block appears; the object's defaults fill every field they
 # read except those tested with has(). They name fields as the API server stores them: by their camelCase
 # aliases (tests/api/test_crd_cel.py checks each name against the schema).
@@ -114,11 +115,15 @@ RULES: dict[type[BaseModel], tuple[Rule, ...]] = {
         Rule("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
              "tolerationSeconds: only with effect NoExecute"),
     ),
-    SpeculationSpec: (
-        Rule("self.method != 'draft-model' || has(self.draftModel)",
-             "draftModel: required when method is draft-model", ".draftModel"),
-        Rule("!self.freedDrafters || has(self.draftModel)",
-             "draftModel: required when freedDrafters is true (what the freed workers draft with)", ".draftModel"),
+    RLJobSpec: (
+        Rule(f"self.rollout.speculation.method != 'draft-model' || has(self.rollout.speculation.draftModel) || "
+             f"self.model.path in {EMBEDDED_POLICIES}",
+             "rollout.speculation.draftModel: required when method is draft-model (model.path has no embedded draft "
+             "model)", ".rollout.speculation.draftModel"),
+        Rule(f"!self.rollout.speculation.freedDrafters || has(self.rollout.speculation.draftModel) || "
+             f"self.model.path in {EMBEDDED_POLICIES}",
+             "rollout.speculation.draftModel: required when freedDrafters is true (what the freed workers draft "
+             "with; model.path has no embedded draft model)", ".rollout.speculation.draftModel"),
     ),
     DraftWindowSpec: (Rule("self.initial <= self.max", "initial: larger than max", ".initial"),),
     DraftPrefixSpec: (Rule("self.min <= self.max", "min: larger than max", ".min"),),

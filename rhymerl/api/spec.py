@@ -41,6 +41,9 @@ MAX_TOKENS = 131_072  # 128K: the longest context of current open models
 MAX_BATCH = 16_384  # sequences one engine decodes together (vLLM's max_num_seqs is 256 by default)
 MAX_PATH = 4096  # PATH_MAX on Linux
 MAX_RECENT_TOKENS = 1 << 26  # a recent-responses index of 64Mi tokens is ~1.5 GB shipped with every rollout call
+EMBEDDED_DRAFTS = {"builtin:tiny-arith": "builtin:tiny-arith-draft"}
+"""The draft model distilled from each embedded policy (`rhymerl pretrain --draft`): a job's draft_model
+where it needs one and names none."""
 HISTORY_EPOCHS = 2  # benchmarks/history-epochs: 2 lifts epochs 3-5 of the quickstart past 4 tokens per pass
 MAX_HISTORY_EPOCHS = 64
 RECENT_TOKENS = 1 << 18  # ~6 MB of index: the quickstart's last 16 steps, a real job's last few dozen responses
@@ -429,7 +432,11 @@ class SpeculationSpec(Strict):
         None, le=MAX_BATCH, description="switch speculation off above this many running sequences; default: "
         "profiled cost model"
     )
-    draft_model: str | None = Field(None, max_length=MAX_PATH, description="draft-model: path of the draft model")
+    draft_model: str | None = Field(
+        None, max_length=MAX_PATH, description="draft-model, freed_drafters (and, where set, fastest-of-n): path of "
+        "the draft model; for the embedded policy (model.path builtin:tiny-arith) its distilled draft, "
+        "builtin:tiny-arith-draft, where none is named"
+    )
     freed_drafters: bool = Field(
         False, description="torch engine: in a round's tail, rollout workers left with nothing to run draft with the "
         "draft model (draft_model) for the workers still running the stragglers, which verify those drafts where "
@@ -448,13 +455,14 @@ class SpeculationSpec(Strict):
         follow the best branch to the window (no `min_prob` cut-off); `fields` set the rest."""
         return cls(prefix=DraftPrefixSpec(max=7, min=3), min_prob=0.0, **fields)
 
-    @model_validator(mode="after")
-    def _draft_model_named(self) -> SpeculationSpec:
-        if self.method == "draft-model" and not self.draft_model:
-            raise ValueError("draft_model: required when method is draft-model")
-        if self.freed_drafters and not self.draft_model:
-            raise ValueError("draft_model: required when freed_drafters is true (what the freed workers draft with)")
-        return self
+    @property
+    def draft_model_use(self) -> str | None:
+        """Why this block needs a draft model (None: it does not; fastest-of-n uses one only if named)."""
+        if self.method == "draft-model":
+            return "method is draft-model"
+        if self.freed_drafters:
+            return "freed_drafters is true (what the freed workers draft with)"
+        return None
 
 
 class AutoscalingSpec(Strict):
@@ -670,6 +678,19 @@ class RLJobSpec(Strict):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec)
     images: ImagesSpec = Field(default_factory=ImagesSpec)
+
+    @model_validator(mode="after")
+    def _draft_model_given(self) -> RLJobSpec:
+        speculation = self.rollout.speculation
+        use = speculation.draft_model_use
+        if use is None or speculation.draft_model is not None:
+            return self
+        embedded = EMBEDDED_DRAFTS.get(self.model.path)
+        if embedded is None:
+            raise ValueError(f"rollout.speculation.draft_model: required when {use} (model.path {self.model.path} has "
+                             "no embedded draft model)")
+        speculation.draft_model = embedded
+        return self
 
     @model_validator(mode="after")
     def _engine_runs_model(self) -> RLJobSpec:

@@ -83,10 +83,12 @@ STATIC = [
     ("spec.algorithm", "self.groupSize >= 2", {}, {"groupSize": 1}),
     ("spec.algorithm", "!has(self.miniBatchSize)", {"algorithm": {"miniBatchSize": 64}},
      {"miniBatchSize": 65}),
-    ("spec.rollout.speculation", "self.method != 'draft-model'", {}, {"method": "draft-model"}),
-    ("spec.rollout.speculation", "!self.freedDrafters",
-     {"rollout": {"speculation": {"freedDrafters": True, "draftModel": "builtin:tiny-arith-draft"}}},
-     {"draftModel": None}),
+    ("spec", "self.rollout.speculation.method != 'draft-model'",
+     {"model": {"path": "/models/m"}, "rollout": {"speculation": {"method": "draft-model", "draftModel": "/models/d"}}},
+     {"rollout": {"speculation": {"method": "draft-model"}}}),
+    ("spec", "!self.rollout.speculation.freedDrafters",
+     {"model": {"path": "/models/m"}, "rollout": {"speculation": {"freedDrafters": True, "draftModel": "/models/d"}}},
+     {"rollout": {"speculation": {"freedDrafters": True}}}),
     ("spec.rollout.speculation.window", "self.initial <= self.max", {}, {"initial": 40}),
     ("spec.rollout.speculation.prefix", "self.min <= self.max", {}, {"min": 40}),
     ("spec.history", "self.store != 'redis'", {}, {"store": "redis"}),
@@ -119,6 +121,15 @@ def test_a_rule_holds_for_a_valid_job_and_fails_for_one_the_spec_also_refuses(
     assert not _holds(rule, _at(invalid, path))
     with pytest.raises(ValidationError):
         RLJob.model_validate(invalid)
+
+
+@pytest.mark.parametrize("speculation", [{"method": "draft-model"}, {"freedDrafters": True}])
+def test_the_embedded_policy_needs_no_draft_model_named_it_gets_its_own(speculation: dict[str, Any]) -> None:
+    stored = _set(_stored(), "spec", {"rollout": {"speculation": speculation}})  # as written: no draftModel
+    assert all(_holds(r, stored["spec"]) for r in _rules("spec", on_create=True))
+    assert RLJob.model_validate(stored).spec.rollout.speculation.draft_model == "builtin:tiny-arith-draft"
+    named = _set(stored, "spec", {"rollout": {"speculation": {**speculation, "draftModel": "/models/d"}}})
+    assert RLJob.model_validate(named).spec.rollout.speculation.draft_model == "/models/d"
 
 
 @pytest.mark.parametrize(("prefix", "change"), TOLERATIONS, ids=[t[0] for t in TOLERATIONS])

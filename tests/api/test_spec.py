@@ -161,3 +161,11 @@ def test_a_refused_spec_is_not_echoed_by_pydantic_even_for_a_problem_of_another_
     with pytest.raises(ValidationError) as info:
         RLJob.model_validate(doc)
     assert SECRET not in str(info.value)
+
+
+def test_a_draft_model_is_required_only_where_the_policy_has_no_embedded_one() -> None:
+    assert parse_job(GOOD, overrides=["rollout.speculation.method=draft-model"]).spec.rollout.speculation.draft_model \
+        == "builtin:tiny-arith-draft"
+    assert problems_of(GOOD + "  model: {path: /models/m}\n  rollout: {speculation: {freed_drafters: true}}\n") == {
+        "spec.rollout.speculation.draft_model": "required when freed_drafters is true (what the freed workers draft "
+                                                "with) (model.path /models/m has no embedded draft model)"}

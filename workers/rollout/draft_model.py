@@ -31,7 +31,7 @@ import torch
 
 from rhymerl.algorithms.drafting.adaptive_cap import CostCalibration, CostProfile, choose_cap
 from rhymerl.algorithms.drafting.index import AimdWindows
-from rhymerl.api.spec import SpeculationSpec
+from rhymerl.api.spec import EMBEDDED_DRAFTS, SpeculationSpec
 from rhymerl.workers.model.folder import ModelError, model_dir, read_config, read_json
 from rhymerl.workers.model.transformer import KVCache, TinyLlama, load_model
 from rhymerl.workers.rollout.engine import GenRequest
@@ -41,10 +41,6 @@ FIELD = "spec.rollout.speculation.draft_model"
 
 MAX_PROBE_GAP = 16 * PROBE_EVERY
 """Most passes between two probes while drafting is priced off."""
-
-EMBEDDED_DRAFTS = {"builtin:tiny-arith": "builtin:tiny-arith-draft"}
-"""The draft model distilled from each embedded policy (`rhymerl pretrain --draft`)."""
-
 
 def default_draft(policy: str) -> str | None:
     """The draft model that goes with a policy's model.path, where one is known (the embedded policy's)."""
