@@ -549,6 +549,12 @@ class SchedulingSpec(Strict):
     first_epoch: Literal["prompt-length", "random"] = Field(
         "prompt-length", description="ranking without history: by prompt length, or a seeded shuffle"
     )
+    spread_groups: bool = Field(
+        True, description="histopipe, without length history (epoch 1): queue the step's samples sibling by sibling "
+        "(each prompt's first sample, then each one's second, ...), so where a step holds more samples than the "
+        "engines decode at once a group's earlier samples run ahead and draft for its later ones "
+        "(benchmarks/group-drafts/spread); false: each group's samples together"
+    )
     migration: MigrationSpec = Field(default_factory=MigrationSpec)
     work_stealing: bool = Field(True, description="histopipe: a rollout replica that finished its share takes "
                                 "over samples of a busy one (in-process: samples not started; on Ray workers: "

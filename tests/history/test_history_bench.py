@@ -14,6 +14,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from rhymerl.algorithms.drafting import _suffix_index as native
+from rhymerl.api.spec import SpeculationSpec
 from rhymerl.cli.bench import bench_app
 from rhymerl.tools.bench.acceptance import (
     BOUND,
@@ -24,9 +25,9 @@ from rhymerl.tools.bench.acceptance import (
     AcceptanceConfig,
 )
 from rhymerl.tools.bench.acceptance import run as run_acceptance
-from rhymerl.tools.bench.draft_replay import accepted_lengths
-from rhymerl.tools.bench.draft_sources import arctic_status
-from rhymerl.tools.bench.draft_workloads import late_divergence_workload, synthetic_workload
+from rhymerl.tools.bench.draft_replay import accepted_lengths, replay_units
+from rhymerl.tools.bench.draft_sources import HistoSpecSource, arctic_status
+from rhymerl.tools.bench.draft_workloads import PromptWork, late_divergence_workload, synthetic_workload
 from rhymerl.tools.bench.drafter import DrafterBenchConfig
 from rhymerl.tools.bench.drafter import run as run_drafter
 from rhymerl.workers.dumps import RolloutRecord, write_step
@@ -117,7 +118,8 @@ def test_acceptance_bench_replays_each_epoch_against_the_previous_one(tmp_path: 
     assert any(name.startswith("arctic") for name in methods) == with_arctic
     lead = f"{GROUP}, 1 sibling 128 steps ahead"
     for name, m in methods.items():  # group and n-gram replay the first epoch too, the lead only that one
-        epochs = 1 if name in (lead, FASTEST_GROUP, RECENT_GROUP) else 3 if name in (GROUP, "n-gram") else 2
+        first_only = name in (lead, FASTEST_GROUP, RECENT_GROUP) or ", batch " in name
+        epochs = 1 if first_only else 3 if name in (GROUP, "n-gram") else 2
         assert m["tokens"] == epochs * 2 * 3 * 120
         assert 0.0 <= m["accepted_fraction"] <= 1.0 and m["tokens_per_step"] >= 1.0
     assert methods["histospec (reward)"]["accepted_fraction"] > 0.5
@@ -133,6 +135,24 @@ def test_a_first_epoch_drafts_from_the_earlier_steps_responses_to_other_prompts(
                            QUIET)["pairs"][0]["methods"]
     assert first[RECENT_GROUP]["tokens"] == first[GROUP]["tokens"] == 3 * 3 * 120
     assert first[RECENT_GROUP]["tokens_per_step"] > 1.5 * first[GROUP]["tokens_per_step"]
+
+
+def test_a_batch_limited_replay_lets_a_groups_later_samples_draft_from_its_earlier_ones() -> None:
+    rng = np.random.default_rng(3)
+    units = [PromptWork(f"p{i}", np.zeros(1, dtype=np.int32), [], [base, base.copy()])
+             for i, base in enumerate(rng.permutation(500)[:60].astype(np.int32).reshape(2, 30))]
+    def replayed(batch: int | None, spread: bool) -> tuple[int, int]:
+        stats = replay_units(HistoSpecSource([None, None], SpeculationSpec(), groups=True), units, batch=batch,
+                             spread=spread)
+        return stats.verify_steps, len(stats.step_seconds)
+    together, together_steps = replayed(None, False)
+    assert together == 4 * 30 and together_steps == 30  # level siblings: nothing to draft, every token a pass
+    by_group, by_group_steps = replayed(2, False)  # p0's two in lockstep, then p1's two
+    assert by_group == 4 * 30 and by_group_steps == 60
+    spread, spread_steps = replayed(2, True)  # p0 and p1's first samples, then their second: drafted
+    assert spread_steps - 30 < 15 and spread < 2 * 30 + 2 * 15
+    one, _ = replayed(1, False)  # one at a time: every second sample drafts from its finished sibling
+    assert one == spread
 
 
 def test_drafter_bench_runs_end_to_end_on_tiny_synthetic_data(tmp_path: Path) -> None:

@@ -36,11 +36,34 @@ def test_with_history_the_shared_queue_holds_the_predicted_longest_first() -> No
 
 
 def test_without_history_every_sample_is_queued_once_in_the_groups_order() -> None:
-    sched = HistoPipe(2, groups=2)
+    sched = HistoPipe(2, groups=2, spread_groups=False)
     samples = [Sample(0, "p", 50), Sample(1, "p", 50), Sample(2, "q", 500), Sample(3, "q", 500)]
     plan = sched.plan_round(1, samples)
     assert plan.ranking == "prompt-length" and sorted(plan.shared) == [0, 1, 2, 3]
     assert plan.shared == [0, 1, 2, 3]  # ascending groups on an odd step: the shorter prompt's group first
+
+
+def test_without_history_the_queue_takes_every_prompts_first_sample_then_every_ones_second() -> None:
+    samples = [Sample(k + 3 * i, p, n) for i, (p, n) in enumerate([("p", 50), ("q", 500), ("r", 90)]) for k in range(3)]
+    plan = HistoPipe(2, groups=3).plan_round(1, samples)
+    # the groups' order p, r, q for the first samples, turned by one prompt for each next rank
+    assert plan.shared == [0, 6, 3, 7, 4, 1, 5, 2, 8]
+
+
+def test_spread_siblings_are_dealt_over_every_worker_not_a_group_to_one() -> None:
+    samples = [Sample(4 * i + k, p, 50) for i, p in enumerate("ab") for k in range(4)]
+    shared = HistoPipe(2, groups=1).plan_round(1, samples).shared
+    dealt = {sid: j % 2 for j, sid in enumerate(shared)}  # as the fleet deals a shared queue
+    assert [sorted(dealt[4 * i + k] for k in range(4)) for i in range(2)] == [[0, 0, 1, 1], [0, 0, 1, 1]]
+    assert [sid % 4 for sid in shared] == [0, 0, 1, 1, 2, 2, 3, 3]  # and each worker's share sibling by sibling
+
+
+def test_with_history_spreading_leaves_the_predicted_longest_first() -> None:
+    sched = HistoPipe(2, groups=2)
+    sched.prime("short", [10, 30])
+    sched.prime("long", [200, 400])
+    samples = [Sample(0, "short", 5), Sample(1, "short", 5), Sample(2, "long", 5), Sample(3, "long", 5)]
+    assert sched.plan_round(1, samples).shared == [2, 3, 0, 1]
 
 
 def _ranked_trace() -> Trace:

@@ -54,6 +54,7 @@ def make_scheduler(
             migration=spec.migration,
             work_stealing=spec.work_stealing,
             placement=placement,
+            spread_groups=spec.spread_groups,
             **common,
         )
     if policy == "equal":

@@ -90,10 +90,13 @@ class HistoPipe(Scheduler):
         migration: MigrationSpec | None = None,
         work_stealing: bool = True,
         placement: Placement = "shared",
+        spread_groups: bool = True,
         **kwargs: Unpack[SchedulerOptions],
     ) -> None:
         """placement: `shared`, one queue across steps in the ranking's order; `per-worker`, the
-        paper's alternating per-worker sub-batches sized by tier 2."""
+        paper's alternating per-worker sub-batches sized by tier 2. spread_groups: a shared queue
+        without length history takes each prompt's first sample, then each one's second, ...
+        (`_shared_order`)."""
         super().__init__(workers, **kwargs)
         if groups < 1:
             raise ValueError("groups: at least 1")
@@ -107,6 +110,7 @@ class HistoPipe(Scheduler):
         self.first_epoch = first_epoch
         self.migration = migration if migration is not None else MigrationSpec()
         self.work_stealing = work_stealing
+        self.spread_groups = spread_groups
         self._rounds: dict[int, _RoundGroups] = {}
         self._weight: dict[SampleId, float] = {}
         self._predicted: dict[SampleId, float] = {}  # predicted response lengths, where history gives one
@@ -213,8 +217,8 @@ class HistoPipe(Scheduler):
                     self._predicted.pop(sid, None)
             del self._rounds[old]  # keep the books small: finished steps need no migration state
         if self.placement == "shared":
-            return RoundPlan(round_no=round_no, queues=[], shared=self._shared_order(queues, carried, with_lengths),
-                             ranking=ranking.source)
+            return RoundPlan(round_no=round_no, queues=[],
+                             shared=self._shared_order(queues, carried, with_lengths, by_prompt), ranking=ranking.source)
         return RoundPlan(
             round_no=round_no,
             queues=queues,
@@ -224,15 +228,27 @@ class HistoPipe(Scheduler):
             predicted_group_time=predicted_times,
         )
 
-    def _shared_order(self, queues: list[list[SampleId]], carried: list[Sample], with_lengths: bool) -> list[SampleId]:
+    def _shared_order(self, queues: list[list[SampleId]], carried: list[Sample], with_lengths: bool,
+                      by_prompt: Mapping[str, Sequence[Sample]]) -> list[SampleId]:
         """The shared queue: resumed samples first (their tokens are already paid for), then the
-        predicted longest first where history predicts; without it, the groups' order. The fleet
-        (and the simulator) deal a queue round-robin, so the longest spread over the workers."""
+        predicted longest first where history predicts; without it, the groups' order, and with
+        `spread_groups` sibling by sibling: every prompt's first sample, then every one's second, ...
+        So where a step holds more samples than the engines decode at once, a group's earlier
+        samples run ahead of its later ones and those draft from them (group drafts; Seer's grouped
+        speculation), instead of a whole group starting level and running in lockstep. The fleet
+        (and the simulator) deal a queue round-robin, so the longest spread over the workers; the
+        k-th siblings start k prompts further on, so a group's siblings spread over the workers too
+        (without the turn, with as many prompts as workers, a whole group would land on one)."""
         first = {s.sid for s in carried}
         sids = [sid for q in queues for sid in q]
         pos = {sid: i for i, sid in enumerate(sids)}
         weight = self._weight if with_lengths else {}
-        return sorted(sids, key=lambda sid: (sid not in first, -weight.get(sid, 0.0), pos[sid]))
+        turn: dict[SampleId, tuple[int, int]] = {}
+        if self.spread_groups and not with_lengths:
+            prompts = sorted(by_prompt, key=lambda p: min(pos.get(s.sid, len(pos)) for s in by_prompt[p]))
+            turn = {s.sid: (k, (i - k) % len(prompts)) for i, p in enumerate(prompts)
+                    for k, s in enumerate(by_prompt[p])}
+        return sorted(sids, key=lambda sid: (sid not in first, -weight.get(sid, 0.0), turn.get(sid, (0, 0)), pos[sid]))
 
     # ------------------------------------------------------------------ running
     def _group(self, st: SampleState) -> _Group | None:

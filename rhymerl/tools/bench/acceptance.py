@@ -12,7 +12,9 @@ drafting from the siblings' tokens generated so far (a `GroupIndex` grown as the
 (every epoch, the first included) and with the history index; and what growing a group index
 costs per token. The "long match" rows run with an RLJob's knobs, its index holding the job's
 `history_epochs` latest epochs. A prompt's first epoch also replays with the group and the recent responses (the
-earlier steps' newest responses to any prompt, within the job's `recent_tokens`), as a job drafts it. Fastest-of-N rows: per response, the draft of whichever source (history+group or
+earlier steps' newest responses to any prompt, within the job's `recent_tokens`), as a job drafts it,
+and with the epoch's responses as one pool decoded `batch` at a time, admitted group by group or
+sibling by sibling (HistoPipe's `spread_groups`: a group's earlier samples run ahead of its later ones). Fastest-of-N rows: per response, the draft of whichever source (history+group or
 group, n-gram) its own emitted tokens confirmed most so far (rhymerl/algorithms/drafting/fastest_of_n.py).
 """
 
@@ -61,6 +63,7 @@ class AcceptanceConfig:
     arctic: bool = True
     oracle_prefix: int = 3
     lead: int = 128  # group rows "lead": one sibling per group starts this many steps before the rest
+    batch: int = 64  # first-epoch rows "batch": at most this many sequences at once (continuous batching)
     knobs: SpeculationSpec = field(default_factory=SpeculationSpec.paper_rule)
     tuned: SpeculationSpec = field(default_factory=SpeculationSpec)  # an RLJob's defaults
 
@@ -147,6 +150,12 @@ def run(cfg: AcceptanceConfig, out: Path, console: Console | None = None) -> dic
                 stats = replay_units(source, pair_units, lead=lead)
                 row["methods"][source.name] = _metrics(stats)
                 _add(totals, source.name, stats)
+            for name, indexes, spread in ((GROUP, [None] * len(pair_units), False), (GROUP, [None] * len(pair_units), True),
+                                          (RECENT_GROUP, [recent[u.step] for u in pair_units], True)):
+                source = HistoSpecSource(indexes, cfg.tuned, name=_batched(name, cfg.batch, spread), groups=True)
+                stats = replay_units(source, pair_units, batch=cfg.batch, spread=spread)
+                row["methods"][source.name] = _metrics(stats)
+                _add(totals, source.name, stats)
             results["pairs"].append(row)
             continue
         reward_idx = [HistoryIndex.build(u.history, reward_weighted=True) for u in pair_units]
@@ -195,6 +204,10 @@ def recent_indexes(units: list[PromptWork], knobs: SpeculationSpec) -> dict[int,
         out[step] = window.index()
         window.add((t, 0.0) for u in units if u.step == step for t in u.targets)
     return out
+
+
+def _batched(name: str, batch: int, spread: bool) -> str:
+    return f"{name}, batch {batch}, {'sibling by sibling' if spread else 'group by group'}"
 
 
 def _lead(name: str, lead: int) -> str:

@@ -94,12 +94,15 @@ def replay(
     rng: np.random.Generator | None = None,
     restart_fraction: float = 0.9,
     admitted: Sequence[int] | None = None,
+    batch: int | None = None,
 ) -> ReplayStats:
     """Generate `targets` (from `starts`) through `source`'s drafts.
 
     iterations=None: run until every sequence is complete (acceptance measurement). Otherwise run
     that many batched steps, restarting finished sequences at a random point (latency measurement).
     admitted: the step at which each sequence starts generating (default: all at step 0).
+    batch: at most this many sequences generate at once, as in an engine's continuous batching: the
+    others wait, in the order of the targets, and each one finishing admits the next (None: all).
     """
     n = len(targets)
     rows, tlens = pad_rows(targets, extra=source_pad(source))
@@ -111,6 +114,11 @@ def replay(
     accepted: I32 | None = None
     active = pos < tlens
     start_step = np.zeros(n, dtype=np.int64) if admitted is None else np.asarray(admitted, dtype=np.int64)
+    if batch is not None:
+        if batch < 1 or admitted is not None or iterations is not None:
+            raise ValueError("batch: at least 1, and only for a whole replay without `admitted`")
+        waiting = np.flatnonzero(active).tolist()[batch:]  # admitted as running sequences finish
+        start_step[waiting] = np.iinfo(np.int64).max
     rng = rng or np.random.default_rng(0)
     done_steps = 0
     while active.any() if iterations is None else done_steps < iterations:
@@ -135,6 +143,10 @@ def replay(
         pos = new_pos
         accepted = acc.astype(np.int32)
         if iterations is None:
+            if batch is not None:
+                for _ in range(int((running & (pos >= tlens)).sum())):
+                    if waiting:
+                        start_step[waiting.pop(0)] = done_steps + 1
             active &= pos < tlens
         done_steps += 1
     source.close()
@@ -146,15 +158,24 @@ def source_pad(source: Source) -> int:
     return (knobs.window.max if isinstance(knobs, SpeculationSpec) else 64) + 2
 
 
-def replay_units(source: Source, units: Sequence[PromptWork], lead: int = 0) -> ReplayStats:
+def replay_units(source: Source, units: Sequence[PromptWork], lead: int = 0, batch: int | None = None,
+                 spread: bool = False) -> ReplayStats:
     """Replay every target response of every unit from its start against the unit's history.
-    lead: the first response of each unit starts that many steps before its siblings."""
+    lead: the first response of each unit starts that many steps before its siblings. batch: at most
+    this many at once, admitted unit by unit or, with `spread`, sibling by sibling (every unit's first
+    response, then every one's second, ...: HistoPipe's `spread_groups`)."""
+    if lead and batch is not None:
+        raise ValueError("lead and batch: one or the other")
+    order = [(i, k) for i, u in enumerate(units) for k in range(len(u.targets))]
+    if spread:
+        order.sort(key=lambda unit_sibling: (unit_sibling[1], unit_sibling[0]))
     seq_units, prompts, targets, admitted = [], [], [], []
-    for i, u in enumerate(units):
-        for k, t in enumerate(u.targets):
-            seq_units.append(i)
-            prompts.append(u.prompt)
-            targets.append(t)
-            admitted.append(lead if k else 0)
+    for i, k in order:
+        seq_units.append(i)
+        prompts.append(units[i].prompt)
+        targets.append(units[i].targets[k])
+        admitted.append(lead if k else 0)
+    if batch is not None:
+        return replay(source, seq_units, prompts, targets, [0] * len(targets), batch=batch)
     return replay(source, seq_units, prompts, targets, [0] * len(targets), admitted=admitted)
 
