@@ -41,12 +41,7 @@ MAX_TOKENS = 131_072  # 128K: the longest context of current open models
 MAX_BATCH = 16_384  # sequences one engine decodes together (vLLM's max_num_seqs is 256 by default)
 MAX_PATH = 4096  # PATH_MAX on Linux
 MAX_RECENT_TOKENS = 1 << 26  # a recent-responses index of 64Mi tokens is ~1.5 GB shipped with every rollout call
-EMBEDDED_DRAFTS = {"builtin:tiny-arith": "builtin:tiny-arith-draft"}
-"""The draft model distilled from each embedded policy (`rhymerl pretrain --draft`): a job's draft_model
-where it needs one and names none."""
-HISTORY_EPOCHS = 2  # benchmarks/history-epochs: 2 lifts epochs 3-5 of the quickstart past 4 tokens per pass
 MAX_HISTORY_EPOCHS = 64
-RECENT_TOKENS = 1 << 18  # ~6 MB of index: the quickstart's last 16 steps, a real job's last few dozen responses
 MAX_INT64 = 2**63 - 1  # what Kubernetes, numpy and torch hold in an integer
 DAY_S = 86_400
 WEEK_S = 7 * DAY_S
@@ -54,6 +49,12 @@ MAX_COEF = 1e3  # a loss weight, penalty or length factor: far past any tuned va
 # A StatefulSet's name must stay within 52 characters (its pods' controller-revision-hash label adds 11 to
 # it, and labels end at 63); the longest child is `<job>-controller`.
 MAX_JOB_NAME = 52 - len("-controller")
+# Drafting defaults that are measured choices, not bounds.
+HISTORY_EPOCHS = 2  # benchmarks/history-epochs: 2 lifts epochs 3-5 of the quickstart past 4 tokens per pass
+RECENT_TOKENS = 1 << 18  # ~6 MB of index: the quickstart's last 16 steps, a real job's last few dozen responses
+EMBEDDED_DRAFTS = {"builtin:tiny-arith": "builtin:tiny-arith-draft"}
+"""The draft model distilled from each embedded policy (`rhymerl pretrain --draft`): a job's draft_model
+where it needs one and names none."""
 Replicas = Annotated[int, Field(gt=0, le=MAX_REPLICAS, description=f"at most {MAX_REPLICAS}")]
 Seed = Annotated[int, Field(ge=0, le=2**32 - 1, description="0 to 2**32-1 (sampling keys use 32 bits)")]
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]

@@ -1,10 +1,11 @@
 """What the run has seen, kept for the epochs to come: the one object the step loop updates after
 each step, holding both kinds of history the papers use.
 
-- drafting (HistoSpec, RhymeRL §5): each prompt's latest epoch of responses, indexed with their
-  rewards, in memory or in Redis (`history.store`; workers/history/), which the next epoch's
-  rollout drafts from, and the run's newest responses to any prompt (recent.py, kept in memory),
-  which prompts without such an epoch draft from;
+- drafting (HistoSpec, RhymeRL §5): each prompt's latest epochs of responses
+  (`speculation.history_epochs`), indexed with their rewards, in memory or in Redis
+  (`history.store`; workers/history/), which the next epoch's rollout drafts from, and the run's
+  newest responses to any prompt (recent.py, kept in memory), which prompts without such an epoch
+  draft from;
 - lengths (HistoPipe, RhymeRL §6.1): each prompt's latest group of response lengths, which the
   rollout scheduler ranks and places by (shared with it; it does not learn them on its own here).
 
