@@ -61,6 +61,19 @@ def test_an_index_of_several_epochs_is_the_memory_stores_byte_for_byte(redis_url
     assert got["p1"].n_responses == 1  # epoch 3 alone: its epoch 1 is older than epochs 2-3 (none in epoch 2)
 
 
+@pytest.mark.parametrize("epochs", [1, 2, 3])
+def test_responses_no_later_index_reads_are_deleted_with_the_write_that_outdates_them(redis_url: str,
+                                                                                      epochs: int) -> None:
+    s = RedisHistoryStore.connect(redis_url, history_key_prefix("team", "job-a"), epochs=epochs)
+    client = redis.Redis.from_url(redis_url)
+    for epoch in (1, 3, 4):  # a prompt may skip an epoch
+        s.update([record(epoch, "p0", 0, [epoch] * 3, 1.0)])
+    kept = sorted(int(k.decode().rsplit(":", 1)[1]) for k in client.keys("*responses:p0:*"))
+    assert kept == {1: [4], 2: [4], 3: [3, 4]}[epochs]  # what an index of epoch 5 reads, and epoch 4's own
+    s.update([record(5, "p0", 0, [5], 1.0)])
+    assert s.indexes_before(6, ["p0"])["p0"].n_responses == {1: 1, 2: 2, 3: 3}[epochs]  # epochs 5 | 4-5 | 3-5
+
+
 def test_a_later_epoch_replaces_the_index_and_an_epoch_is_never_indexed_twice(redis_url: str) -> None:
     s = store(redis_url)
     s.update(EPOCH1)

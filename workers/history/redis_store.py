@@ -12,7 +12,10 @@ the run's prefix `rhymerl:<namespace>:<job>:<run_id>:`:
 
 A prompt's responses and its index are written in one MULTI/EXEC transaction, so a reader never
 sees an index without the responses it was built from, and an epoch is indexed at most once (the
-same check as the memory store: a second write of one epoch is a bug, not an update).
+same check as the memory store: a second write of one epoch is a bug, not an update). The same
+transaction deletes the responses no later index reads (those older than its `history_epochs - 1`
+epochs before, keeping the newest epoch's), so a long run's Redis holds a bounded number of
+epochs per prompt, as the memory store does.
 """
 
 from __future__ import annotations
@@ -118,11 +121,20 @@ class RedisHistoryStore:
             older = [r for e in range(epoch - self.epochs + 1, epoch) for r in zip(*self.responses(pid, e), strict=True)]
             index = HistoryIndex.build([*older, *((r.response_ids, r.reward) for r in recs)],
                                        reward_weighted=self.reward_weighted)
+            stale = [self.responses_key(pid, e) for e in range(self._kept_from(have), self._kept_from(epoch))] \
+                if have is not None else []
             with self.client.pipeline(transaction=True) as tx:
                 tx.hset(self.responses_key(pid, epoch), items=_pack(recs))
                 tx.hset(self.index_key(pid), mapping={"epoch": epoch, "blob": index.to_bytes()})
+                if stale:
+                    tx.unlink(*stale)
                 tx.execute()
             current[pid] = epoch
+
+    def _kept_from(self, epoch: int) -> int:
+        """With `epoch` indexed, the oldest epoch whose responses are kept: the next index (of a later
+        epoch) reads those from epoch + 2 - epochs on; the newest epoch's stay whatever `epochs`."""
+        return min(epoch, epoch + 2 - self.epochs)
 
     def _epochs(self, prompt_ids: list[str]) -> dict[str, int]:
         with self.client.pipeline(transaction=False) as p:
