@@ -20,7 +20,7 @@ from rhymerl.algorithms.scheduling.histopipe import HistoPipe
 from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.algorithms.scheduling.types import Action, Move, RoundPlan, Sample, Watch
 from rhymerl.api import RLJob, parse_job
-from rhymerl.workers import dumps
+from rhymerl.workers import dumps, faults
 from rhymerl.workers.controller.fleet import RolloutFleet, pod_ordinal, table_profile
 from rhymerl.workers.controller.history_client import HistoryClient
 from rhymerl.workers.controller.loop import fleet_metrics, run_steps
@@ -183,6 +183,56 @@ def test_a_freed_worker_drafts_for_a_straggling_one_and_the_tokens_stay_one_work
     drafted = [r.by_source[SOURCE] for r in results if SOURCE in r.by_source]
     assert sum(c.accepted for c in drafted) == sum(c.drafted for c in drafted) > 0
     assert fleet_metrics([rnd], 2, 2)["rollout_drafting_workers"] == 1
+
+
+class SplitOverTwo(Scheduler):
+    """Samples dealt alternately to workers 0 and 1: worker 2 is freed from the round's start."""
+
+    name = "split-over-two"
+
+    def __init__(self) -> None:
+        super().__init__(3)
+
+    def _plan(self, step: int, samples: list[Sample], carried: list[Sample]) -> RoundPlan:
+        every = samples + carried
+        return RoundPlan(round_no=step, queues=[[s.sid for s in every[0::2]], [s.sid for s in every[1::2]], []])
+
+
+def test_without_consolidate_tail_no_worker_is_emptied_to_draft(model_dir: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    job = _job(model_dir, 3, rollout=f", temperature: 0, speculation: {{method: none, freed_drafters: true, "
+                                     f"consolidate_tail: false, draft_model: {model_dir}}}")
+    monkeypatch.setenv(faults.FORCE_ENV, "freed-drafters")
+    f = Fleet(job, tmp_path / "three", scheduler=SplitOverTwo())
+    out, rnd = f.round(PROMPTS[:2])
+    assert len(out) == 8 and rnd.consolidations == 0 and rnd.counts["migrated"] == 0
+    assert "rollout worker 2 drafts for rollout worker 0 (step 1; freed drafters)" in f.notes
+
+
+def test_a_straggling_worker_no_freed_one_drafts_for_is_emptied_onto_another_and_drafts_for_it(
+        model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    one, _ = Fleet(_job(model_dir, rollout=", temperature: 0"), tmp_path / "one").round(PROMPTS[:2])
+    job = _job(model_dir, 3, rollout=f", temperature: 0, speculation: {{method: none, freed_drafters: true, "
+                                     f"draft_model: {model_dir}}}")
+    monkeypatch.setenv(faults.FORCE_ENV, "freed-drafters")  # the real decisions, on costs where every merge pays
+    f = Fleet(job, tmp_path / "three", scheduler=SplitOverTwo())
+    merges: list[tuple[int, int] | None] = []
+    priced = f.fleet.merge_workers
+
+    def seen(views: Sequence[WorkerView], wanted: Mapping[int, int]) -> tuple[int, int] | None:
+        merges.append(priced(views, wanted))
+        return merges[-1]
+
+    f.fleet.merge_workers = seen
+    out, rnd = f.round(PROMPTS[:2])
+    assert out == one and len(out) == 8  # every sample once, each with plain decoding's tokens
+    # worker 2 drafts for 0 (more work left, or the lower id); 1, left without a drafter, empties onto 0
+    assert next(m for m in merges if m is not None) == (1, 0)
+    assert rnd.consolidations == 1 and rnd.counts["migrated"] == f.fleet.executor.done["rebalance"] == 4
+    said = [n for n in f.notes if n.startswith("rollout worker")]
+    assert said.index("rollout worker 1 hands its 4 samples to rollout worker 0 and drafts for it (step 1; freed "
+                      "drafters)") < said.index("rollout worker 1 drafts for rollout worker 0 (step 1; freed drafters)")
+    assert fleet_metrics([rnd], 3, 3)["rollout_consolidations"] == 1
 
 
 def test_the_default_shared_queue_emits_the_tokens_of_the_per_worker_placement_it_replaced(

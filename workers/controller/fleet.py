@@ -38,11 +38,17 @@ import numpy as np
 
 from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
 from rhymerl.algorithms.scheduling.base import Scheduler
-from rhymerl.algorithms.scheduling.costmodel import SpeculationSpeedup, TableProfile
+from rhymerl.algorithms.scheduling.costmodel import IterationProfile, SpeculationSpeedup, TableProfile
 from rhymerl.algorithms.scheduling.executor import Executor
 from rhymerl.algorithms.scheduling.factory import make_scheduler
 from rhymerl.algorithms.scheduling.fleet_size import FleetAdvice, calibration, predicted_lengths, recommend
-from rhymerl.algorithms.scheduling.freed_drafters import DraftCosts, ScaledProfile, WorkerView, assign
+from rhymerl.algorithms.scheduling.freed_drafters import (
+    DraftCosts,
+    ScaledProfile,
+    WorkerView,
+    assign,
+    consolidation,
+)
 from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.algorithms.scheduling.types import Move, Sample, SampleId
 from rhymerl.api import RLJob
@@ -129,6 +135,7 @@ class Call:
     stream: Stream | None = None
     tokens: dict[SampleRef, int] = field(default_factory=dict)  # unfinished samples, as last reported
     finished: dict[SampleRef, int] = field(default_factory=dict)  # lengths reported
+    reported: bool = False  # its worker reported on it: it runs there, and hears a release
     output: Any = None
     ended: bool = False  # its stream ended: with its output, or broken off
     scored: Any = None
@@ -155,6 +162,7 @@ class Round:
     workers: set[int] = field(default_factory=set)  # ids of the workers that ran calls of it
     counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     drafting: int = 0  # the most workers drafting for others at once (freed drafters)
+    consolidations: int = 0  # workers emptied onto another so that they draft for it (freed drafters)
     summaries: list[tuple[Call, CallSummary]] = field(default_factory=list)
 
 
@@ -231,6 +239,13 @@ class RolloutFleet:
             self._priced_pairs
         """Drafter -> verifier from the workers' state, the freed ones and the pairs in force (a seam: tests
         force pairs)."""
+        self.consolidates = self.freed_drafters and speculation.consolidate_tail
+        self.merge_workers: Callable[[Sequence[WorkerView], Mapping[int, int]], tuple[int, int] | None] = \
+            self._priced_merge
+        """(source, destination) member ids: a straggling worker to empty onto another so that it drafts for it,
+        given the workers' state and the pairs wanted (a seam: tests force merges)."""
+        self.emptied: dict[int, int] = {}
+        """Member id of a worker whose samples are moving away -> the one it is to draft for once freed."""
 
     # ------------------------------------------------------------------ membership
     def start(self, version: int, weights: Any, older: Mapping[int, Any] | None = None) -> None:
@@ -631,6 +646,7 @@ class RolloutFleet:
             self._relay(call, state.grown)
         now = self.transport.clock(call.member.handle)
         mine = set(call.samples)
+        call.reported = True
         call.tokens = {s: n for s, n in state.running.items() if s in mine}
         for s, length in state.finished.items():
             if s in call.finished:
@@ -781,9 +797,12 @@ class RolloutFleet:
             running[m.id] = calls[0]
             views.append(self._view(m, calls))
         freed = sorted(i for i in members if i not in running and i in rnd.workers)
-        current = {d: v for d, (v, _) in self.drafting.items()}
+        current = {**self.emptied, **{d: v for d, (v, _) in self.drafting.items()}}
         wanted = {d: v for d, v in self.pair_drafters(views, freed, current).items()
                   if d in members and d not in running and v in running}
+        self.emptied = {d: v for d, v in self.emptied.items() if d in running and v in running}
+        if self.consolidates and not self.moving and not self.emptied:
+            self._consolidate(rnd, members, running, views, wanted)
         for d, (v, call_id) in list(self.drafting.items()):
             call = running.get(v)
             if wanted.get(d) != v or call is None or call.id != call_id:
@@ -799,6 +818,31 @@ class RolloutFleet:
                 self.note(f"rollout worker {d} drafts for rollout worker {v} (step {rnd.step}; freed drafters)")
         rnd.drafting = max(rnd.drafting, len(self.drafting))
 
+    def _consolidate(self, rnd: Round, members: Mapping[int, Member], running: Mapping[int, Call],
+                     views: Sequence[WorkerView], wanted: Mapping[int, int]) -> None:
+        """Where `merge_workers` says so, every unfinished sample of one straggling worker moves to
+        another (through the executor, booked as rebalances; the samples keep their tokens), and the
+        emptied worker, once its call has handed them over, drafts for the one it filled (SPECATOR §4.2's
+        consolidation; the rule: freed_drafters.consolidation). Only a worker whose every running call
+        is of this round, and has reported (a worker drops a release for a call it has not begun):
+        emptied, it is freed."""
+        merge = self.merge_workers(views, wanted)
+        if merge is None:
+            return
+        src, dst = merge
+        if src not in running or dst not in running or src == dst \
+                or any(c.round is not rnd or not c.reported for c in self._active(members[src])):
+            return
+        samples = self.unfinished(members[src].slot, rnd.no)
+        if not samples:
+            return
+        self.emptied[src] = dst
+        rnd.consolidations += 1
+        self.note(f"rollout worker {src} hands its {len(samples)} samples to rollout worker {dst} and drafts for it "
+                  f"(step {rnd.step}; freed drafters)")
+        self.executor.consolidate([Move(sid=sid, src=members[src].slot, dst=members[dst].slot, generated=n,
+                                        recompute=True) for sid, n in samples])
+
     def _view(self, m: Member, calls: list[Call]) -> WorkerView:
         """A worker as the drafter decision sees it: its unfinished samples (those beyond its batch
         queued), their mean context as last reported, and as its remaining work as many tokens again as
@@ -812,18 +856,29 @@ class RolloutFleet:
 
     def _priced_pairs(self, views: Sequence[WorkerView], freed: Sequence[int],
                       current: Mapping[int, int]) -> dict[int, int]:
-        """freed_drafters.assign on the fleet's measured pass times, the draft model's steps priced at
-        DRAFT_STEP_COST of a policy pass (forced, faults.forced: passes that cost the same whatever
-        they verify, drafts that cost nothing and are always right, so every straggling worker a
-        freed one can serve pays)."""
+        """freed_drafters.assign on the costs of `_draft_costs`."""
+        priced = self._draft_costs()
+        return {} if priced is None else assign(views, freed, current, *priced)
+
+    def _priced_merge(self, views: Sequence[WorkerView], wanted: Mapping[int, int]) -> tuple[int, int] | None:
+        """freed_drafters.consolidation on the costs the pairs are decided on."""
+        priced = self._draft_costs()
+        return None if priced is None else consolidation(views, wanted, *priced)
+
+    def _draft_costs(self) -> tuple[IterationProfile, DraftCosts] | None:
+        """The pass times and drafting costs the drafter decisions price: the fleet's measured pass
+        times (None before they are measured), the draft model's steps at DRAFT_STEP_COST of a policy
+        pass; forced (faults.forced), passes that cost the same whatever they verify and drafts that
+        cost nothing and are almost always right, so every straggling worker a freed one can serve
+        pays, and so does every merge that fits one drafter."""
         if faults.forced("freed-drafters"):
             flat = TableProfile.constant(max_batch=self.job.spec.rollout.max_batch_size)
-            return assign(views, freed, current, flat,
-                          DraftCosts(acceptance=0.99, message_s=0.0, draft_profile=ScaledProfile(flat, 0.0)))
+            return flat, DraftCosts(acceptance=0.99, message_s=0.0, draft_profile=ScaledProfile(flat, 0.0),
+                                    consolidate=self.consolidates)
         if self.sched.profile is None:
-            return {}
-        costs = DraftCosts(draft_profile=ScaledProfile(self.sched.profile, DRAFT_STEP_COST))
-        return assign(views, freed, current, self.sched.profile, costs)
+            return None
+        return self.sched.profile, DraftCosts(draft_profile=ScaledProfile(self.sched.profile, DRAFT_STEP_COST),
+                                              consolidate=self.consolidates)
 
     def _steal_for_idle(self, rnd: Round) -> None:
         for m in self._live():

@@ -263,5 +263,6 @@ def fleet_metrics(rounds: Sequence[Round], live: int, wanted: int) -> dict[str, 
         "rollout_resumed_tokens": sum(s.resumed_tokens for r in rounds for _, s in r.summaries),
         "rollout_group_tokens_heard": sum(s.heard_tokens for r in rounds for _, s in r.summaries),
         "rollout_drafting_workers": max((r.drafting for r in rounds), default=0),
+        "rollout_consolidations": sum(r.consolidations for r in rounds),
         "schedule_ranking": rounds[0].ranking if rounds else "none",
     }

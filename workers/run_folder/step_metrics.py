@@ -77,6 +77,7 @@ class StepMetrics(BaseModel):
     rollout_resumed_tokens: int | None = None  # generated tokens the step's calls took over from elsewhere
     rollout_group_tokens_heard: int | None = None  # siblings' tokens relayed between workers (group drafts)
     rollout_drafting_workers: int | None = None  # most workers drafting for others at once (freed drafters)
+    rollout_consolidations: int | None = None  # workers emptied onto another to draft for it (freed drafters)
     schedule_ranking: str | None = None  # how the step's first round ranked its prompts (history, prompt-length)
     fleet_recommended: int | None = None  # rollout workers the next step wants (scheduling/fleet_size.py)
     time_step_s: float | None = None  # wall clock of the whole step (before writing its metrics)

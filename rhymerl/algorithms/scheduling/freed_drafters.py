@@ -26,7 +26,8 @@ The rule (SPECATOR's Algorithm 3, coupled to one drafter per request's worker):
   (docs/scheduling.md, "tail consolidation"); with the emptied worker drafting it pays.
 
 The rollout fleet (workers/controller/fleet.py) runs `assign` on its workers' reported state and
-links the pairs (workers/rollout/remote_drafts.py); consolidation is priced in the simulator only.
+links the pairs (workers/rollout/remote_drafts.py), and carries out `consolidation` through the
+executor (`speculation.consolidateTail`).
 Not built: Best-of-N with several draft methods per straggler (SPECATOR's parallel drafters),
 refreshing the draft model on the step's finished responses.
 """
