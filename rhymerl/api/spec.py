@@ -391,8 +391,8 @@ class SpeculationSpec(Strict):
         "history", description="history: HistoSpec (the prompt's responses of its last history_epochs epochs, the "
         "run's recent responses for a prompt without any, and the group's own with group_drafts); "
         "ngram: each sequence's own context; draft-model: a small model (draft_model); fastest-of-n: every source "
-        "there is (history with the group, n-gram, the draft model where draft_model is set) drafts and each "
-        "response takes the drafts of the one its own tokens confirmed most"
+        "there is (history with the group, n-gram, the draft model where draft_model is set; with the vllm engine "
+        "history and n-gram) drafts and each response takes the drafts of the one its own tokens confirmed most"
     )
     reward_weighted: bool = Field(
         False, description="history: rank branches by the summed reward of the responses through them (RhymeRL), "
@@ -527,9 +527,9 @@ class RolloutSpec(Placement):
                              "raise max_replicas, or leave autoscaling off")
         if self.resources.gpu < self.gpus_per_replica:
             raise ValueError("resources: gpu must be at least gpus_per_replica (a replica's GPUs are its pod's)")
-        if self.engine == "vllm" and self.speculation.method == "fastest-of-n":
-            raise ValueError("speculation: method fastest-of-n runs on the torch engine; with vllm choose history, "
-                             "ngram or none")
+        if self.engine == "vllm" and self.speculation.method == "fastest-of-n" and self.speculation.draft_model:
+            raise ValueError("speculation: with vllm, fastest-of-n chooses between history and n-gram; the draft model "
+                             "runs on the torch engine (remove draft_model, or use method draft-model)")
         if self.engine == "vllm" and self.speculation.freed_drafters:
             raise ValueError("speculation: freed_drafters runs on the torch engine (a vLLM call is one generate)")
         affinity = self.pod.affinity

@@ -18,6 +18,9 @@ from hypothesis import strategies as st
 
 from rhymerl.algorithms.drafting.index import HistoryDrafter, HistoryIndex
 from rhymerl.api.spec import SpeculationSpec
+from rhymerl.workers.rollout.engine import GenRequest
+from rhymerl.workers.rollout.fastest_of_n import job_sources
+from rhymerl.workers.rollout.speculators import DraftCapController
 from rhymerl.workers.rollout.vllm_proposer import FILLER, HistoryProposer
 
 K = 8
@@ -151,7 +154,55 @@ def test_drafts_follow_the_request_not_the_row(seed: int, preempt: float) -> Non
 def test_request_stats_count_each_requests_passes_drafts_and_acceptance() -> None:
     requests, proposer = _run(seed=2, n_prompts=10, group=4, preempt=0.3)
     stats = proposer.request_stats([r.tokens for r in requests])
-    assert stats == [(r.passes, r.drafted, r.accepted) for r in requests]
+    assert [s[:3] for s in stats] == [(r.passes, r.drafted, r.accepted) for r in requests]
+    for (_, drafted, accepted, by_source), r in zip(stats, requests, strict=True):  # every draft was history's
+        assert set(by_source) <= {"history"} and (drafted == 0) == (not by_source)
+        if by_source:
+            h = by_source["history"]
+            assert (h.drafted, h.accepted) == (drafted, accepted) and 0 < h.passes < r.passes
+
+
+def test_fastest_of_n_gives_each_request_the_drafts_of_the_torch_engines_source_run_on_it_alone() -> None:
+    """The proposer runs the torch engine's Fastest-of-N (history and n-gram) per request: the same
+    drafts as one `job_sources` per request driven with that request's own events."""
+    rng = random.Random(4)
+    spec = SpeculationSpec.model_validate({"method": "fastest-of-n", "window": {"initial": 2, "step": 2, "max": K},
+                                           "group_drafts": False})
+    requests, indexes = _world(4, 8, 4)
+    for r in requests[::3]:  # some targets repeat their own prompt: n-gram drafts them
+        r.target = (r.prompt * 12)[:len(r.target)]
+    proposer = HistoryProposer(_config())
+    proposer.configure(spec, None)
+    prompts = sorted({tuple(r.prompt) for r in requests})
+    proposer.set_step([list(p) for p in prompts], [indexes.get(p) for p in prompts])
+    by_pid = {str(i): indexes[p] for i, p in enumerate(prompts) if p in indexes}
+    refs = {id(r): job_sources(spec, by_pid, DraftCapController(spec, None)) for r in requests}
+    for r in requests:
+        ref = refs[id(r)]
+        ref.begin(0, GenRequest(prompt_ids=r.prompt, sample_id=0, prompt_id=str(prompts.index(tuple(r.prompt)))))
+        r.tokens.append(r.target[0])
+        ref.settle([0], [0], [0], [[r.target[0]]])
+    rows, sources = list(requests), set()
+    while rows:
+        rng.shuffle(rows)
+        table = np.zeros((len(rows), MAX_LEN), dtype=np.int32)
+        for i, r in enumerate(rows):
+            table[i, :len(r.tokens)] = r.tokens
+        proposed = proposer.propose([[1]] * len(rows), np.array([len(r.tokens) for r in rows]), table)
+        for r, draft in zip(rows, proposed, strict=True):
+            ref = refs[id(r)]
+            assert draft == ref.propose([0], len(rows))[0]
+            if draft:
+                sources.add(ref.source_of(0))
+            truth = r.target[len(r.tokens) - len(r.prompt):]
+            accepted = next((j for j, (d, t) in enumerate(zip(draft, truth, strict=False)) if d != t),
+                            min(len(draft), len(truth)))
+            r.tokens += truth[: accepted + 1]
+            ref.settle([0], [len(draft)], [accepted], [truth[: accepted + 1]])
+        rows = [r for r in rows if not r.done]
+    assert sources == {"history", "ngram"}
+    counted = [s[3] for s in proposer.request_stats([r.tokens for r in requests])]
+    assert {name for c in counted for name in c} == sources
 
 
 def test_identical_requests_share_drafts_and_are_each_counted() -> None:

@@ -50,10 +50,13 @@ from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams
 from rhymerl.workers.rollout.speculation import reachable_batches
 from rhymerl.workers.rollout.speculators import NGRAM_MATCH
 from rhymerl.workers.rollout.verify_cost import Progress, cache_dir
+from rhymerl.workers.rollout.vllm_proposer import METHODS as PROPOSER_METHODS
 
 PROPOSER = "rhymerl.workers.rollout.vllm_proposer.HistoryProposer"
 EXTENSION = "rhymerl.workers.rollout.vllm_worker.RhymerlWorkerExtension"
-METHODS = ("none", "history", "ngram", "suffix", "draft-model")
+METHODS = ("none", "history", "fastest-of-n", "ngram", "suffix", "draft-model")
+OURS = PROPOSER_METHODS
+"""The methods our proposer runs: drafted from history indexes sent per step."""
 PROFILE_CODE_VERSION = 1  # raised when what measure_profile measures changes (the cache key has it)
 PROFILE_CONTEXT = 64  # tokens of each probe prompt of the pass-cost profile
 PROFILE_PASSES = 16  # engine passes each probe generate runs
@@ -130,7 +133,7 @@ def speculative_config(method: str, spec: SpeculationSpec, draft: Path | None = 
     k, the AIMD window's initial size: vLLM runs the draft model k times per step whatever it accepts,
     and no window or cap of ours reaches inside it."""
     k = spec.window.max
-    if method == "history":
+    if method in OURS:
         return {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": k}
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": NGRAM_MATCH[0],
@@ -196,13 +199,14 @@ class VllmEngine:
         spec = job.spec
         engine = cls(job_settings(job, longest_prompt))
         drafting = spec.rollout.speculation
-        if drafting.method == "history" and drafting.disable_above_batch is None:
+        if drafting.method in OURS and drafting.disable_above_batch is None:
             engine.cost_profile(reachable_batches(job), vocab_size, progress=progress)
         return engine
 
     def set_history(self, prompts: Sequence[Sequence[int]], indexes: Sequence[HistoryIndex | None]) -> None:
-        """The next requests' prompts and their history indexes (HistoSpec); a no-op for other methods."""
-        if self.settings.method != "history":
+        """The next requests' prompts and their history indexes (our proposer's methods, OURS); a no-op
+        for other methods."""
+        if self.settings.method not in OURS:
             return
         profile = None if self._configured else json.dumps(asdict(self.profile)) if self.profile else None
         blobs = {id(i): i.to_bytes() for i in indexes if i is not None}  # one bytes object per index, pickled once
@@ -254,11 +258,11 @@ class VllmEngine:
                 lps = None
             results.append(GenResult(response_ids=ids, finish_reason="stop" if ids and ids[-1] in stops else "length",
                                      logprobs=lps))
-        if self.settings.method == "history":
+        if self.settings.method in OURS:
             seqs = [list(r.prompt_ids) + g.response_ids for r, g in zip(requests, results, strict=True)]
             stats = self.llm.collective_rpc("rhymerl_request_stats", args=(seqs,))[0]
-            for g, (passes, drafted, accepted) in zip(results, stats, strict=True):
-                g.forward_passes, g.drafted, g.accepted = passes, drafted, accepted
+            for g, (passes, drafted, accepted, by_source) in zip(results, stats, strict=True):
+                g.forward_passes, g.drafted, g.accepted, g.by_source = passes, drafted, accepted, by_source
         return results
 
     def cost_profile(self, batch_sizes: Sequence[int], vocab_size: int,

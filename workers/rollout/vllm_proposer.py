@@ -1,5 +1,6 @@
-"""HistoSpec inside vLLM: a `custom_class` speculative proposer that drafts from the previous epoch's
-responses to each row's prompt.
+"""The job's drafting inside vLLM: a `custom_class` speculative proposer that adapts vLLM's calls to the
+torch engine's draft sources (`DraftSource`: HistoSpec's `HistoryDrafts` with its group drafts, or
+Fastest-of-N over history and n-gram), so drafting is implemented once for both engines.
 
 vLLM instantiates the class named in `speculative_config={"method": "custom_class", "model":
 "rhymerl.workers.rollout.vllm_proposer.HistoryProposer", ...}` with its `VllmConfig` and calls
@@ -11,32 +12,27 @@ samples of one prompt) are indistinguishable. So every row is identified by its 
 - its prompt, by matching the start of its tokens against the step's prompts (`set_step`, sent
   with the prompts' history indexes before the step's requests are added; the longest match
   wins when one prompt is a prefix of another);
-- its drafting state (a `HistoryDrafter` handle: the incremental suffix match and the AIMD window
-  of RhymeRL §5.4), by the exact tokens the row had at the previous call. A row advances by
-  1..k+1 tokens per step (accepted draft tokens plus the one vLLM samples), so the state is found
-  among the states keyed by one of those shorter lengths, compared token by token. A row whose
-  state is not found (a new request) starts a fresh state fed with everything it generated so
-  far (a request vLLM preempted and recomputed keeps its tokens, so it finds its state again).
-  States live until the next `set_step`: one per request of the step.
+- its drafting state (a slot of the step's draft source: the incremental suffix match and the AIMD
+  window of RhymeRL §5.4, Fastest-of-N's scores), by the exact tokens the row had at the previous
+  call. A row advances by 1..k+1 tokens per step (accepted draft tokens plus the one vLLM
+  samples), so the state is found among the states keyed by one of those shorter lengths,
+  compared token by token. A row whose state is not found (a new request) begins a fresh slot,
+  settled with everything it generated so far (a request vLLM preempted and recomputed keeps its
+  tokens, so it finds its state again). Slots live until the next `set_step`: one per request of
+  the step.
 
 What the previous draft achieved is read off the row itself: the accepted count is the common
 prefix of the draft and the tokens appended since (vLLM's recovered token after a rejection never
-equals the rejected draft token, its residual distribution gives it no mass). The per-pass cap is
-the torch engine's `DraftCapController`, fed each step's batch size, the drafts on offer and what
-verification accepted, and priced from vLLM's own pass times (`set_step(profile=...)`,
-workers/rollout/vllm_engine.py measures them).
-
-With `group_drafts`, each prompt of the step also gets a `GroupIndex` that every request of that
-prompt grows as its tokens are fed (so the group's requests draft for each other, from the first
-epoch on), as in the torch engine.
-
-Same index objects, same native drafter and the same knobs (`SpeculationSpec`) as the torch
-engine's `HistoryDrafts`: nothing about drafting is implemented twice.
+equals the rejected draft token, its residual distribution gives it no mass); the source is told
+it with the tokens the row gained (`DraftSource.settle`), as the torch engine tells it after a
+verify pass. The per-pass cap is the torch engine's `DraftCapController`, fed each step's batch
+size, the drafts on offer and what verification accepted, and priced from vLLM's own pass times
+(`set_step(profile=...)`, workers/rollout/vllm_engine.py measures them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,24 +40,30 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
-from rhymerl.algorithms.drafting.index import GroupIndex, HistoryDrafter, HistoryIndex
+from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api.spec import SpeculationSpec
-from rhymerl.workers.rollout.speculators import DraftCapController
+from rhymerl.workers.rollout.engine import DraftSource, GenRequest, SourceCount
+from rhymerl.workers.rollout.fastest_of_n import job_sources
+from rhymerl.workers.rollout.speculators import DraftCapController, HistoryDrafts
 
 FILLER = 0
 """The token offered when measuring pass costs (the pad token of rhymerl's tokenizers: never sampled)."""
+METHODS = ("history", "fastest-of-n")
+"""The `speculation.method`s this proposer runs."""
 
 
 @dataclass
 class _Row:
     """Drafting state of one request, keyed by its tokens at the last call."""
 
-    handle: int  # -1: nothing to draft from (no history nor group, or not one of the step's prompts)
+    slot: int  # its slot in the step's draft source; -1: not one of the step's prompts
     length: int  # tokens (prompt + generated) at the last call
     draft: NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    source: str = ""  # the source of `draft`
     passes: int = 0  # engine steps that gave it tokens
     drafted: int = 0
     accepted: int = 0
+    by_source: dict[str, SourceCount] = field(default_factory=dict)
 
 
 @dataclass
@@ -80,44 +82,54 @@ class ProposerStats:
         return dict(self.__dict__)
 
 
+RequestStats = tuple[int, int, int, dict[str, SourceCount]]
+"""Of one finished request: engine steps, draft tokens offered, accepted, and those per source."""
+
+
 class HistoryProposer:
-    """vLLM `custom_class` proposer over HistoSpec history indexes (see the module docstring)."""
+    """vLLM `custom_class` proposer over the job's draft source (see the module docstring)."""
 
     def __init__(self, vllm_config: Any) -> None:
         self.k = int(vllm_config.speculative_config.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.force = -1
         """>= 0: offer that many filler tokens on every row, history or not (cost measurement)."""
-        self.prompts: dict[bytes, HistoryIndex | None] = {}
-        self.groups: dict[bytes, GroupIndex] = {}  # the step's prompts' groups (group_drafts)
+        self.prompts: dict[bytes, str] = {}  # the step's prompts -> their ids in the draft source
         self.lengths_desc: list[int] = []  # the step's prompt lengths, longest first
         self.rows: dict[tuple[int, bytes], list[_Row]] = {}  # (tokens held, their bytes) -> states
         self.lengths_held: dict[int, int] = {}  # states held per length (most lengths hold none)
+        self.slots = 0  # slots begun this step
         self.stats = ProposerStats()
         self.configure(SpeculationSpec(), None)
 
     def configure(self, spec: SpeculationSpec, profile: CostProfile | None) -> None:
         """Drafting knobs and the per-pass cost profile (None: AIMD windows only, capped at k)."""
+        if spec.method not in METHODS:
+            raise ValueError(f"speculation.method {spec.method!r}: this proposer runs {', '.join(METHODS)}")
         self.spec = spec
         self.control = DraftCapController(spec, profile)
-        self.drafter = HistoryDrafter(spec)
+        self.source: DraftSource = self._source({})
         self.rows, self.lengths_held = {}, {}
+
+    def _source(self, indexes: Mapping[str, HistoryIndex]) -> DraftSource:
+        """The job's draft source over the step's indexes, as the torch engine builds it (Fastest-of-N
+        without a draft model: vLLM runs none beside a custom proposer)."""
+        if self.spec.method == "fastest-of-n":
+            return job_sources(self.spec, indexes, self.control)
+        return HistoryDrafts(self.spec, indexes, self.control)
 
     def set_step(self, prompts: Sequence[Sequence[int]], indexes: Sequence[HistoryIndex | None]) -> None:
         """The prompts of the requests about to be generated and each one's history index (None: no
         history; group drafts only). Forgets every request and group of earlier steps."""
         if len(prompts) != len(indexes):
             raise ValueError(f"{len(prompts)} prompts, {len(indexes)} indexes")
-        handles = [r.handle for states in self.rows.values() for r in states if r.handle >= 0]
-        if handles:
-            self.drafter.remove(np.asarray(handles, dtype=np.int64))
-        self.rows, self.lengths_held, self.stats = {}, {}, ProposerStats()
-        self.prompts = {np.asarray(t, dtype=np.int32).tobytes(): i for t, i in zip(prompts, indexes, strict=True)}
-        self.groups = {key: GroupIndex.for_spec(self.spec) for key in self.prompts} if self.spec.group_drafts else {}
+        self.rows, self.lengths_held, self.stats, self.slots = {}, {}, ProposerStats(), 0
+        self.prompts = {np.asarray(t, dtype=np.int32).tobytes(): str(i) for i, t in enumerate(prompts)}
+        self.source = self._source({str(i): index for i, index in enumerate(indexes) if index is not None})
         self.lengths_desc = sorted({len(t) for t in prompts}, reverse=True)
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
-        """vLLM asks every proposer to load its model; history needs none."""
+        """vLLM asks every proposer to load its model; ours need none."""
 
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: NDArray[np.integer[Any]],
                 token_ids_cpu: NDArray[np.integer[Any]], slot_mappings: Any = None, **unused: Any) -> list[list[int]]:
@@ -135,62 +147,48 @@ class HistoryProposer:
             return out
         found = [self._find(token_ids_cpu[i], lengths[i]) for i in live]
         self.stats.rows += len(live)
-        self._settle(found)
-        drafting = [(i, r) for i, (r, _) in zip(live, found, strict=True) if r.handle >= 0]
-        handles = np.array([r.handle for _, r in drafting], dtype=np.int64)
-        if drafting:  # the tokens each row gained since its last call (all it generated, for a fresh one)
-            chunks = [token_ids_cpu[i, r.length:lengths[i]] for i, r in drafting]
-            offsets = np.zeros(len(drafting) + 1, dtype=np.int64)
-            np.cumsum([c.size for c in chunks], out=offsets[1:])
-            if offsets[-1]:
-                self.drafter.feed(handles, offsets, np.concatenate(chunks).astype(np.int32, copy=False))
-        for i, (r, _) in zip(live, found, strict=True):
+        drafting = [(i, r, a, start) for i, (r, a, start) in zip(live, found, strict=True) if r.slot >= 0]
+        if drafting:  # what each row's last draft achieved, and the tokens it gained since (all it generated, fresh)
+            self._settle([(r, a) for _, r, a, _ in drafting if a >= 0 and r.draft.size])
+            self.source.settle([r.slot for _, r, _, _ in drafting],
+                               [int(r.draft.size) if a >= 0 else 0 for _, r, a, _ in drafting],
+                               [max(a, 0) for _, _, a, _ in drafting],
+                               [token_ids_cpu[i, start:lengths[i]].tolist() for i, _, _, start in drafting])
+        for i, (r, _, _) in zip(live, found, strict=True):
             r.draft = np.zeros(0, dtype=np.int32)
             r.passes += 1
             r.length = lengths[i]
             self.rows.setdefault((r.length, token_ids_cpu[i, :r.length].tobytes()), []).append(r)
             self.lengths_held[r.length] = self.lengths_held.get(r.length, 0) + 1
-
-        batch = len(live)
-        if not drafting or self.control.parked(batch):
+        if not drafting:
             return out
-        room = np.array([max(0, min(self.k, self.max_model_len - lengths[i] - 1)) for i, _ in drafting], dtype=np.int32)
-        offsets, tokens = self.drafter.draft(handles, room)  # each row at its own AIMD window
-        offered = np.diff(offsets)
-        cap = self.control.cap(batch, offered.tolist())
-        if cap == 0:
-            return out
-        if cap < int(offered.max()):  # drafting again at the cap also tells the drafter what was offered
-            offsets, tokens = self.drafter.draft(handles, np.minimum(room, cap))
-        for j, (i, r) in enumerate(drafting):
-            r.draft = tokens[offsets[j]:offsets[j + 1]].copy()
-            out[i] = r.draft.tolist()
+        drafts = self.source.propose([r.slot for _, r, _, _ in drafting], len(live))
+        for (i, r, _, _), draft in zip(drafting, drafts, strict=True):
+            room = max(0, min(self.k, self.max_model_len - lengths[i] - 1))
+            if draft and room:
+                r.draft = np.asarray(draft[:room], dtype=np.int32)
+                r.source = self.source.source_of(r.slot)
+                out[i] = r.draft.tolist()
         return out
 
-    def _settle(self, found: list[tuple[_Row, int]]) -> None:
-        """What each row's previous draft achieved: to the drafter (its AIMD window), the cap's
-        acceptance estimate and the counters."""
-        verified = [(r, a) for r, a in found if r.handle >= 0 and r.draft.size and a >= 0]
-        if not verified:
-            return
-        drafted = [int(r.draft.size) for r, _ in verified]
-        accepted = [a for _, a in verified]
-        self.drafter.report(np.array([r.handle for r, _ in verified], dtype=np.int64),
-                            np.array(accepted, dtype=np.int32))
-        self.control.observe(drafted, accepted)
-        self.stats.drafted += sum(drafted)
-        self.stats.accepted += sum(accepted)
-        for (r, a), d in zip(verified, drafted, strict=True):
+    def _settle(self, verified: list[tuple[_Row, int]]) -> None:
+        """The counters of rows whose previous draft was verified: per request and source, and the step's."""
+        for r, a in verified:
+            d = int(r.draft.size)
             r.drafted += d
             r.accepted += a
+            count = r.by_source.setdefault(r.source, SourceCount())
+            count.passes, count.drafted, count.accepted = count.passes + 1, count.drafted + d, count.accepted + a
+            self.stats.drafted += d
+            self.stats.accepted += a
 
-    def request_stats(self, sequences: Sequence[Sequence[int]]) -> list[tuple[int, int, int]]:
-        """(engine steps, draft tokens offered, accepted) of each finished request, given its prompt
-        + response; (0, 0, 0) for one not found. The request's pass after the last call to the
-        proposer is counted too: its state holds 1..k+1 tokens less than the request (the pass
-        accepted some of the state's draft and sampled one), or, where vLLM trimmed what followed a
-        stop token, up to k + 1 tokens more."""
-        out = [(0, 0, 0)] * len(sequences)
+    def request_stats(self, sequences: Sequence[Sequence[int]]) -> list[RequestStats]:
+        """(engine steps, draft tokens offered, accepted, those per source) of each finished request,
+        given its prompt + response; (0, 0, 0, {}) for one not found. The request's pass after the last
+        call to the proposer is counted too: its state holds 1..k+1 tokens less than the request (the
+        pass accepted some of the state's draft and sampled one), or, where vLLM trimmed what followed
+        a stop token, up to k + 1 tokens more."""
+        out: list[RequestStats] = [(0, 0, 0, {})] * len(sequences)
         taken: set[int] = set()
         left: dict[bytes, list[int]] = {}
         for i, seq in enumerate(sequences):
@@ -204,7 +202,12 @@ class HistoryProposer:
                     limit = min(state.draft.size, tail.size)
                     mismatch = np.flatnonzero(state.draft[:limit] != tail[:limit])
                     accepted = int(mismatch[0]) if mismatch.size else limit
-                    out[i] = (state.passes + 1, state.drafted + int(state.draft.size), state.accepted + accepted)
+                    by_source = {n: SourceCount(c.passes, c.drafted, c.accepted) for n, c in state.by_source.items()}
+                    if state.draft.size:
+                        by_source.setdefault(state.source, SourceCount()).add(
+                            SourceCount(1, int(state.draft.size), accepted))
+                    out[i] = (state.passes + 1, state.drafted + int(state.draft.size), state.accepted + accepted,
+                              by_source)
                     break
             else:  # identical requests (greedy twins) share a key
                 left.setdefault(tokens.tobytes(), []).append(i)
@@ -215,13 +218,13 @@ class HistoryProposer:
                 if waiting:
                     for state in states:
                         if waiting and id(state) not in taken:
-                            out[waiting.pop()] = (state.passes, state.drafted, state.accepted)
+                            out[waiting.pop()] = (state.passes, state.drafted, state.accepted, dict(state.by_source))
                     break
         return out
 
-    def _find(self, row: NDArray[np.integer[Any]], n: int) -> tuple[_Row, int]:
-        """The state of the request in this row and how many tokens of its last draft were accepted
-        (-1 for a fresh state)."""
+    def _find(self, row: NDArray[np.integer[Any]], n: int) -> tuple[_Row, int, int]:
+        """The state of the request in this row, how many tokens of its last draft were accepted (-1
+        for a fresh state) and where the tokens it gained since begin."""
         for gained in range(1, self.k + 2):
             length = n - gained
             if length <= 0:
@@ -240,15 +243,15 @@ class HistoryProposer:
                 limit = min(state.draft.size, new.size)
                 mismatch = np.flatnonzero(state.draft[:limit] != new[:limit])
                 accepted = int(mismatch[0]) if mismatch.size else limit
-                return state, accepted
+                return state, accepted, length
         self.stats.fresh_rows += 1
-        return self._fresh(row, n), -1
+        return self._fresh(row, n)
 
-    def _fresh(self, row: NDArray[np.integer[Any]], n: int) -> _Row:
+    def _fresh(self, row: NDArray[np.integer[Any]], n: int) -> tuple[_Row, int, int]:
         for length in self.lengths_desc:
             if length <= n and (key := row[:length].tobytes()) in self.prompts:
-                index, group = self.prompts[key], self.groups.get(key)
-                if index is None and group is None:
-                    return _Row(-1, length)
-                return _Row(self.drafter.add(index, group=group), length)
-        return _Row(-1, n)
+                slot, self.slots = self.slots, self.slots + 1
+                self.source.begin(slot, GenRequest(prompt_ids=row[:length].tolist(), sample_id=slot,
+                                                   prompt_id=self.prompts[key]))
+                return _Row(slot, length), -1, length
+        return _Row(-1, n), -1, n

@@ -16,7 +16,7 @@ import torch
 from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
 from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api.spec import SpeculationSpec
-from rhymerl.workers.rollout.vllm_proposer import HistoryProposer
+from rhymerl.workers.rollout.vllm_proposer import HistoryProposer, RequestStats
 
 
 def _expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int, replace_from: int = 0,
@@ -83,9 +83,9 @@ class RhymerlWorkerExtension:
         proposer = self._proposer()
         return proposer.stats.as_dict() if proposer is not None else {}
 
-    def rhymerl_request_stats(self, sequences: list[list[int]]) -> list[tuple[int, int, int]]:
+    def rhymerl_request_stats(self, sequences: list[list[int]]) -> list[RequestStats]:
         proposer = self._proposer()
-        return proposer.request_stats(sequences) if proposer is not None else [(0, 0, 0)] * len(sequences)
+        return proposer.request_stats(sequences) if proposer is not None else [(0, 0, 0, {})] * len(sequences)
 
     def rhymerl_load_weights(self, tensors: dict[str, torch.Tensor]) -> int:
         """Load Hugging Face-named tensors (a checkpoint's names and shapes) into the served model in

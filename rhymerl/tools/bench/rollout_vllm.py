@@ -17,14 +17,17 @@ this process, each started (and its pass-cost profile taken) before any timing. 
   block, by default with group drafts)
 - history-alone: the same without group drafts (last epoch's responses only)
 - history-aimd: the same drafts as history with the cap pinned at window.max (AIMD windows alone)
+- fastest-of-n: our proposer running the torch engine's Fastest-of-N (history as the job runs it,
+  and n-gram), each request on the source its own tokens confirmed most, under the same priced cap
 - draft-model: vLLM's own draft_model method over the run's speculation.draft_model, else the
   embedded policy's distilled draft (left out of the default methods where there is none)
 
 At temperature > 0 vLLM's speculation is lossless in distribution, not token for token, so the
 methods' responses differ; their lengths and mean log-probability under the policy are reported
 beside the speed, so a method that changed what is sampled would show. Acceptance and tokens per
-engine step come from vLLM's own speculative-decoding counters, and for the history methods from
-the proposer's per-request counts (vLLM does not count a custom_class proposer's drafts).
+engine step come from vLLM's own speculative-decoding counters, and for our proposer's methods from
+its per-request counts (vLLM does not count a custom_class proposer's drafts), which also split the
+drafting passes by source (`sources`).
 """
 
 from __future__ import annotations
@@ -46,11 +49,13 @@ from rhymerl.workers.history.store import MemoryHistoryStore
 from rhymerl.workers.model.folder import model_dir
 from rhymerl.workers.model.policy import save_model
 from rhymerl.workers.rollout.draft_model import default_draft, draft_folder
-from rhymerl.workers.rollout.engine import GenResult
+from rhymerl.workers.rollout.engine import GenResult, merged_counts
 from rhymerl.workers.rollout.speculation import reachable_batches
 from rhymerl.workers.rollout.vllm_engine import VllmEngine, VllmSettings
 
-METHODS = ("none", "ngram", "suffix", "history", "history-alone", "history-aimd", "draft-model")
+METHODS = ("none", "ngram", "suffix", "history", "history-alone", "history-aimd", "fastest-of-n", "draft-model")
+OURS = ("history", "history-alone", "history-aimd", "fastest-of-n")
+"""The rows our proposer drafts."""
 
 
 @dataclass
@@ -85,13 +90,17 @@ def _engine(method: str, folder: Path, w: RunWorkload) -> VllmEngine:
     speculation = w.job.spec.rollout.speculation
     if method == "history-alone":
         speculation = speculation.model_copy(update={"group_drafts": False})
-    settings = VllmSettings(folder, method="history" if method.startswith("history") else method,
+    if method == "fastest-of-n":
+        speculation = speculation.model_copy(update={"method": "fastest-of-n", "draft_model": None})
+    elif method in OURS:
+        speculation = speculation.model_copy(update={"method": "history"})
+    settings = VllmSettings(folder, method=speculation.method if method in OURS else method,
                             speculation=speculation, draft_model=_draft(w) if method == "draft-model" else None,
                             max_batch_size=w.job.spec.rollout.max_batch_size,
                             max_model_len=max(len(r.prompt_ids) for r in w.requests) + w.params.max_response_length + 1,
                             seed=w.job.spec.rollout.seed, log_stats=True)
     engine = VllmEngine(settings)
-    if method in ("history", "history-alone"):  # history-aimd keeps no profile: its cap stays at window.max
+    if method in OURS and method != "history-aimd":  # history-aimd keeps no profile: its cap stays at window.max
         engine.cost_profile(reachable_batches(w.job), w.model.vocab_size)
     return engine
 
@@ -133,6 +142,14 @@ def _rollout(m: _Method, w: RunWorkload, store: MemoryHistoryStore) -> list[GenR
     return out
 
 
+def _shares(results: list[GenResult]) -> str | None:
+    """Our proposer's drafting passes by source, as shares ("history 0.97, ngram 0.03"); None for
+    vLLM's own methods, which report none."""
+    drafting = merged_counts(r.by_source for r in results)
+    passes = sum(c.passes for c in drafting.values())
+    return ", ".join(f"{name} {c.passes / passes:.3f}" for name, c in sorted(drafting.items())) if passes else None
+
+
 def _mean_logprob(results: list[GenResult]) -> float:
     values = [x for r in results for x in (r.logprobs or [])]
     return sum(values) / max(len(values), 1)
@@ -166,7 +183,7 @@ def run_bench(cfg: VllmBenchConfig, console: Console) -> list[dict[str, Any]]:
                 m.times.append(time.perf_counter() - t0)
                 after = _counters(m.engine)
                 m.drafted, m.accepted = after[0] - before[0], after[1] - before[1]
-                if m.name.startswith("history"):  # vLLM does not count a custom_class proposer's drafts
+                if m.name in OURS:  # vLLM does not count a custom_class proposer's drafts
                     m.drafted = sum(r.drafted for r in m.results)
                     m.accepted = sum(r.accepted for r in m.results)
                 console.print(f"    [dim]run {rep + 1}/{cfg.repeats} {m.name}: {m.times[-1]:.2f}s[/]", highlight=False)
@@ -180,13 +197,15 @@ def run_bench(cfg: VllmBenchConfig, console: Console) -> list[dict[str, Any]]:
                          "acceptance": round(m.accepted / m.drafted, 4) if m.drafted else None,
                          "tokens_per_step": round(tokens / max(tokens - m.accepted, 1), 3),
                          "mean_logprob": round(_mean_logprob(m.results), 4),
+                         "sources": _shares(m.results),
                          "runs": [round(t, 3) for t in m.times]})
         for m in engines[::-1]:
             m.engine.close()
     return rows
 
 
-COLUMNS = ("method", "seconds", "tokens", "tokens_per_s", "speedup", "acceptance", "tokens_per_step", "mean_logprob")
+COLUMNS = ("method", "seconds", "tokens", "tokens_per_s", "speedup", "acceptance", "tokens_per_step", "mean_logprob",
+           "sources")
 
 
 def render(rows: list[dict[str, Any]], console: Console) -> str:
