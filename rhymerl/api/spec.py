@@ -440,9 +440,9 @@ class SpeculationSpec(Strict):
     )
     freed_drafters: bool = Field(
         False, description="torch engine: in a round's tail, rollout workers left with nothing to run draft with the "
-        "draft model (draft_model) for the workers still running the stragglers, which verify those drafts where "
-        "their own method has none; the controller pairs them where its cost model prices the drafted passes "
-        "faster (SPECATOR's drafters on freed GPUs)"
+        "draft model (draft_model) for the workers still running the stragglers, which verify per sequence those "
+        "drafts or their own method's, whichever its tokens confirmed more; the controller pairs them where its "
+        "cost model prices the drafted passes faster (SPECATOR's drafters on freed GPUs)"
     )
     consolidate_tail: bool = Field(
         True, description="with freed_drafters: a straggling worker no freed one is left to draft for is emptied onto "

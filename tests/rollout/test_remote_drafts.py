@@ -122,6 +122,40 @@ def test_the_verifiers_own_drafts_come_first_and_the_drafters_fill_where_it_has_
     assert sources == {"ngram", SOURCE}
 
 
+class Wrong:
+    """A draft source whose every draft is wrong: two pad tokens, which the policy never samples."""
+
+    def begin(self, slot: int, request: GenRequest) -> None: ...
+
+    def propose(self, slots: list[int], batch_size: int) -> list[list[int]]:
+        return [[CharTokenizer().pad_id] * 2 for _ in slots]
+
+    def settle(self, slots: list[int], drafted: list[int], accepted: list[int], emitted: list[list[int]]) -> None: ...
+
+    def end(self, slot: int) -> None: ...
+
+    def move(self, src: list[int], dst: list[int]) -> None: ...
+
+    def source_of(self, slot: int) -> str:
+        return "wrong"
+
+
+def test_a_sequence_takes_the_drafters_drafts_where_they_keep_predicting_better_than_its_own(
+        policy: TinyLlama) -> None:
+    reqs = _requests()
+    params = SamplingParams(temperature=0.0, seed=5, max_response_length=48)
+    engine = TorchEngine(policy, CharTokenizer().eos_id, max_batch_size=len(reqs))
+    plain = engine.generate(reqs, params)
+    remote = RemoteDrafts(SPEC, Wrong())
+    remote.attach(Link(DraftServer(SPEC, policy)))  # the policy drafting for itself, greedily: always right
+    out = engine.generate(reqs, params, remote)
+    assert [r.response_ids for r in out] == [r.response_ids for r in plain]
+    wrong, theirs = (sum(r.by_source[n].passes for r in out if n in r.by_source) for n in ("wrong", SOURCE))
+    # its own drafts come first (a tie), until the drafter's confirm more: then the drafter's stay
+    assert 0 < wrong <= 2 * len(reqs) < theirs
+    assert sum(r.by_source[SOURCE].accepted for r in out) == sum(r.by_source[SOURCE].drafted for r in out)
+
+
 def test_a_stream_drafts_only_past_the_tokens_it_predicted() -> None:
     remote = RemoteDrafts(SPEC, None)
     remote.begin(0, GenRequest([1, 2, 3], 0))

@@ -15,9 +15,14 @@ the ones the stream predicted there. A late or lost reply costs drafts, never to
 from a draft model at its own AIMD window, told as accepted what the verifier's tokens confirmed, so
 a drafter whose guesses keep matching runs further ahead and covers a reply's delay.
 
-The remote drafts fill the passes where the verifier's own method drafts nothing (HistoSpec before a
-sequence matches its history, a parked pass): the verifier's own drafts cost it nothing to make and
-measured the best accepted (benchmarks/fastest-of-n), the draft model's cost a step of its model each.
+Per sequence the verifier verifies whichever of the two drafts, its own method's or the drafter's,
+the sequence's own emitted tokens confirmed more (Best-of-N over the two, by Fastest-of-N's rule and
+`SourceChoice`: a decayed mean of confirmed tokens per pass, ties to its own method). Both cost the
+verifier nothing to make, so both are offered every pass and both are scored: its own method's
+drafts start in front (they measured the best accepted where there is history, benchmarks/
+fastest-of-n), the drafter's fill the passes where its own method drafts nothing (HistoSpec before
+a sequence matches its history, a parked pass), and take over a sequence whose tokens they keep
+predicting better (a prompt whose history has little to say, the first epoch).
 """
 
 from __future__ import annotations
@@ -27,9 +32,10 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
-from rhymerl.algorithms.drafting.fastest_of_n import matched, told_accepted
+from rhymerl.algorithms.drafting.fastest_of_n import SourceChoice, matched, told_accepted
 from rhymerl.algorithms.drafting.index import AimdWindows
 from rhymerl.api.spec import SpeculationSpec
 from rhymerl.workers.model.transformer import TinyLlama
@@ -150,9 +156,14 @@ class _Seq:
     announced: bool = False  # the drafter has heard its prompt
 
 
+OWN, THEIRS = 0, 1
+"""The two draft sources a verifier chooses between per sequence: its own method's and the drafter's."""
+
+
 class RemoteDrafts:
-    """The verifier's draft source: `inner`'s drafts (the job's own method; None: none), and where it
-    offers none for a sequence while a drafter is linked (`attach`), the drafter's (module docstring)."""
+    """The verifier's draft source: per sequence, `inner`'s drafts (the job's own method; None: none) or,
+    while a drafter is linked (`attach`), the drafter's, whichever the sequence's tokens confirmed more
+    (module docstring)."""
 
     def __init__(self, spec: SpeculationSpec, inner: DraftSource | None) -> None:
         self.inner = inner
@@ -163,6 +174,8 @@ class RemoteDrafts:
         self.ended: list[int] = []  # sequences ended since the last message
         self.streams: dict[int, DraftStream] = {}  # sequence -> the latest stream the drafter sent
         self.remote: dict[int, bool] = {}  # slot -> whether its last proposal was the drafter's
+        self.choice = SourceChoice(0, 2)  # per slot: scores of OWN and THEIRS
+        self.offers: dict[int, tuple[list[int], list[int]]] = {}  # slot -> (own draft, drafter's) of the last pass
         self.waiting = False  # a message is outstanding
         self.messages = 0  # replies taken
         self.failed: str | None = None  # why the last link broke
@@ -186,30 +199,63 @@ class RemoteDrafts:
             self.inner.begin(slot, request)
         if slot >= self.windows.windows.size:
             self.windows.resize(max(slot + 1, 2 * self.windows.windows.size))
+        if slot >= self.choice.scores.shape[0]:
+            self.choice.resize(max(slot + 1, 2 * self.choice.scores.shape[0]))
         self.windows.reset(slot)
+        self.choice.reset(slot)
         self.seqs[slot] = _Seq(next(self.ids), list(request.prompt_ids))
         self.remote[slot] = False
 
     def propose(self, slots: list[int], batch_size: int) -> list[list[int]]:
         own = self.inner.propose(slots, batch_size) if self.inner is not None else [[] for _ in slots]
-        if self.link is not None:
-            self._talk()
+        for s in slots:
+            self.offers.pop(s, None)
+        if self.link is None:
+            for s in slots:
+                self.remote[s] = False
+            return own
+        self._talk()
+        theirs = [self._from_stream(s) for s in slots]
+        offered = np.array([[bool(o), bool(t)] for o, t in zip(own, theirs, strict=True)], dtype=np.bool_)
+        picks = self.choice.choose(np.array(slots, dtype=np.int64), offered.reshape(len(slots), 2))
         out = []
-        for s, draft in zip(slots, own, strict=True):
-            remote = not draft and self.link is not None
-            if remote:
-                draft = self._from_stream(s)
-            self.remote[s] = remote and bool(draft)
-            out.append(draft)
+        for s, o, t, pick in zip(slots, own, theirs, picks, strict=True):
+            self.offers[s] = (o, t)
+            self.remote[s] = pick == THEIRS and bool(t)
+            out.append(t if self.remote[s] else o)
         return out
 
     def settle(self, slots: list[int], drafted: list[int], accepted: list[int], emitted: list[list[int]]) -> None:
-        mine = [i for i, s in enumerate(slots) if self.remote.get(s)]
+        """Each source is told what its own draft achieved: the verified one what verification accepted,
+        the other what the emitted tokens confirmed of it (`told_accepted`), as Fastest-of-N tells its
+        sources; the choice scores both."""
+        own_drafted, own_accepted = [], []
+        rows, their_drafted, their_accepted = [], [], []
+        scored, confirmed = [], []
+        for s, d, a, e in zip(slots, drafted, accepted, emitted, strict=True):
+            own, theirs = self.offers.get(s, ([], []))
+            if self.remote.get(s):
+                own_drafted.append(len(own))
+                own_accepted.append(told_accepted(own, e))
+                rows.append(s)
+                their_drafted.append(d)
+                their_accepted.append(a)
+            else:
+                own_drafted.append(d)
+                own_accepted.append(a)
+                if theirs:
+                    rows.append(s)
+                    their_drafted.append(len(theirs))
+                    their_accepted.append(told_accepted(theirs, e))
+            if own or theirs:
+                scored.append(s)
+                confirmed.append((matched(own, e), matched(theirs, e)))
         if self.inner is not None:
-            self.inner.settle(slots, [0 if self.remote.get(s) else d for s, d in zip(slots, drafted, strict=True)],
-                              [0 if self.remote.get(s) else a for s, a in zip(slots, accepted, strict=True)], emitted)
-        if mine:
-            self.windows.update([drafted[i] for i in mine], [accepted[i] for i in mine], rows=[slots[i] for i in mine])
+            self.inner.settle(slots, own_drafted, own_accepted, emitted)
+        if rows:
+            self.windows.update(their_drafted, their_accepted, rows=rows)
+        if scored:
+            self.choice.observe(np.array(confirmed, dtype=np.int64), np.array(scored, dtype=np.int64))
         for s, toks in zip(slots, emitted, strict=True):
             seq = self.seqs[s]
             seq.context += toks
@@ -220,6 +266,7 @@ class RemoteDrafts:
             self.inner.end(slot)
         seq = self.seqs.pop(slot, None)
         self.remote.pop(slot, None)
+        self.offers.pop(slot, None)
         if seq is not None:
             self.streams.pop(seq.seq, None)
             if seq.announced:
@@ -231,8 +278,11 @@ class RemoteDrafts:
         pairs = [(s, d) for s, d in zip(src, dst, strict=True) if s in self.seqs]
         self.seqs = {d: self.seqs[s] for s, d in pairs}
         self.remote = {d: self.remote.get(s, False) for s, d in pairs}
+        self.offers = {d: self.offers[s] for s, d in pairs if s in self.offers}
         if pairs:
             self.windows.windows[[d for _, d in pairs]] = self.windows.windows[[s for s, _ in pairs]]
+            self.choice.move(np.array([s for s, _ in pairs], dtype=np.int64), np.array([d for _, d in pairs],
+                                                                                        dtype=np.int64))
 
     def source_of(self, slot: int) -> str:
         if self.remote.get(slot) or self.inner is None:

@@ -28,7 +28,8 @@ The rule (SPECATOR's Algorithm 3, coupled to one drafter per request's worker):
 The rollout fleet (workers/controller/fleet.py) runs `assign` on its workers' reported state and
 links the pairs (workers/rollout/remote_drafts.py), and carries out `consolidation` through the
 executor (`speculation.consolidateTail`).
-Not built: Best-of-N with several draft methods per straggler (SPECATOR's parallel drafters),
+Not built: several drafter workers per straggler (SPECATOR's parallel drafters; a verifier chooses per
+sequence between its own method's drafts and its one drafter's, workers/rollout/remote_drafts.py),
 refreshing the draft model on the step's finished responses.
 """
 
