@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +23,7 @@ from rhymerl.api.spec import SpeculationSpec
 from rhymerl.workers.rollout.engine import GenRequest
 from rhymerl.workers.rollout.fastest_of_n import job_sources
 from rhymerl.workers.rollout.speculators import DraftCapController
+from rhymerl.workers.rollout.vllm_engine import VllmSettings
 from rhymerl.workers.rollout.vllm_proposer import FILLER, HistoryProposer
 
 K = 8
@@ -259,3 +262,9 @@ def test_a_forced_draft_offers_filler_on_every_sampling_row_within_the_length() 
     proposer.force = 3
     table = np.zeros((3, 10), dtype=np.int32)
     assert proposer.propose([[1], [1], []], np.array([4, 8, 4]), table) == [[FILLER] * 3, [FILLER], []]
+
+
+def test_engine_settings_whose_method_and_speculation_method_differ_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"method fastest-of-n: our proposer runs speculation\.method, which is history"):
+        VllmSettings(Path("m"), method="fastest-of-n")
+    assert VllmSettings(Path("m"), method="fastest-of-n", speculation=SpeculationSpec(method="fastest-of-n"))

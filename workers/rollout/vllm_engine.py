@@ -104,6 +104,11 @@ class VllmSettings:
     draft_model: Path | None = None
     """method draft-model: the draft model's folder (vLLM's own draft_model method)."""
 
+    def __post_init__(self) -> None:
+        if self.method in OURS and self.speculation.method != self.method:
+            raise ValueError(f"method {self.method}: our proposer runs speculation.method, which is "
+                             f"{self.speculation.method}; set both alike")
+
 
 def job_settings(job: RLJob, longest_prompt: int) -> VllmSettings:
     """The engine a rollout worker of `job` runs."""
