@@ -54,7 +54,7 @@ from rhymerl.workers.rollout.speculation import reachable_batches
 from rhymerl.workers.rollout.vllm_engine import VllmEngine, VllmSettings
 
 METHODS = ("none", "ngram", "suffix", "history", "history-alone", "history-aimd", "fastest-of-n", "draft-model")
-OURS = ("history", "history-alone", "history-aimd", "fastest-of-n")
+PROPOSER_ROWS = ("history", "history-alone", "history-aimd", "fastest-of-n")
 """The rows our proposer drafts."""
 
 
@@ -92,15 +92,15 @@ def _engine(method: str, folder: Path, w: RunWorkload) -> VllmEngine:
         speculation = speculation.model_copy(update={"group_drafts": False})
     if method == "fastest-of-n":
         speculation = speculation.model_copy(update={"method": "fastest-of-n", "draft_model": None})
-    elif method in OURS:
+    elif method in PROPOSER_ROWS:
         speculation = speculation.model_copy(update={"method": "history"})
-    settings = VllmSettings(folder, method=speculation.method if method in OURS else method,
+    settings = VllmSettings(folder, method=speculation.method if method in PROPOSER_ROWS else method,
                             speculation=speculation, draft_model=_draft(w) if method == "draft-model" else None,
                             max_batch_size=w.job.spec.rollout.max_batch_size,
                             max_model_len=max(len(r.prompt_ids) for r in w.requests) + w.params.max_response_length + 1,
                             seed=w.job.spec.rollout.seed, log_stats=True)
     engine = VllmEngine(settings)
-    if method in OURS and method != "history-aimd":  # history-aimd keeps no profile: its cap stays at window.max
+    if method in PROPOSER_ROWS and method != "history-aimd":  # history-aimd keeps no profile: its cap stays at window.max
         engine.cost_profile(reachable_batches(w.job), w.model.vocab_size)
     return engine
 
@@ -183,7 +183,7 @@ def run_bench(cfg: VllmBenchConfig, console: Console) -> list[dict[str, Any]]:
                 m.times.append(time.perf_counter() - t0)
                 after = _counters(m.engine)
                 m.drafted, m.accepted = after[0] - before[0], after[1] - before[1]
-                if m.name in OURS:  # vLLM does not count a custom_class proposer's drafts
+                if m.name in PROPOSER_ROWS:  # vLLM does not count a custom_class proposer's drafts
                     m.drafted = sum(r.drafted for r in m.results)
                     m.accepted = sum(r.accepted for r in m.results)
                 console.print(f"    [dim]run {rep + 1}/{cfg.repeats} {m.name}: {m.times[-1]:.2f}s[/]", highlight=False)
