@@ -33,7 +33,7 @@ size, the drafts on offer and what verification accepted, and priced from vLLM's
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -149,7 +149,7 @@ class HistoryProposer:
         self.stats.rows += len(live)
         drafting = [(i, r, a, start) for i, (r, a, start) in zip(live, found, strict=True) if r.slot >= 0]
         if drafting:  # what each row's last draft achieved, and the tokens it gained since (all it generated, fresh)
-            self._settle([(r, a) for _, r, a, _ in drafting if a >= 0 and r.draft.size])
+            self._count([(r, a) for _, r, a, _ in drafting if a >= 0 and r.draft.size])
             self.source.settle([r.slot for _, r, _, _ in drafting],
                                [int(r.draft.size) if a >= 0 else 0 for _, r, a, _ in drafting],
                                [max(a, 0) for _, _, a, _ in drafting],
@@ -171,14 +171,13 @@ class HistoryProposer:
                 out[i] = r.draft.tolist()
         return out
 
-    def _settle(self, verified: list[tuple[_Row, int]]) -> None:
+    def _count(self, verified: list[tuple[_Row, int]]) -> None:
         """The counters of rows whose previous draft was verified: per request and source, and the step's."""
         for r, a in verified:
             d = int(r.draft.size)
             r.drafted += d
             r.accepted += a
-            count = r.by_source.setdefault(r.source, SourceCount())
-            count.passes, count.drafted, count.accepted = count.passes + 1, count.drafted + d, count.accepted + a
+            r.by_source.setdefault(r.source, SourceCount()).add(SourceCount(1, d, a))
             self.stats.drafted += d
             self.stats.accepted += a
 
@@ -202,7 +201,7 @@ class HistoryProposer:
                     limit = min(state.draft.size, tail.size)
                     mismatch = np.flatnonzero(state.draft[:limit] != tail[:limit])
                     accepted = int(mismatch[0]) if mismatch.size else limit
-                    by_source = {n: SourceCount(c.passes, c.drafted, c.accepted) for n, c in state.by_source.items()}
+                    by_source = {n: replace(c) for n, c in state.by_source.items()}
                     if state.draft.size:
                         by_source.setdefault(state.source, SourceCount()).add(
                             SourceCount(1, int(state.draft.size), accepted))
