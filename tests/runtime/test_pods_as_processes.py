@@ -27,6 +27,8 @@ from rhymerl.workers import dumps
 
 pytestmark = pytest.mark.slow
 
+# consolidate_tail off: with every pair forced, an emptied worker would take the samples the scenario
+# needs handed back by the worker it holds and then deletes (consolidation: tests/controller/test_fleet.py)
 JOB = """
 apiVersion: rhymerl.io/v1alpha1
 kind: RLJob
@@ -37,7 +39,8 @@ spec:
   algorithm: {name: grpo, group_size: 4, prompts_per_step: 2, max_response_length: 120, epochs: 1,
               max_off_policy_steps: 0}
   rollout: {replicas: 2, max_replicas: 4, seed: 0,
-            speculation: {method: history, freed_drafters: true, draft_model: "builtin:tiny-arith-draft"}}
+            speculation: {method: history, freed_drafters: true, consolidate_tail: false,
+                          draft_model: "builtin:tiny-arith-draft"}}
   reward: {function: "pods_reward:score", replicas: 1, workers: 1}
   history: {replicas: 1}
   checkpoint: {every_steps: 1}
@@ -189,7 +192,8 @@ def test_rollout_pods_run_vllm_with_the_train_pods_weights(tmp_path: Path) -> No
                                               "    return float(response.strip().endswith(answer))\n")
     job = parse_job(JOB.replace("rollout: {replicas: 2, max_replicas: 4,",
                                 "rollout: {engine: vllm, replicas: 1, max_replicas: 1,")
-                    .replace(", freed_drafters: true", "")  # drafting for others is the torch engine's
+                    # drafting for others is the torch engine's
+                    .replace(", freed_drafters: true, consolidate_tail: false", "")
                     .replace("num_prompts: 8", "num_prompts: 4").replace("max_off_policy_steps: 0",
                                                                          "max_off_policy_steps: 1"))
     pods = pods_of(_objects(job), tmp_path / "pods",
