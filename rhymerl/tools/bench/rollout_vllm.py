@@ -1,7 +1,8 @@
 """`rhymerl bench rollout --engine vllm`: vLLM's rollout with each draft source, side by side.
 
 Same workload as the torch bench (rollout.py): a finished run's newest policy generates the run's
-next epoch with the run's sample keys, each prompt's history built from the run's last epoch.
+next epoch (or `--epoch N`) with the run's sample keys, each step drafting from what the job's
+history held before it (workload.EpochDrafting).
 The policy is written as a Hugging Face folder and served by one vLLM engine per method, all in
 this process, each started (and its pass-cost profile taken) before any timing. Methods:
 

@@ -3,9 +3,9 @@ its rollout would see it.
 
 Why one loader: `bench rollout` (speculation) and `bench replicas` (scheduling) must time the
 same requests (the run's prompt order, sample keys of the next epoch), the same weights (the
-newest checkpoint) and the same history (the run's dumps), so their numbers can be read together. An earlier epoch (epoch 1:
-no prompt has history yet) replays with the drafting state the run's history worker held before each
-of its steps (RunHistory fed the run's dumps up to that step), new weights on old history.
+newest checkpoint) and the same history (the run's dumps), so their numbers can be read together.
+An earlier epoch replays on the same weights with the history the job held before it (epoch 1: none
+of a prompt's own), step by step (EpochDrafting).
 """
 
 from __future__ import annotations
@@ -109,8 +109,9 @@ class EpochDrafting:
     recent responses (`speculation.recent_tokens`), which include the epoch's earlier steps as this
     replay generates them (their tokens, scored by the job's reward), so epoch 1 drafts as a job's
     first epoch does. That is the local backend's order (a step recorded before the next one's
-    rollout; at max_off_policy_steps 1 on Ray a rollout begins one step earlier). Every method
-    generates the same tokens, so the first to finish a step records it for all."""
+    rollout; at max_off_policy_steps 1 on Ray a rollout begins one step earlier). The first method
+    to finish a step records it for all, so every method drafts from the same state (the torch
+    engine's methods generate the same tokens; vLLM's the same distribution)."""
 
     def __init__(self, w: RunWorkload, history: RunHistory, scorer: Scorer) -> None:
         self.w = w
@@ -147,9 +148,8 @@ class EpochDrafting:
         self._recorded += 1
 
 
-def load_run_workload(path: Path, epoch: int | None = None, option: str = "--epoch") -> RunWorkload:
-    """epoch: the epoch to generate, 1 to one past the run's last (None: one past); `option` names it
-    in the error."""
+def load_run_workload(path: Path, epoch: int | None = None) -> RunWorkload:
+    """epoch: the epoch to generate, 1 to one past the run's last (None: one past)."""
     run = RunDir(path)
     job = run.load_job()
     ckpts = run.checkpoint_dirs()
@@ -165,7 +165,7 @@ def load_run_workload(path: Path, epoch: int | None = None, option: str = "--epo
     if epoch is None:
         epoch = following
     elif not 1 <= epoch <= following:
-        raise UserError(f"{option} {epoch}: {path} ran epochs 1-{following - 1}; generate one of 1-{following}")
+        raise UserError(f"--epoch {epoch}: {path} ran epochs 1-{following - 1}; generate one of 1-{following}")
     prompts = load_prompts(job.spec.data)
     g = job.spec.algorithm.group_size
     order = epoch_order(len(prompts), job.spec.data.seed, epoch, job.spec.data.shuffle)
