@@ -198,7 +198,7 @@ def run_bench(cfg: VllmBenchConfig, console: Console) -> list[dict[str, Any]]:
         for m in engines:
             seconds = statistics.median(m.times)
             tokens = sum(len(r.response_ids) for r in m.results)
-            rows.append({"method": m.name, "seconds": round(seconds, 3), "tokens": tokens,
+            rows.append({"epoch": w.epoch, "method": m.name, "seconds": round(seconds, 3), "tokens": tokens,
                          "tokens_per_s": round(tokens / seconds, 1), "speedup": round(base / seconds, 3),
                          "acceptance": round(m.accepted / m.drafted, 4) if m.drafted else None,
                          "tokens_per_step": round(tokens / max(tokens - m.accepted, 1), 3),
@@ -216,7 +216,8 @@ COLUMNS = ("method", "seconds", "tokens", "tokens_per_s", "speedup", "acceptance
 
 def render(rows: list[dict[str, Any]], console: Console) -> str:
     """The table on the console (split to fit) and as markdown."""
-    table = Table(title="vLLM rollout by draft source (the run's next epoch, median of repeats)")
+    epochs = sorted({r["epoch"] for r in rows})
+    table = Table(title=f"vLLM rollout by draft source (epoch {', '.join(map(str, epochs))}, median of repeats)")
     for c in COLUMNS:
         table.add_column(c.replace("_", " "), justify="left" if c == "method" else "right")
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
