@@ -137,7 +137,9 @@ def _sources(method: str, spec: SpeculationSpec, drafting: dict[bool, dict[str, 
         if draft is None:
             raise ValueError("draft-model: no draft model")
         return DraftModelDrafts(spec, draft, control)
-    indexes = drafting[spec.reward_weighted or method == "history-weighted"]
+    weighted = _weighting(method, spec)
+    assert weighted is not None
+    indexes = drafting[weighted]
     if method.startswith("history-mismatched"):
         ids = list(indexes)
         indexes = {pid: indexes[other] for pid, other in zip(ids, ids[1:] + ids[:1], strict=True)}
@@ -146,12 +148,19 @@ def _sources(method: str, spec: SpeculationSpec, drafting: dict[bool, dict[str, 
     return HistoryDrafts(spec, indexes, control)
 
 
+def _weighting(method: str, spec: SpeculationSpec) -> bool | None:
+    """Whether the history a method drafts from is reward-weighted; None: it reads no history."""
+    if method in ("none", "ngram", "draft-model"):
+        return None
+    return spec.reward_weighted or method == "history-weighted"
+
+
 @dataclass
 class _Drafting:
-    """Both weightings' indexes for each engine call of a workload: as the epoch began (a pool of the
-    whole epoch), or step by step as the epoch is generated (the job's steps)."""
+    """Indexes of each weighting the methods read, per engine call of a workload: as the epoch began
+    (a pool of the whole epoch), or step by step as the epoch is generated (the job's steps)."""
 
-    at_start: dict[bool, dict[str, HistoryIndex]]
+    at_start: dict[bool, dict[str, HistoryIndex]] = field(default_factory=dict)
     steps: dict[bool, EpochDrafting] | None = None
 
     def before(self, call: int) -> dict[bool, dict[str, HistoryIndex]]:
@@ -194,7 +203,9 @@ def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str,
         cfg = replace(cfg, methods=tuple(m for m in cfg.methods if m != "draft-model"))
     if name is not None and {"draft-model", "fastest-of-n"} & set(cfg.methods):
         draft = load_draft_model(name, model_dir(job.spec.model.path), next(model.parameters()).dtype, cfg.device)
-    at_start = {weighted: w.drafting_at_start(reward_weighted=weighted) for weighted in (True, False)}
+    # only the weightings the chosen methods draft from: each one's history is built and fed every step
+    weightings = {v for m in cfg.methods if (v := _weighting(m, method_spec(m, job.spec.rollout.speculation)))
+                  is not None}
     sizes = [b if isinstance(b, int) else min(per_step, job.spec.rollout.max_batch_size) for b in cfg.batch_sizes]
     # measured afresh (not the start-up cache) so the committed profile is this run's machine state;
     # up to the largest batch a workload runs at
@@ -211,11 +222,11 @@ def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str,
             if batch == JOB:  # the job's rollout: each step's prompts x group_size, decoded together
                 engine = TorchEngine(model, tok.eos_id, max_batch_size=job.spec.rollout.max_batch_size, device=cfg.device)
                 chunks = w.steps()
-                drafting = _Drafting(at_start, {v: w.drafting(scorer, reward_weighted=v) for v in (True, False)})
+                drafting = _Drafting(steps={v: w.drafting(scorer, reward_weighted=v) for v in weightings})
             else:  # one pool of all samples, continuously batched at `batch`, drafting as the epoch began
                 engine = TorchEngine(model, tok.eos_id, max_batch_size=int(batch), device=cfg.device)
                 chunks = [reqs]
-                drafting = _Drafting(at_start)
+                drafting = _Drafting({v: w.drafting_at_start(reward_weighted=v) for v in weightings})
             times: dict[str, list[float]] = {m: [] for m in cfg.methods}
             last: dict[str, tuple[list[GenResult], dict[int, int]]] = {}
             for rep in range(cfg.repeats):
