@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 
@@ -10,8 +11,10 @@ import redis
 import torch
 
 from rhymerl.api import RLJob, parse_job
+from rhymerl.api.roles import Role
 from rhymerl.workers import dumps
-from rhymerl.workers.controller.loop import run_steps
+from rhymerl.workers.controller.loop import local_backend, run_steps
+from rhymerl.workers.controller.transport import LocalTransport
 from rhymerl.workers.model.transformer import load_model
 from rhymerl.workers.run_folder.run_dir import RunDir, RunDirError
 from rhymerl.workers.run_folder.step_metrics import deterministic
@@ -55,6 +58,39 @@ def test_a_run_writes_one_dump_per_step_with_every_prompt_each_epoch(model_dir: 
     assert [r.policy_version for r in records if r.step == 3] == [2] * 4
     assert len(RunDir(tmp_path / "run").checkpoint_dirs()) == 2
 
+
+class _Order(LocalTransport):
+    """LocalTransport that records which roles start and which train calls are answered, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[str] = []
+        self.roles: dict[int, Role] = {}
+
+    def start(self, role: Role, cls: type, *args: object, lead: bool = False) -> object:
+        handle = super().start(role, cls, *args, lead=lead)
+        self.roles[id(handle)] = role
+        self.events.append(f"start {role}")
+        return handle
+
+    def call(self, handle: object, method: str, *args: object, returns: int = 1) -> object:
+        if self.roles.get(id(handle)) == "train":
+            self.events.append(f"train {method}")
+        return super().call(handle, method, *args, returns=returns)
+
+
+def test_rollout_workers_start_before_the_step_loop_waits_on_the_trainer(model_dir: Path, tmp_path: Path) -> None:
+    """On a cluster a rollout worker's start-up (a model to load, a vLLM engine to build) and the train
+    worker's are minutes each: the fleet's workers are started before the loop asks the trainer
+    anything it must wait for, so the two overlap."""
+    job = _job(model_dir)
+    run = RunDir(tmp_path / "run")
+    run.create(job)
+    order = _Order()
+    next(run_steps(job, run, backend=dataclasses.replace(local_backend(job, run), transport=order)))
+    # the history worker's start reads the trainer's dumps (a refill: nothing to wait for in a new run)
+    assert order.events[:order.events.index("train lengths")] == \
+        ["start train", "start controller", "train history_records", "start history", "start rollout"]
 
 def test_the_torch_engine_samples_from_the_trainers_distribution_so_importance_ratios_are_one(
         model_dir: Path, tmp_path: Path) -> None:

@@ -184,12 +184,10 @@ class RolloutFleet:
     def __init__(self, job: RLJob, transport: Transport, history: HistoryClient, lengths: LengthHistory,
                  encoded: dict[str, list[int]], reward: list[Any], start_worker: Callable[[], Any],
                  wanted: Callable[[], int], note: Callable[[str], None], say: Callable[[str], None],
-                 first_round: int = 0, broadcast: WeightBroadcast | None = None,
-                 in_use: Callable[[int | None], None] = lambda pods: None) -> None:
+                 first_round: int = 0, in_use: Callable[[int | None], None] = lambda pods: None) -> None:
         """start_worker: a new rollout worker's handle; wanted: how many workers the job wants now;
         note: an event for the run's log; say: what the fleet is doing, for a status line;
-        first_round: rounds planned before (a resumed run numbers its rounds on); broadcast: how
-        published versions travel besides the object store (None: through it alone); in_use: told
+        first_round: rounds planned before (a resumed run numbers its rounds on); in_use: told
         `pods_in_use()` whenever it changes."""
         self.job, self.transport, self.history = job, transport, history
         self.encoded, self.reward, self.start_worker = encoded, reward, start_worker
@@ -203,7 +201,7 @@ class RolloutFleet:
         self.rounds = first_round
         self.version = 0
         self.weights: dict[int, Any] = {}  # policy version -> its weights (those still in use)
-        self.broadcast = broadcast
+        self.broadcast: WeightBroadcast | None = None
         self.sched: Scheduler = make_scheduler(spec.scheduling, 1, seed=spec.rollout.seed,
                                                max_off_policy=spec.algorithm.max_off_policy_steps,
                                                history=lengths, learns_lengths=False)
@@ -248,11 +246,14 @@ class RolloutFleet:
         """Member id of a worker whose samples are moving away -> the one it is to draft for once freed."""
 
     # ------------------------------------------------------------------ membership
-    def start(self, version: int, weights: Any, older: Mapping[int, Any] | None = None) -> None:
-        """Bring the fleet up to the wanted size with the run's current weights; the scheduler's cost
-        model from the first worker's measured pass times. older: the weights of earlier versions
-        a resumed run had in flight."""
-        self.version, self.weights = version, {**(older or {}), version: weights}
+    def start(self, version: int, weights: Any, older: Mapping[int, Any] | None = None,
+              broadcast: WeightBroadcast | None = None) -> None:
+        """Bring the fleet up to the wanted size with the run's current weights (workers started before
+        by `reconcile` have been starting meanwhile); the scheduler's cost model from the first
+        worker's measured pass times. older: the weights of earlier versions a resumed run had in
+        flight; broadcast: how published versions travel besides the object store (None: through it
+        alone)."""
+        self.version, self.weights, self.broadcast = version, {**(older or {}), version: weights}, broadcast
         if self.broadcast is not None:
             self.broadcast.publish(version, [])
         self.reconcile(wait=True)
@@ -290,6 +291,8 @@ class RolloutFleet:
             self._wait_for_worker()
 
     def _admit_joiners(self) -> None:
+        if not self.weights:  # workers started before `start` join once there are weights to give them
+            return
         for m in [m for m in self.members if not m.joined]:
             try:
                 ready = self.transport.ready(m.handle)

@@ -93,24 +93,24 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False, backend: Backend | 
             run.cut_back(state.step)  # the loop's own records, where they are not the train worker's
         history = HistoryClient(t, lambda: t.start("history", HistoryWorker, job, _Fill(t, train.lead),
                                                    history_run_id(job, run.path)), run.note)
-        lengths = LengthHistory()
-        for pid, ls in t.get(t.call(train.lead, "lengths")):
-            lengths.observe(pid, ls)
+        lengths = LengthHistory()  # filled from the train worker's dumps below
         prompts = load_prompts(spec.data)
         encoded = encode_prompts(load_job_tokenizer(job), prompts)
-        broadcast = None
-        if t.concurrent and spec.rollout.weight_sync == "collective":
-            broadcast = WeightBroadcast(t, train.lead, t.get(t.call(train.lead, "weight_channel")))
         fleet = RolloutFleet(job, t, history, lengths, encoded, reward,
                              lambda: t.start("rollout", RolloutWorker, job, backend.threads, backend.profile_progress,
                                              backend.notice),
                              backend.wanted, run.note, backend.say,
-                             first_round=sum(m.gen_rounds for m in run.step_metrics()), broadcast=broadcast,
-                             in_use=backend.in_use)
+                             first_round=sum(m.gen_rounds for m in run.step_metrics()), in_use=backend.in_use)
         roles = Roles(train, reward, history, fleet)
+        fleet.reconcile()  # rollout workers start up (a model, the verify cost, a vLLM engine) as the trainer does
+        for pid, ls in t.get(t.call(train.lead, "lengths")):
+            lengths.observe(pid, ls)
+        broadcast = None
+        if t.concurrent and spec.rollout.weight_sync == "collective":
+            broadcast = WeightBroadcast(t, train.lead, t.get(t.call(train.lead, "weight_channel")))
         older = {v: t.call(train.lead, "restored_weights", v)
                  for v in carried(sorted(resumed.versions()), state.policy_version)}
-        fleet.start(state.policy_version, t.call(train.lead, "weights", state.policy_version), older)
+        fleet.start(state.policy_version, t.call(train.lead, "weights", state.policy_version), older, broadcast)
         sampler = BatchSampler(job, fleet, prompts, lengths, resumed)
         sampler.resume_ahead(state, resumed)
         yield from _steps(job, run, t, roles, sampler, state)
