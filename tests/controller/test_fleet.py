@@ -92,13 +92,13 @@ class Fleet:
         reward = [t.start("reward", RewardWorker, job)]
         history = HistoryClient(t, lambda: t.start("history", HistoryWorker, job, list), self.notes.append)
         encoded = encode_prompts(load_job_tokenizer(job), load_prompts(job.spec.data))
-        self.fleet = RolloutFleet(job, t, history, LengthHistory(), encoded, reward,
+        self.fleet = RolloutFleet(job, t, LengthHistory(), encoded, reward,
                                   lambda: t.start("rollout", RolloutWorker, job), wanted or (lambda: job.spec.rollout.replicas),
                                   self.notes.append, self.notes.append, in_use=self.in_use.append)
         if scheduler is not None:
             self.fleet.sched = scheduler
             self.fleet.executor = Executor(scheduler, self.fleet)
-        self.fleet.start(0, t.call(self.train, "weights"))
+        self.fleet.start(0, t.call(self.train, "weights"), history)
 
     def round(self, prompts: list[str], epoch: int = 1) -> tuple[dict[tuple[str, int], tuple[int, ...]], object]:
         """One round of these prompts' groups: every response's tokens, and the round."""
@@ -303,7 +303,7 @@ def test_a_worker_that_joins_mid_round_takes_started_samples_at_once(model_dir: 
 
 def test_rounds_are_numbered_on_from_the_rounds_before(model_dir: Path, tmp_path: Path) -> None:
     f = Fleet(_job(model_dir, 2), tmp_path / "run")
-    f.fleet.rounds = 7  # a resumed run: seven rounds before its checkpoint
+    f.fleet.start(0, f.t.call(f.train, "weights"), f.fleet.history, rounds_before=7)  # resumed: 7 rounds before
     f.round(PROMPTS[:3])
     f.round(PROMPTS[3:])
     assert sorted(f.fleet.sched.stats.rankings) == [8, 9]
@@ -356,7 +356,7 @@ def test_a_resumed_fleet_starts_each_group_with_the_policy_version_it_is_given(m
     old_tokens, _ = reference.round(PROMPTS[:2])
     f = Fleet(_job(model_dir, 2), tmp_path / "two")
     old = f.t.call(f.train, "weights")
-    f.fleet.start(5, {k: v + 0.5 for k, v in old.items()}, older={4: old})  # a checkpoint of version 5, 4 in flight
+    f.fleet.start(5, {k: v + 0.5 for k, v in old.items()}, f.fleet.history, older={4: old})  # a checkpoint of version 5, 4 in flight
     rnd = f.fleet.launch([(1, p) for p in PROMPTS[:3]], step=6, inter_step=False,
                          versions={(1, p): 4 for p in PROMPTS[:2]})
     summaries = f.fleet.collect(rnd)

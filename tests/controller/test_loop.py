@@ -82,15 +82,19 @@ class _Order(LocalTransport):
 def test_rollout_workers_start_before_the_step_loop_waits_on_the_trainer(model_dir: Path, tmp_path: Path) -> None:
     """On a cluster a rollout worker's start-up (a model to load, a vLLM engine to build) and the train
     worker's are minutes each: the fleet's workers are started before the loop asks the trainer
-    anything it must wait for, so the two overlap."""
+    anything it must wait for (in a new run and in a resumed one), so the two overlap."""
     job = _job(model_dir)
-    run = RunDir(tmp_path / "run")
-    run.create(job)
-    order = _Order()
-    next(run_steps(job, run, backend=dataclasses.replace(local_backend(job, run), transport=order)))
-    # the history worker's start reads the trainer's dumps (a refill: nothing to wait for in a new run)
-    assert order.events[:order.events.index("train lengths")] == \
-        ["start train", "start controller", "train history_records", "start history", "start rollout"]
+    _run(job, tmp_path / "run", steps=2)
+    # a new run's first call to the trainer is the history worker's refill (from its own process on Ray)
+    for resume, first_call in ((False, "train history_records"), (True, "train restore")):
+        run = RunDir(tmp_path / "run" if resume else tmp_path / "new")
+        if not resume:
+            run.create(job)
+        order = _Order()
+        next(run_steps(job, run, resume, backend=dataclasses.replace(local_backend(job, run), transport=order)))
+        first = next(i for i, e in enumerate(order.events) if e.startswith("train "))
+        assert order.events[:first + 1] == ["start train", "start controller", "start rollout", first_call]
+
 
 def test_the_torch_engine_samples_from_the_trainers_distribution_so_importance_ratios_are_one(
         model_dir: Path, tmp_path: Path) -> None:

@@ -181,15 +181,16 @@ class Parked:
 
 
 class RolloutFleet:
-    def __init__(self, job: RLJob, transport: Transport, history: HistoryClient, lengths: LengthHistory,
-                 encoded: dict[str, list[int]], reward: list[Any], start_worker: Callable[[], Any],
-                 wanted: Callable[[], int], note: Callable[[str], None], say: Callable[[str], None],
-                 first_round: int = 0, in_use: Callable[[int | None], None] = lambda pods: None) -> None:
+    def __init__(self, job: RLJob, transport: Transport, lengths: LengthHistory, encoded: dict[str, list[int]],
+                 reward: list[Any], start_worker: Callable[[], Any], wanted: Callable[[], int],
+                 note: Callable[[str], None], say: Callable[[str], None],
+                 in_use: Callable[[int | None], None] = lambda pods: None) -> None:
         """start_worker: a new rollout worker's handle; wanted: how many workers the job wants now;
-        note: an event for the run's log; say: what the fleet is doing, for a status line;
-        first_round: rounds planned before (a resumed run numbers its rounds on); in_use: told
-        `pods_in_use()` whenever it changes."""
-        self.job, self.transport, self.history = job, transport, history
+        note: an event for the run's log; say: what the fleet is doing, for a status line; in_use:
+        told `pods_in_use()` whenever it changes. `reconcile` starts workers from here on; they
+        join, and rounds run, once `start` gave the fleet its weights and history."""
+        self.job, self.transport = job, transport
+        self.history: HistoryClient
         self.encoded, self.reward, self.start_worker = encoded, reward, start_worker
         self.wanted, self.note, self.say, self.in_use = wanted, note, say, in_use
         self._in_use_said: int | None = None
@@ -198,7 +199,7 @@ class RolloutFleet:
         self.members: list[Member] = []
         self.ids = itertools.count()
         self.calls = itertools.count()
-        self.rounds = first_round
+        self.rounds = 0
         self.version = 0
         self.weights: dict[int, Any] = {}  # policy version -> its weights (those still in use)
         self.broadcast: WeightBroadcast | None = None
@@ -246,14 +247,16 @@ class RolloutFleet:
         """Member id of a worker whose samples are moving away -> the one it is to draft for once freed."""
 
     # ------------------------------------------------------------------ membership
-    def start(self, version: int, weights: Any, older: Mapping[int, Any] | None = None,
-              broadcast: WeightBroadcast | None = None) -> None:
-        """Bring the fleet up to the wanted size with the run's current weights (workers started before
-        by `reconcile` have been starting meanwhile); the scheduler's cost model from the first
-        worker's measured pass times. older: the weights of earlier versions a resumed run had in
-        flight; broadcast: how published versions travel besides the object store (None: through it
-        alone)."""
-        self.version, self.weights, self.broadcast = version, {**(older or {}), version: weights}, broadcast
+    def start(self, version: int, weights: Any, history: HistoryClient, older: Mapping[int, Any] | None = None,
+              rounds_before: int = 0, broadcast: WeightBroadcast | None = None) -> None:
+        """Bring the fleet up to the wanted size with the run's current weights (workers `reconcile`
+        started before have been starting meanwhile); the scheduler's cost model from the first
+        worker's measured pass times. history: where rounds get their drafting indexes; older: the
+        weights of earlier versions a resumed run had in flight; rounds_before: rounds planned
+        before (a resumed run numbers its rounds on); broadcast: how published versions travel
+        besides the object store (None: through it alone)."""
+        self.version, self.weights, self.history = version, {**(older or {}), version: weights}, history
+        self.rounds, self.broadcast = rounds_before, broadcast
         if self.broadcast is not None:
             self.broadcast.publish(version, [])
         self.reconcile(wait=True)

@@ -86,23 +86,22 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False, backend: Backend | 
     n_reward = spec.reward.replicas if spec.reward.function is not None else 1
     reward = [t.start("reward" if spec.reward.function is not None else "controller", RewardWorker, job)
               for _ in range(n_reward)]
-    roles: Roles | None = None
+    fleet: RolloutFleet | None = None
+    history: HistoryClient | None = None
     try:
+        lengths = LengthHistory()  # filled from the train worker's dumps below
+        prompts = load_prompts(spec.data)
+        encoded = encode_prompts(load_job_tokenizer(job), prompts)
+        fleet = RolloutFleet(job, t, lengths, encoded, reward,
+                             lambda: t.start("rollout", RolloutWorker, job, backend.threads, backend.profile_progress,
+                                             backend.notice),
+                             backend.wanted, run.note, backend.say, in_use=backend.in_use)
+        fleet.reconcile()  # rollout workers start up (a model, the verify cost, a vLLM engine) as the trainer does
         state, resumed = train.get(train.call("restore", run.recorded_steps())) if resume else (LoopState(), InFlight())
         if resume:
             run.cut_back(state.step)  # the loop's own records, where they are not the train worker's
         history = HistoryClient(t, lambda: t.start("history", HistoryWorker, job, _Fill(t, train.lead),
                                                    history_run_id(job, run.path)), run.note)
-        lengths = LengthHistory()  # filled from the train worker's dumps below
-        prompts = load_prompts(spec.data)
-        encoded = encode_prompts(load_job_tokenizer(job), prompts)
-        fleet = RolloutFleet(job, t, history, lengths, encoded, reward,
-                             lambda: t.start("rollout", RolloutWorker, job, backend.threads, backend.profile_progress,
-                                             backend.notice),
-                             backend.wanted, run.note, backend.say,
-                             first_round=sum(m.gen_rounds for m in run.step_metrics()), in_use=backend.in_use)
-        roles = Roles(train, reward, history, fleet)
-        fleet.reconcile()  # rollout workers start up (a model, the verify cost, a vLLM engine) as the trainer does
         for pid, ls in t.get(t.call(train.lead, "lengths")):
             lengths.observe(pid, ls)
         broadcast = None
@@ -110,14 +109,17 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False, backend: Backend | 
             broadcast = WeightBroadcast(t, train.lead, t.get(t.call(train.lead, "weight_channel")))
         older = {v: t.call(train.lead, "restored_weights", v)
                  for v in carried(sorted(resumed.versions()), state.policy_version)}
-        fleet.start(state.policy_version, t.call(train.lead, "weights", state.policy_version), older, broadcast)
+        fleet.start(state.policy_version, t.call(train.lead, "weights", state.policy_version), history, older,
+                    rounds_before=sum(m.gen_rounds for m in run.step_metrics()), broadcast=broadcast)
+        roles = Roles(train, reward, history, fleet)
         sampler = BatchSampler(job, fleet, prompts, lengths, resumed)
         sampler.resume_ahead(state, resumed)
         yield from _steps(job, run, t, roles, sampler, state)
     finally:
-        if roles is not None:
-            roles.fleet.close()
-            roles.history.stop()
+        if fleet is not None:
+            fleet.close()
+        if history is not None:
+            history.stop()
         for w in reward:
             t.stop(w)
         train.stop()

@@ -102,12 +102,12 @@ def _fleet_run(w: RunWorkload, policy: str, relay: bool, cfg: ReplicaBenchConfig
         lengths.observe(pid, ls)
     encoded = encode_prompts(w.tokenizer, load_prompts(job.spec.data))
     done = max(rec.step for rec in w.records)
-    fleet = RolloutFleet(job, t, history, lengths, encoded, reward, lambda: t.start("rollout", RolloutWorker, job),
-                         lambda: cfg.replicas, notes.append, notes.append, first_round=done)
+    fleet = RolloutFleet(job, t, lengths, encoded, reward, lambda: t.start("rollout", RolloutWorker, job),
+                         lambda: cfg.replicas, notes.append, notes.append)
     tokens: dict[SampleRef, list[int]] = {}
     rounds = []
     try:
-        fleet.start(1, dict(w.model.hf_state_dict()))
+        fleet.start(1, dict(w.model.hf_state_dict()), history, rounds_before=done)
         g = job.spec.algorithm.group_size
         for i, chunk in enumerate(w.steps()):
             prompts = [r.prompt_id for r in chunk[::g]]
