@@ -60,7 +60,7 @@ def test_a_run_writes_one_dump_per_step_with_every_prompt_each_epoch(model_dir: 
 
 
 class _Order(LocalTransport):
-    """LocalTransport that records which roles start and which train calls are answered, in order."""
+    """LocalTransport that records which roles start and which calls the train worker is asked, in order."""
 
     def __init__(self) -> None:
         super().__init__()

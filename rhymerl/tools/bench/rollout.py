@@ -137,9 +137,7 @@ def _sources(method: str, spec: SpeculationSpec, drafting: dict[bool, dict[str, 
         if draft is None:
             raise ValueError("draft-model: no draft model")
         return DraftModelDrafts(spec, draft, control)
-    weighted = _weighting(method, spec)
-    assert weighted is not None
-    indexes = drafting[weighted]
+    indexes = drafting[_weighting(method, spec)]
     if method.startswith("history-mismatched"):
         ids = list(indexes)
         indexes = {pid: indexes[other] for pid, other in zip(ids, ids[1:] + ids[:1], strict=True)}
@@ -148,10 +146,12 @@ def _sources(method: str, spec: SpeculationSpec, drafting: dict[bool, dict[str, 
     return HistoryDrafts(spec, indexes, control)
 
 
-def _weighting(method: str, spec: SpeculationSpec) -> bool | None:
-    """Whether the history a method drafts from is reward-weighted; None: it reads no history."""
-    if method in ("none", "ngram", "draft-model"):
-        return None
+NO_HISTORY = ("none", "ngram", "draft-model")
+"""The methods that draft from no history index (every other one reads one)."""
+
+
+def _weighting(method: str, spec: SpeculationSpec) -> bool:
+    """Whether the history a method drafts from is reward-weighted."""
     return spec.reward_weighted or method == "history-weighted"
 
 
@@ -204,8 +204,10 @@ def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str,
     if name is not None and {"draft-model", "fastest-of-n"} & set(cfg.methods):
         draft = load_draft_model(name, model_dir(job.spec.model.path), next(model.parameters()).dtype, cfg.device)
     # only the weightings the chosen methods draft from: each one's history is built and fed every step
-    weightings = {v for m in cfg.methods if (v := _weighting(m, method_spec(m, job.spec.rollout.speculation)))
-                  is not None}
+    weightings = {_weighting(m, method_spec(m, job.spec.rollout.speculation)) for m in cfg.methods
+                  if m not in NO_HISTORY}
+    pools = [b for b in cfg.batch_sizes if b != JOB]  # they draft from the epoch's start, built once for all
+    at_start = {v: w.drafting_at_start(reward_weighted=v) for v in weightings} if pools else {}
     sizes = [b if isinstance(b, int) else min(per_step, job.spec.rollout.max_batch_size) for b in cfg.batch_sizes]
     # measured afresh (not the start-up cache) so the committed profile is this run's machine state;
     # up to the largest batch a workload runs at
@@ -226,7 +228,7 @@ def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str,
             else:  # one pool of all samples, continuously batched at `batch`, drafting as the epoch began
                 engine = TorchEngine(model, tok.eos_id, max_batch_size=int(batch), device=cfg.device)
                 chunks = [reqs]
-                drafting = _Drafting({v: w.drafting_at_start(reward_weighted=v) for v in weightings})
+                drafting = _Drafting(at_start)
             times: dict[str, list[float]] = {m: [] for m in cfg.methods}
             last: dict[str, tuple[list[GenResult], dict[int, int]]] = {}
             for rep in range(cfg.repeats):
