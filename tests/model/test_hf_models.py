@@ -1,5 +1,5 @@
 """Hugging Face models as policies: their tokenizers behind the loop's interface, transformers as the
-trainer, checkpoints that are Hugging Face folders, and what the native model refuses."""
+trainer, checkpoints that are Hugging Face folders."""
 
 from __future__ import annotations
 
@@ -18,12 +18,11 @@ from rhymerl.api import SpecError, parse_job
 from rhymerl.api.spec import AlgorithmSpec, ModelSpec
 from rhymerl.workers import dumps
 from rhymerl.workers.controller.preflight import preflight
-from rhymerl.workers.model.folder import ModelError, check_native, model_dir
+from rhymerl.workers.model.folder import ModelError, model_dir
 from rhymerl.workers.model.hf_policy import HfPolicy, load_hf_policy
 from rhymerl.workers.model.hf_tokenizer import HfTokenizer
 from rhymerl.workers.model.registry import load_policy
 from rhymerl.workers.model.tokenizer import CharTokenizer, load_tokenizer
-from rhymerl.workers.model.transformer import load_model
 from rhymerl.workers.run_folder.run_dir import LoopState, RunDir
 from rhymerl.workers.task.prompts import DataError
 from rhymerl.workers.train.trainer import Trainer, TrainSample
@@ -97,14 +96,6 @@ def test_a_special_token_missing_from_the_vocabulary_is_named_with_its_file(tmp_
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|end|>"}))
     with pytest.raises(ModelError, match=r"tokenizer_config.json: eos_token '<\|end\|>' is not a token"):
         load_tokenizer(tmp_path)
-
-
-def test_the_native_model_refuses_a_hugging_face_model_it_cannot_hold_and_says_what_to_set(
-        qwen2: Path, llama: Path) -> None:
-    with pytest.raises(ModelError, match=r"config.json: .*model_type is 'qwen2'.*model.implementation: transformers"):
-        check_native(qwen2)
-    with pytest.raises(ModelError, match=r"grouped-query attention \(num_key_value_heads 2 < num_attention_heads 4"):
-        load_model(llama)
 
 
 def test_the_torch_engine_with_a_transformers_model_is_refused_at_rollout_engine() -> None:

@@ -1,6 +1,7 @@
-"""The native cached-attention kernel computes causal attention over each slot's own prefix, the
-same bits for a token whatever block it is verified in and however many threads run it, and the
-model agrees with torch's path."""
+"""The native cached-attention kernel computes causal attention over each slot's own prefix (a
+group's query heads over their shared key/value head, for grouped-query attention), the same bits
+for a token whatever block it is verified in and however many threads run it, and the model agrees
+with torch's path."""
 
 from __future__ import annotations
 
@@ -22,13 +23,15 @@ def _cache(slots: int, heads: int, dim: int, max_len: int, seed: int) -> tuple[t
 
 def _reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: list[int],
                counts: list[int]) -> torch.Tensor:
-    """Token by token, in float64: softmax(q . k / sqrt(d)) . v over positions 0..own position."""
+    """Token by token, in float64: softmax(q . k / sqrt(d)) . v over positions 0..own position, query
+    head h reading key/value head h // (heads / kv_heads)."""
     out, cell = [], 0
     dim = q.shape[-1]
+    group = q.shape[1] // keys.shape[1]
     for s, (p0, n) in enumerate(zip(start, counts, strict=True)):
         for w in range(n):
-            k = keys[s, :, :, : p0 + w + 1].double()               # [heads, dim, keys]
-            v = values[s, :, : p0 + w + 1].double()                 # [heads, keys, dim]
+            k = keys[s, :, :, : p0 + w + 1].double().repeat_interleave(group, 0)  # [heads, dim, keys]
+            v = values[s, :, : p0 + w + 1].double().repeat_interleave(group, 0)   # [heads, keys, dim]
             scores = torch.einsum("hd,hdj->hj", q[cell].double(), k) / dim**0.5
             out.append(torch.einsum("hj,hjd->hd", torch.softmax(scores, -1), v))
             cell += 1
@@ -36,14 +39,14 @@ def _reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 5), st.integers(1, 3), st.sampled_from([16, 32]), st.data())
-def test_kernel_matches_a_per_token_softmax_over_the_slots_prefix(slots: int, heads: int, dim: int,
+@given(st.integers(1, 5), st.integers(1, 3), st.integers(1, 3), st.sampled_from([16, 32]), st.data())
+def test_kernel_matches_a_per_token_softmax_over_the_slots_prefix(slots: int, kv_heads: int, group: int, dim: int,
                                                                   data: st.DataObject) -> None:
     start = data.draw(st.lists(st.integers(0, 40), min_size=slots, max_size=slots))
     counts = data.draw(st.lists(st.integers(0, 9), min_size=slots, max_size=slots))
-    keys, values = _cache(slots, heads, dim, 64, seed=sum(start) + 7 * sum(counts))
-    q = torch.randn(sum(counts), heads, dim, generator=torch.Generator().manual_seed(3))
-    k_new, v_new = torch.randn_like(q), torch.randn_like(q)
+    keys, values = _cache(slots, kv_heads, dim, 64, seed=sum(start) + 7 * sum(counts))
+    q = torch.randn(sum(counts), kv_heads * group, dim, generator=torch.Generator().manual_seed(3))
+    k_new, v_new = torch.randn(2, sum(counts), kv_heads, dim, generator=torch.Generator().manual_seed(4))
     got = cached_attention.attend(q, k_new, v_new, keys, values, torch.tensor(start), torch.tensor(counts))
     cell = 0
     for s, (p0, n) in enumerate(zip(start, counts, strict=True)):  # the block was stored first
@@ -53,10 +56,12 @@ def test_kernel_matches_a_per_token_softmax_over_the_slots_prefix(slots: int, he
     torch.testing.assert_close(got, _reference(q, keys, values, start, counts), rtol=1e-5, atol=1e-5)
 
 
-def test_a_token_gets_the_same_bits_alone_or_inside_a_verify_block() -> None:
+@pytest.mark.parametrize("group", [1, 3])
+def test_a_token_gets_the_same_bits_alone_or_inside_a_verify_block(group: int) -> None:
     keys, values = _cache(3, 2, 32, 128, seed=0)
     start = torch.tensor([50, 0, 97])
-    q, k_new, v_new = torch.randn(3, 3 * 9, 2, 32, generator=torch.Generator().manual_seed(1))
+    q = torch.randn(3 * 9, 2 * group, 32, generator=torch.Generator().manual_seed(1))
+    k_new, v_new = torch.randn(2, 3 * 9, 2, 32, generator=torch.Generator().manual_seed(2))
     block = cached_attention.attend(q, k_new, v_new, keys, values, start, torch.tensor([9, 9, 9]))
     for w in range(9):  # token w of every slot, decoded as the only token of its pass
         alone = cached_attention.attend(q[w::9], k_new[w::9], v_new[w::9], keys, values, start + w,

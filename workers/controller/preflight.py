@@ -111,7 +111,7 @@ def kv_cache_bytes(job: RLJob, cfg: ModelConfig, longest_prompt: int) -> int:
     batch = spec.algorithm.group_size * spec.algorithm.prompts_per_step
     slots = min(batch, spec.rollout.replicas * spec.rollout.max_batch_size)
     positions = -(-(longest_prompt + spec.algorithm.max_response_length + 1) // KV_LANES) * KV_LANES
-    per_slot = 2 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * positions
+    per_slot = 2 * cfg.num_hidden_layers * cfg.kv_heads * cfg.head_dim * positions
     return int(slots * per_slot * DTYPE_BYTES[spec.model.dtype])
 
 

@@ -57,16 +57,18 @@ def attend(q: Tensor, k_new: Tensor, v_new: Tensor, keys: Tensor, values: Tensor
            counts: Tensor) -> Tensor:
     """Store a ragged block's keys and values in their slots' caches; return its attention.
 
-    q, k_new, v_new [T, heads, dim]: the block's tokens slot by slot, counts[s] of them for slot s,
-    at positions start[s] .. start[s] + counts[s] - 1; keys [S, heads, dim, max_len] and values
-    [S, heads, max_len, dim] are the caches of slots 0..S-1. Each token attends to its slot's
-    positions up to its own. Returns [T, heads, dim].
+    q [T, heads, dim] and k_new, v_new [T, kv_heads, dim]: the block's tokens slot by slot, counts[s]
+    of them for slot s, at positions start[s] .. start[s] + counts[s] - 1; keys [S, kv_heads, dim,
+    max_len] and values [S, kv_heads, max_len, dim] are the caches of slots 0..S-1 (grouped-query
+    attention: heads is a multiple of kv_heads, query head h reads key/value head h // (heads /
+    kv_heads)). Each token attends to its slot's positions up to its own. Returns [T, heads, dim].
     """
-    slots, heads, dim, max_len = keys.shape
+    slots, kv_heads, dim, max_len = keys.shape
+    heads = q.shape[1]
     if any(t.dtype != torch.float32 for t in (q, k_new, v_new, keys, values)):
         raise TypeError("cached attention: float32 tensors only")
-    if (q.shape[1:] != (heads, dim) or k_new.shape != q.shape or v_new.shape != q.shape
-            or values.shape != (slots, heads, max_len, dim)):
+    if (q.dim() != 3 or q.shape[2] != dim or heads % kv_heads or k_new.shape != (q.shape[0], kv_heads, dim)
+            or v_new.shape != k_new.shape or values.shape != (slots, kv_heads, max_len, dim)):
         raise ValueError(f"cached attention: q {tuple(q.shape)}, new keys {tuple(k_new.shape)}, new values "
                          f"{tuple(v_new.shape)}, keys {tuple(keys.shape)} and values {tuple(values.shape)} disagree")
     if keys.stride(-1) != 1 or values.stride(-1) != 1:
@@ -83,6 +85,6 @@ def attend(q: Tensor, k_new: Tensor, v_new: Tensor, keys: Tensor, values: Tensor
     out = torch.empty_like(q)
     ks, vs = keys.stride(), values.stride()
     native.attend(q.data_ptr(), k_new.data_ptr(), v_new.data_ptr(), keys.data_ptr(), values.data_ptr(),
-                  out.data_ptr(), start.data_ptr(), counts.data_ptr(), offsets.data_ptr(), slots, heads, dim,
-                  max_len, ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], dim**-0.5, torch.get_num_threads())
+                  out.data_ptr(), start.data_ptr(), counts.data_ptr(), offsets.data_ptr(), slots, heads, kv_heads,
+                  dim, max_len, ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], dim**-0.5, torch.get_num_threads())
     return out

@@ -8,7 +8,7 @@ with a model folder is a ModelError naming the file at fault.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 
@@ -24,8 +24,27 @@ class ModelError(UserError):
     """A model folder that cannot be used; the message names the file."""
 
 
+FAMILIES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+"""model_type -> architecture of the families the native model holds (one decoder, their differences as
+options: grouped-query attention, projection biases, an untied output layer, Llama 3's RoPE scaling)."""
+
+
+@dataclass(frozen=True)
+class Llama3Rope:
+    """Llama 3's RoPE scaling (rope_type "llama3"): long wavelengths slowed by `factor`, short ones kept,
+    a smooth ramp between (transformers' `_compute_llama3_parameters`)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
 @dataclass(frozen=True)
 class ModelConfig:
+    """What the native decoder reads of a config.json. `source` is the config.json it was read from
+    (empty for a model built in code): a folder the native model writes keeps its config as it was."""
+
     vocab_size: int = 128
     hidden_size: int = 128
     num_hidden_layers: int = 4
@@ -34,34 +53,106 @@ class ModelConfig:
     max_position_embeddings: int = 1024
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
+    num_key_value_heads: int | None = None
+    explicit_head_dim: int | None = None
+    model_type: str = "llama"
+    tie_word_embeddings: bool = True
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    rope_scaling: Llama3Rope | None = None
+    source: str = field(default="", repr=False)
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.explicit_head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_key_value_heads or self.num_attention_heads
 
     def to_json(self) -> str:
-        return json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                           "tie_word_embeddings": True, **asdict(self)}, indent=2)
+        if self.source:
+            return self.source
+        shape = {f.name: getattr(self, f.name) for f in fields(self) if f.name in SHAPE}
+        extra: dict[str, object] = {}
+        if self.kv_heads != self.num_attention_heads:
+            extra["num_key_value_heads"] = self.kv_heads
+        if self.explicit_head_dim is not None:
+            extra["head_dim"] = self.explicit_head_dim
+        if self.o_bias:  # Llama's attention_bias biases all four projections (Qwen2's q/k/v go by its model_type)
+            extra["attention_bias"] = True
+        if self.mlp_bias:
+            extra["mlp_bias"] = True
+        if self.rope_scaling is not None:
+            extra["rope_scaling"] = {"rope_type": "llama3", **asdict(self.rope_scaling)}
+        return json.dumps({"architectures": [FAMILIES.get(self.model_type, "LlamaForCausalLM")],
+                           "model_type": self.model_type, "tie_word_embeddings": self.tie_word_embeddings,
+                           **shape, **extra}, indent=2)
 
     @classmethod
-    def from_data(cls, data: object) -> ModelConfig:
-        """Read config.json's parsed content; raises ValueError saying which key is wrong."""
+    def from_data(cls, data: object, source: str = "") -> ModelConfig:
+        """Read config.json's parsed content; raises ValueError saying which key is wrong. Reads every
+        family's config (preflight needs any model's context length); `native_problem` says whether the
+        native decoder can hold it."""
         if not isinstance(data, dict):
             raise ValueError("expected a JSON object")
-        values: dict[str, int | float] = {}
-        for f in fields(cls):
-            if f.name not in data:
-                continue
-            value = data[f.name]
-            ok = isinstance(value, int) if f.type == "int" else isinstance(value, int | float)
-            if isinstance(value, bool) or not ok or not value > 0 or value == float("inf"):
-                raise ValueError(f"{f.name}: {value!r} is not a positive {'integer' if f.type == 'int' else 'number'}")
-            values[f.name] = value
-        cfg = cls(**values)  # type: ignore[arg-type]
-        if cfg.hidden_size % cfg.num_attention_heads or cfg.head_dim % 2:
-            raise ValueError(f"hidden_size: {cfg.hidden_size} is not num_attention_heads ({cfg.num_attention_heads}) "
-                             "times an even head size")
+        values: dict[str, object] = {name: _positive(data, name, kind) for name, kind in SHAPE.items() if name in data}
+        rope = data.get("rope_parameters")
+        if isinstance(rope, dict) and "rope_theta" in rope:  # transformers 5 keeps rope_theta here
+            values["rope_theta"] = _positive(rope, "rope_theta", "number")
+        for name, key in (("num_key_value_heads", "num_key_value_heads"), ("explicit_head_dim", "head_dim")):
+            if data.get(key) is not None:
+                values[name] = _positive(data, key, "integer")
+        kind = data.get("model_type", "llama")
+        attention_bias = data.get("attention_bias") is True
+        cfg = cls(**values, model_type=str(kind),  # type: ignore[arg-type]
+                  tie_word_embeddings=data.get("tie_word_embeddings", "model_type" not in data) is True,
+                  qkv_bias=attention_bias or kind == "qwen2", o_bias=attention_bias,
+                  mlp_bias=data.get("mlp_bias") is True, rope_scaling=_llama3_rope(rope_scaling(data)),
+                  source=source)
+        if cfg.num_attention_heads % cfg.kv_heads or cfg.head_dim % 2:
+            raise ValueError(f"num_attention_heads: {cfg.num_attention_heads} is not a multiple of "
+                             f"num_key_value_heads ({cfg.kv_heads}), or the head size {cfg.head_dim} is odd")
+        if cfg.explicit_head_dim is None and cfg.hidden_size % cfg.num_attention_heads:
+            raise ValueError(f"hidden_size: {cfg.hidden_size} is not a multiple of num_attention_heads "
+                             f"({cfg.num_attention_heads})")
         return cfg
+
+
+SHAPE = {"vocab_size": "integer", "hidden_size": "integer", "num_hidden_layers": "integer",
+         "num_attention_heads": "integer", "intermediate_size": "integer", "max_position_embeddings": "integer",
+         "rope_theta": "number", "rms_norm_eps": "number"}
+
+
+def _positive(data: dict[str, object], key: str, kind: str) -> int | float:
+    value = data[key]
+    ok = isinstance(value, int) if kind == "integer" else isinstance(value, int | float)
+    if isinstance(value, bool) or not ok or not value > 0 or value == float("inf"):  # type: ignore[operator]
+        raise ValueError(f"{key}: {value!r} is not a positive {kind}")
+    return value  # type: ignore[return-value]
+
+
+def rope_scaling(data: dict[str, object]) -> dict[str, object] | None:
+    """The RoPE scaling a config asks for (transformers 4's rope_scaling or 5's rope_parameters), None
+    for plain RoPE."""
+    scaling = data.get("rope_scaling") or data.get("rope_parameters")
+    if not isinstance(scaling, dict):
+        return None
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    return None if kind == "default" else scaling
+
+
+def _llama3_rope(scaling: dict[str, object] | None) -> Llama3Rope | None:
+    if scaling is None or scaling.get("rope_type", scaling.get("type")) != "llama3":
+        return None
+    try:
+        return Llama3Rope(float(scaling["factor"]), float(scaling["low_freq_factor"]),  # type: ignore[arg-type]
+                          float(scaling["high_freq_factor"]),  # type: ignore[arg-type]
+                          int(scaling["original_max_position_embeddings"]))  # type: ignore[call-overload]
+    except (KeyError, TypeError, ValueError):
+        raise ValueError("rope_scaling: a llama3 scaling needs factor, low_freq_factor, high_freq_factor and "
+                         "original_max_position_embeddings") from None
 
 
 def read_json(path: Path, missing: str = "") -> object:
@@ -83,27 +174,26 @@ def read_config(folder: Path) -> ModelConfig:
     path = folder / CONFIG
     data = read_json(path, "; is this a rhymerl model folder?")
     try:
-        return ModelConfig.from_data(data)
+        return ModelConfig.from_data(data, json.dumps(data, indent=2))
     except ValueError as exc:
         raise ModelError(f"{path}: {exc}") from None
 
 
 def native_problem(data: dict[str, object]) -> str | None:
-    """Why a config.json describes a model rhymerl's native Llama cannot hold (None: it can)."""
-    heads = data.get("num_attention_heads")
-    hidden = data.get("hidden_size")
+    """Why a config.json describes a model rhymerl's native decoder cannot hold (None: it can)."""
+    kind = data.get("model_type", "llama")
+    scaling = rope_scaling(data)
+    scaled = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
+    sliding = kind == "mistral" or data.get("use_sliding_window") is True
+    window = data.get("sliding_window") if sliding else None
+    layer_types = data.get("layer_types")
     checks = [
-        (data.get("model_type", "llama") == "llama", f"model_type is {data.get('model_type')!r}"),
-        (data.get("num_key_value_heads", heads) == heads, "it uses grouped-query attention (num_key_value_heads "
-         f"{data.get('num_key_value_heads')} < num_attention_heads {heads})"),
-        # a config without model_type is rhymerl's own older format, tied by construction
-        (data.get("tie_word_embeddings", "model_type" not in data) is True,
-         "its output layer is not tied to the embedding"),
-        (not data.get("attention_bias") and not data.get("mlp_bias"), "its projections have biases"),
+        (kind in FAMILIES, f"model_type is {kind!r}; it holds {', '.join(FAMILIES)}"),
         (data.get("hidden_act", "silu") == "silu", f"hidden_act is {data.get('hidden_act')!r}"),
-        (data.get("rope_scaling") is None, "it scales RoPE (rope_scaling)"),
-        (isinstance(hidden, int) and isinstance(heads, int) and heads > 0
-         and data.get("head_dim", hidden // heads) == hidden // heads, "its head_dim is not hidden_size / heads"),
+        (scaled in (None, "llama3"), f"its RoPE scaling is {scaled!r}; it holds llama3's"),
+        (window is None, f"it uses sliding-window attention (sliding_window {window})"),
+        (not isinstance(layer_types, list) or all(t == "full_attention" for t in layer_types),
+         "not every layer is full attention (layer_types)"),
     ]
     return next((why for ok, why in checks if not ok), None)
 

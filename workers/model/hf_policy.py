@@ -1,6 +1,6 @@
 """A Hugging Face transformers causal LM as the policy: what `model.implementation: transformers` trains.
 
-Any folder of the Llama or Qwen2 families loads (grouped-query attention, projection biases, untied
+Any folder of the Llama, Qwen2 or Mistral families loads (grouped-query attention, projection biases, untied
 output layers, sharded weights); vLLM serves the same files for rollout, and the weights the trainer
 publishes keep the folder's own names, so vLLM loads them as they are. transformers is imported
 here only, when such a model is asked for.
@@ -15,10 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rhymerl.workers.model.folder import ModelError
+from rhymerl.workers.model.folder import FAMILIES, ModelError
 from rhymerl.workers.model.policy import PolicyModel, model_type
-
-FAMILIES = ("llama", "qwen2")
 
 
 class HfPolicy(PolicyModel):
@@ -54,8 +52,8 @@ class HfPolicy(PolicyModel):
 
 
 def load_hf_policy(folder: Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> HfPolicy:
-    """The folder's model through transformers; a ModelError names the folder when it is not a Llama
-    or Qwen2 causal LM or transformers is missing."""
+    """The folder's model through transformers; a ModelError names the folder when it is not a Llama,
+    Qwen2 or Mistral causal LM or transformers is missing."""
     kind = model_type(folder)
     if kind not in FAMILIES:
         raise ModelError(f"{folder / 'config.json'}: model_type {kind} is not one rhymerl trains "

@@ -1,4 +1,9 @@
-"""A small Llama-style decoder (RMSNorm, RoPE, SwiGLU, tied embeddings) with two forward paths.
+"""rhymerl's native Llama-family decoder (RMSNorm, RoPE, SwiGLU) with two forward paths.
+
+One decoder holds the embedded model and the Llama, Qwen2 and Mistral-style models of the hub: their
+differences are options of the config (grouped-query attention, projection biases, an untied output
+layer, Llama 3's RoPE scaling), so the torch engine's bit-exact decoding and every draft source run
+on a real pretrained model as they do on the embedded one.
 
 `forward` scores whole right-padded sequences (training, log-probs). `forward_cached` appends a
 ragged block of tokens per KV-cache slot and returns their logits: prefill, one-token decode and
@@ -11,6 +16,7 @@ Parameter names follow Hugging Face's LlamaForCausalLM so a checkpoint maps onto
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -26,17 +32,18 @@ from rhymerl.workers.model.policy import PolicyModel, read_weights
 class KVCache:
     """Per-slot keys and values of every layer.
 
-    Values are [layers, slots, heads, max_len, head_dim]. Keys are the same, except where the
+    Values are [layers, slots, kv_heads, max_len, head_dim] (grouped-query attention caches one head per
+    group of query heads). Keys are the same, except where the
     native kernel runs attention (`native`: CPU, float32): there they are stored transposed,
-    [layers, slots, heads, head_dim, max_len], and max_len is rounded up to the kernel's 16 lanes.
-    `keys(layer, slots, span)` gives the [slots, heads, span, head_dim] view either way.
+    [layers, slots, kv_heads, head_dim, max_len], and max_len is rounded up to the kernel's 16 lanes.
+    `keys(layer, slots, span)` gives the [slots, kv_heads, span, head_dim] view either way.
     """
 
     def __init__(self, cfg: ModelConfig, slots: int, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
         self.native = cached_attention.usable(device, dtype, cfg.head_dim)
         if self.native:
             max_len = -(-max_len // cached_attention.LANES) * cached_attention.LANES
-        shape = (cfg.num_hidden_layers, slots, cfg.num_attention_heads, max_len, cfg.head_dim)
+        shape = (cfg.num_hidden_layers, slots, cfg.kv_heads, max_len, cfg.head_dim)
         key_shape = (*shape[:3], shape[4], shape[3]) if self.native else shape
         self.k = torch.zeros(key_shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -160,18 +167,18 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        d, self.h, self.hd = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
-        self.q_proj = nn.Linear(d, d, bias=False)
-        self.k_proj = nn.Linear(d, d, bias=False)
-        self.v_proj = nn.Linear(d, d, bias=False)
-        self.o_proj = nn.Linear(d, d, bias=False)
+        d, self.h, self.kv, self.hd = cfg.hidden_size, cfg.num_attention_heads, cfg.kv_heads, cfg.head_dim
+        self.group = self.h // self.kv  # query heads per key/value head
+        self.q_proj = nn.Linear(d, self.h * self.hd, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(d, self.kv * self.hd, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(d, self.kv * self.hd, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.h * self.hd, d, bias=cfg.o_bias)
 
     def _qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         b, q, _ = x.shape
-        split = (b, q, self.h, self.hd)
-        qs = _rotate(self.q_proj(x).view(split).transpose(1, 2), cos, sin)
-        ks = _rotate(self.k_proj(x).view(split).transpose(1, 2), cos, sin)
-        vs = self.v_proj(x).view(split).transpose(1, 2)
+        qs = _rotate(self.q_proj(x).view(b, q, self.h, self.hd).transpose(1, 2), cos, sin)
+        ks = _rotate(self.k_proj(x).view(b, q, self.kv, self.hd).transpose(1, 2), cos, sin)
+        vs = self.v_proj(x).view(b, q, self.kv, self.hd).transpose(1, 2)
         return qs, ks, vs
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor,
@@ -182,16 +189,17 @@ class Attention(nn.Module):
         if store is not None:
             cache, layer, slots, rows = store
             cache.write_prefix(layer, slots, ks, vs, rows)
-        out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
-        result: Tensor = self.o_proj(out.transpose(1, 2).reshape(x.shape))
+        out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=self.group > 1)
+        result: Tensor = self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
         return result
 
     def forward_cached(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int,
                        cells: Cells) -> Tensor:
         """Attention of the block's real cells x [T, d] over their slots' cached keys; returns [T, d]."""
         t, slots = x.shape[0], cells.shape[0]
-        qs, ks, vs = (proj(x).view(t, self.h, self.hd) for proj in (self.q_proj, self.k_proj, self.v_proj))
-        qs, ks = _rotate(qs, cos, sin), _rotate(ks, cos, sin)
+        qs = _rotate(self.q_proj(x).view(t, self.h, self.hd), cos, sin)
+        ks = _rotate(self.k_proj(x).view(t, self.kv, self.hd), cos, sin)
+        vs = self.v_proj(x).view(t, self.kv, self.hd)
         if cache.native and cells.shape[1] > 1:  # verify passes; the kernel stores keys and values itself
             out = cached_attention.attend(qs, ks, vs, cache.k[layer, :slots], cache.v[layer, :slots], cells.start,
                                           cells.counts)
@@ -203,11 +211,14 @@ class Attention(nn.Module):
         keys, values = cache.keys(layer, slots, span), cache.v[layer, :slots, :, :span]
         if queries.shape[2] == 1:
             # one query per slot (plain decoding): torch's matmuls read the cache faster than the
-            # native kernel or the fused SDPA kernel on CPU
-            scores = (queries * self.hd**-0.5) @ keys.transpose(-1, -2) + cells.bias
-            out = torch.softmax(scores, dim=-1) @ values
+            # native kernel or the fused SDPA kernel on CPU; a group's query heads share one read of
+            # their key/value head
+            grouped = queries.reshape(slots, self.kv, self.group, self.hd)
+            scores = (grouped * self.hd**-0.5) @ keys.transpose(-1, -2) + cells.bias
+            out = (torch.softmax(scores, dim=-1) @ values).reshape(queries.shape)
         else:
-            out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=cells.bias)
+            out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=cells.bias,
+                                                 enable_gqa=self.group > 1)
         attended: Tensor = self.o_proj(cells.unpad(out.transpose(1, 2)).reshape(t, -1))
         return attended
 
@@ -215,9 +226,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: Tensor) -> Tensor:
         result: Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -251,8 +262,8 @@ class TinyLlama(PolicyModel):
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_hidden_layers))
         self.blocks: list[Block] = list(self.layers)  # type: ignore[arg-type]  # typed view of the same modules
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
-        angles = torch.outer(torch.arange(cfg.max_position_embeddings, dtype=torch.float64), inv)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        angles = torch.outer(torch.arange(cfg.max_position_embeddings, dtype=torch.float64), rope_frequencies(cfg))
         self.register_buffer("rope_cos", angles.cos().float(), persistent=False)
         self.register_buffer("rope_sin", angles.sin().float(), persistent=False)
         self.apply(self._init)
@@ -267,14 +278,15 @@ class TinyLlama(PolicyModel):
         return self.cfg.vocab_size
 
     def hf_state_dict(self) -> dict[str, Tensor]:
-        named = {f"model.{name}": t for name, t in self.state_dict().items()}
-        named["lm_head.weight"] = named["model.embed_tokens.weight"]
+        named = {name if name.startswith("lm_head.") else f"model.{name}": t for name, t in self.state_dict().items()}
+        if self.lm_head is None:
+            named["lm_head.weight"] = named["model.embed_tokens.weight"]
         return named
 
     def load_hf_state_dict(self, tensors: Mapping[str, Tensor]) -> None:
-        param = self.embed_tokens.weight
-        self.load_state_dict({k.removeprefix("model."): v.to(param.dtype) for k, v in tensors.items()
-                              if k != "lm_head.weight"})
+        dtype = self.embed_tokens.weight.dtype
+        self.load_state_dict({k.removeprefix("model."): v.to(dtype) for k, v in tensors.items()
+                              if self.lm_head is not None or k != "lm_head.weight"})
 
     def config_json(self) -> str:
         return self.cfg.to_json()
@@ -288,7 +300,8 @@ class TinyLlama(PolicyModel):
         return cos, sin
 
     def _logits(self, x: Tensor) -> Tensor:
-        return F.linear(self.norm(x), self.embed_tokens.weight)
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        return F.linear(self.norm(x), head.weight)
 
     def forward(self, tokens: Tensor) -> Tensor:
         """Logits for right-padded sequences [B, L] -> [B, L, V]."""
@@ -317,7 +330,7 @@ class TinyLlama(PolicyModel):
         MLP run on the real tokens alone, so a batch of ragged drafts costs what its tokens cost,
         not rows x longest draft.
         """
-        cells = Cells.build(start, tokens.shape[1], cache.max_len, counts, self.cfg.num_attention_heads,
+        cells = Cells.build(start, tokens.shape[1], cache.max_len, counts, self.cfg.kv_heads,
                             self.embed_tokens.weight.dtype)
         x = self.embed_tokens(cells.unpad(tokens))
         cos = self.rope_cos[cells.positions].to(x.dtype).unsqueeze(1)
@@ -326,6 +339,24 @@ class TinyLlama(PolicyModel):
             x = x + layer.self_attn.forward_cached(layer.input_layernorm(x), cos, sin, cache, i, cells)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return cells.pad(self._logits(x))
+
+
+def rope_frequencies(cfg: ModelConfig) -> Tensor:
+    """RoPE's inverse frequencies [head_dim / 2] in float64, with Llama 3's scaling where the config asks for
+    it (as transformers computes them)."""
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
+    scaling = cfg.rope_scaling
+    if scaling is None:
+        return inv
+    low_wavelen = scaling.original_max_position_embeddings / scaling.low_freq_factor
+    high_wavelen = scaling.original_max_position_embeddings / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / scaling.factor, inv)
+    smooth = ((scaling.original_max_position_embeddings / wavelen - scaling.low_freq_factor)
+              / (scaling.high_freq_factor - scaling.low_freq_factor))
+    between = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, between, scaled)
 
 
 def load_model(folder: Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> TinyLlama:

@@ -9,6 +9,9 @@
 // no horizontal reductions. Each query sees exactly its own prefix (no mask tensor, no padding to
 // the batch's longest slot).
 //
+// Grouped-query attention: a task is one (slot, key/value head), and the query heads of its group are
+// scored together as extra query rows, so the group's keys and values are read once for all of them.
+//
 // Determinism: every query's arithmetic (sums in dimension order, then key order; a softmax over
 // its own prefix) is the same whatever W is and whichever tile it shares loads with, so the kernel
 // gives a token the same bits whether it is verified alone or among others. (The model sends
@@ -67,15 +70,15 @@ inline v16 exp_nonpositive(v16 x) {
 
 struct Args {
   const float* q;      // [cells, heads, dim], the block's real tokens, slot by slot
-  const float* k_new;  // [cells, heads, dim], their keys and values, stored into the cache first
+  const float* k_new;  // [cells, kv_heads, dim], their keys and values, stored into the cache first
   const float* v_new;
-  float* keys;         // [slots, heads, dim, max_len] (strides below; the last is 1)
-  float* values;       // [slots, heads, max_len, dim] (strides below; the last is 1)
+  float* keys;         // [slots, kv_heads, dim, max_len] (strides below; the last is 1)
+  float* values;       // [slots, kv_heads, max_len, dim] (strides below; the last is 1)
   float* out;          // [cells, heads, dim]
   const int64_t* start;   // [slots] cached tokens before the block (position of its first token)
   const int64_t* counts;  // [slots] the block's tokens in each slot (0 for none)
   const int64_t* offsets; // [slots] index of each slot's first cell
-  int64_t heads, dim;
+  int64_t heads, kv_heads, dim;
   int64_t ks0, ks1, ks2, vs0, vs1, vs2;
   float scale;
 };
@@ -109,10 +112,12 @@ inline void value_tile(const float* E, int64_t npad, const float* values, int64_
 }
 
 __attribute__((target_clones("avx512f", "avx2", "default")))
-void attend_one(const Args& g, int64_t s, int64_t h, Scratch& sc) {
-  const int64_t w_n = g.counts[s];
-  if (w_n == 0) return;
-  const int64_t D = g.dim, p0 = g.start[s], n = p0 + w_n;
+void attend_one(const Args& g, int64_t s, int64_t kv, Scratch& sc) {
+  const int64_t tokens = g.counts[s];
+  if (tokens == 0) return;
+  const int64_t group = g.heads / g.kv_heads;  // query rows: token-major, the group's heads within a token
+  const int64_t w_n = tokens * group;
+  const int64_t D = g.dim, p0 = g.start[s], n = p0 + tokens;
   const int64_t npad = (n + kLanes - 1) / kLanes * kLanes;
   sc.scores.resize(w_n * npad);
   sc.queries.resize(w_n * D);
@@ -122,14 +127,17 @@ void attend_one(const Args& g, int64_t s, int64_t h, Scratch& sc) {
   float* Q = sc.queries.data();
   float* A = sc.acc.data();
   const int64_t c0 = g.offsets[s];
-  float* keys = g.keys + s * g.ks0 + h * g.ks1;
-  float* values = g.values + s * g.vs0 + h * g.vs1;
-  for (int64_t w = 0; w < w_n; ++w) {
-    const int64_t cell = ((c0 + w) * g.heads + h) * D;
+  float* keys = g.keys + s * g.ks0 + kv * g.ks1;
+  float* values = g.values + s * g.vs0 + kv * g.vs1;
+  for (int64_t w = 0; w < tokens; ++w) {
+    const int64_t cell = ((c0 + w) * g.kv_heads + kv) * D;
     for (int64_t d = 0; d < D; ++d) {
-      Q[w * D + d] = g.q[cell + d] * g.scale;
       keys[d * g.ks2 + p0 + w] = g.k_new[cell + d];
       values[(p0 + w) * g.vs2 + d] = g.v_new[cell + d];
+    }
+    for (int64_t r = 0; r < group; ++r) {
+      const float* q = g.q + ((c0 + w) * g.heads + kv * group + r) * D;
+      for (int64_t d = 0; d < D; ++d) Q[(w * group + r) * D + d] = q[d] * g.scale;
     }
   }
 
@@ -142,7 +150,7 @@ void attend_one(const Args& g, int64_t s, int64_t h, Scratch& sc) {
 
   for (int64_t w = 0; w < w_n; ++w) {
     float* row = S + w * npad;
-    for (int64_t j = p0 + w + 1; j < npad; ++j) row[j] = -3.0e38f;  // beyond this query's own prefix
+    for (int64_t j = p0 + w / group + 1; j < npad; ++j) row[j] = -3.0e38f;  // beyond this query's own prefix
     v16 top = splat(-3.0e38f);
     for (int64_t j = 0; j < npad; j += kLanes) {
       const v16 x = load(row + j);
@@ -168,7 +176,7 @@ void attend_one(const Args& g, int64_t s, int64_t h, Scratch& sc) {
     for (; w < w_n; ++w) value_tile<1>(S + w * npad, npad, values, g.vs2, n, d0, A + w * D, D);
   }
   for (int64_t w = 0; w < w_n; ++w) {
-    float* o = g.out + ((c0 + w) * g.heads + h) * D;
+    float* o = g.out + ((c0 + w / group) * g.heads + kv * group + w % group) * D;
     const float inv = 1.f / sc.total[w];
     for (int64_t d = 0; d < D; ++d) o[d] = A[w * D + d] * inv;
   }
@@ -213,14 +221,16 @@ struct Region {
 constexpr int64_t kPairsPerThread = 1 << 15;
 
 void attend(uintptr_t q, uintptr_t k_new, uintptr_t v_new, uintptr_t keys, uintptr_t values, uintptr_t out, uintptr_t start, uintptr_t counts,
-            uintptr_t offsets, int64_t slots, int64_t heads, int64_t dim, int64_t max_len, int64_t ks0, int64_t ks1,
+            uintptr_t offsets, int64_t slots, int64_t heads, int64_t kv_heads, int64_t dim, int64_t max_len, int64_t ks0, int64_t ks1,
             int64_t ks2, int64_t vs0, int64_t vs1, int64_t vs2, float scale, int threads) {
   if (dim % kLanes != 0) throw std::invalid_argument("head_dim must be a multiple of 16");
+  if (kv_heads <= 0 || heads % kv_heads != 0)
+    throw std::invalid_argument("heads must be a multiple of kv_heads");
   Args g{reinterpret_cast<const float*>(q), reinterpret_cast<const float*>(k_new),
          reinterpret_cast<const float*>(v_new), reinterpret_cast<float*>(keys), reinterpret_cast<float*>(values),
          reinterpret_cast<float*>(out),
          reinterpret_cast<const int64_t*>(start), reinterpret_cast<const int64_t*>(counts),
-         reinterpret_cast<const int64_t*>(offsets), heads, dim, ks0, ks1, ks2, vs0, vs1, vs2, scale};
+         reinterpret_cast<const int64_t*>(offsets), heads, kv_heads, dim, ks0, ks1, ks2, vs0, vs1, vs2, scale};
   int64_t pairs = 0;
   for (int64_t s = 0; s < slots; ++s) {
     const int64_t end = g.start[s] + g.counts[s];
@@ -230,13 +240,13 @@ void attend(uintptr_t q, uintptr_t k_new, uintptr_t v_new, uintptr_t keys, uintp
                               " positions");
     pairs += end * g.counts[s];
   }
-  const int64_t tasks = slots * heads;
+  const int64_t tasks = slots * kv_heads;
   std::atomic<bool> failed{false};  // an exception must not leave a parallel region (std::terminate)
-  auto run = [&g, &failed, heads](int64_t lo, int64_t hi) {
+  auto run = [&g, &failed, kv_heads](int64_t lo, int64_t hi) {
     try {
       Scratch sc;
       for (int64_t t = lo; t < hi && !failed.load(std::memory_order_relaxed); ++t)
-        attend_one(g, t / heads, t % heads, sc);
+        attend_one(g, t / kv_heads, t % kv_heads, sc);
     } catch (...) {
       failed = true;
     }
@@ -264,7 +274,7 @@ PYBIND11_MODULE(_cached_attention, m) {
   m.doc() = "Fused cached attention for ragged blocks of new tokens (CPU, float32).";
   m.def("attend", &attend, py::call_guard<py::gil_scoped_release>(), py::arg("q"), py::arg("k_new"), py::arg("v_new"), py::arg("keys"),
         py::arg("values"), py::arg("out"), py::arg("start"), py::arg("counts"), py::arg("offsets"),
-        py::arg("slots"), py::arg("heads"), py::arg("dim"), py::arg("max_len"), py::arg("ks0"), py::arg("ks1"),
+        py::arg("slots"), py::arg("heads"), py::arg("kv_heads"), py::arg("dim"), py::arg("max_len"), py::arg("ks0"), py::arg("ks1"),
         py::arg("ks2"), py::arg("vs0"), py::arg("vs1"), py::arg("vs2"), py::arg("scale"), py::arg("threads"),
         "Raw float32 / int64 buffers (addresses); the typed wrapper is rhymerl.workers.model.cached_attention.");
   m.def("use_openmp", &use_openmp, py::arg("library"),
