@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rich.console import Console
 from rich.progress import MofNCompleteColumn, Progress, TextColumn
 
@@ -25,9 +27,16 @@ from rhymerl.api.spec import SpeculationSpec
 from rhymerl.cli.local_run import profile_reporter
 from rhymerl.workers.history.store import MemoryHistoryStore
 from rhymerl.workers.model.transformer import ModelConfig, TinyLlama
+from rhymerl.workers.rollout import verify_cost
 from rhymerl.workers.rollout.speculation import RolloutSpeculation
 from rhymerl.workers.rollout.speculators import DraftCapController
-from rhymerl.workers.rollout.verify_cost import MAX_AGE_S, CacheEntry, ProfileStore
+from rhymerl.workers.rollout.verify_cost import (
+    MAX_AGE_S,
+    CacheEntry,
+    ProfileStore,
+    cell_tokens,
+    estimated_bounds,
+)
 
 GRID = dict(context=8, batches=(1, 2), tokens=(1, 2))  # 2 x (2 + verify) = 6 cells on the tiny model
 
@@ -323,3 +332,42 @@ def test_the_local_runner_shows_the_measurement_then_says_what_it_did() -> None:
     assert lines[0].startswith("measuring verify cost on this machine: 3 cells (kept for later runs in ")
     assert lines[1].startswith("verify cost: measured 3 cells in ")
     assert lines[2].startswith("verify cost: using this machine's cached profile")
+
+
+def test_estimates_bound_the_cells_a_first_run_had_no_time_for_from_above() -> None:
+    # batches (1, 4) x tokens (1, 2) and the verify column (a block two wide): 1, 2, 2 / 4, 8, 8 token-rows
+    timed = {(0, 0): 1.0, (0, 1): 1.5, (0, 2): 1.2}
+    got = estimated_bounds((1, 4), (1, 2), timed)
+    # (1, 0): only (0, 0) is no bigger: 1.0 x 4; (1, 1) and (1, 2): the least of 1 x 8, 1.5 x 4, 1.2 x 4
+    assert got == pytest.approx({(1, 0): 4.0, (1, 1): 4.8, (1, 2): 4.8})
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.floats(0.001, 1.0), st.sets(st.tuples(st.integers(0, 2), st.integers(0, 3)), min_size=1))
+def test_no_estimate_is_below_a_pass_cost_of_a_fixed_part_and_parts_growing_with_sequences_and_tokens(
+        fixed: float, per_sequence: float, per_token: float, timed_cells: set[tuple[int, int]]) -> None:
+    batches, tokens = (1, 4, 16), (1, 3, 9)
+    def cost(cell: tuple[int, int]) -> float:
+        b, t = batches[cell[0]], cell_tokens(tokens, cell[1])
+        return fixed + per_sequence * b + per_token * b * t
+    timed = {c: cost(c) for c in timed_cells | {(0, 0)}}
+    for cell, bound in estimated_bounds(batches, tokens, timed).items():
+        assert bound >= cost(cell) * (1 - 1e-12)
+
+
+def test_a_first_run_past_its_budget_times_the_cheapest_cell_and_each_step_times_the_next_due(
+        tiny_model: TinyLlama, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(verify_cost, "FIRST_BUDGET_S", 0.0)  # no second cell starts: forced, not timed
+    monkeypatch.setattr(verify_cost, "STEP_BUDGET_S", 0.0)
+    calls: list[tuple[int, int]] = []
+    store = ProfileStore.open(tiny_model, **GRID, progress=lambda d, t: calls.append((d, t)), folder=tmp_path)
+    assert store.measured == {(0, 0)}  # batch 1, 1 token: the cheapest pass
+    assert calls == [(0, 6), (1, 6), (6, 6)]  # the rest start as estimates
+    first = store.entry.measured[0, 0]
+    # every other cell is an upper bound scaled from it (batch x tokens; the verify block is two wide), and due
+    assert store.entry.measured[1, 1] == pytest.approx(first * 4) and store.entry.measured[0, 2] == pytest.approx(first * 2)
+    assert sorted(store.entry.due(time.time())) == [(0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert store.update(CostEvidence(store.profile, confirm=1)) == 1
+    assert store.measured == {(0, 0), (0, 1)}  # the cheapest due cell next (2 token-rows)
+    reopened = ProfileStore.open(tiny_model, **GRID, folder=tmp_path)  # a later run goes on where it stopped
+    assert reopened.measured == {(0, 2)}

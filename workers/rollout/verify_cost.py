@@ -7,6 +7,12 @@ count, so it is measured on first use (seconds for the embedded model, minutes f
 one; `progress` reports each cell) and cached under ``$RHYMERL_CACHE`` (default
 ``~/.cache/rhymerl``), keyed by all of these and by the model code.
 
+A real model's full grid takes minutes to time (SmolLM2-135M on 2 CPU cores: about 75 s for batches up
+to 64), so a first run times its cheapest cells within FIRST_BUDGET_S and starts with an upper bound
+for the rest (estimated_bounds: a pass of more tokens never costs less per token than the cheaper
+pass it is scaled from), marked due; each rollout step's update then times due cells within
+STEP_BUDGET_S, cheapest first, so the profile is complete after a few steps and no step waits long.
+
 A timing taken while the machine was busy comes out too slow, and a cache keeps it. So the cache
 holds, per cell, what was measured and when, and the smallest bound real passes put on it
 (adaptive.CostEvidence, merged after every rollout step by ProfileStore.update). The profile a
@@ -27,7 +33,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,36 +115,67 @@ Cell = tuple[int, int]
 """(batch index, tokens index); the tokens index len(tokens) is the verify column (verify_one)."""
 
 
+def cell_tokens(tokens: Sequence[int], j: int) -> int:
+    """Tokens per sequence a cell's pass computes (the verify column's block is two wide)."""
+    return tokens[j] if j < len(tokens) else 2
+
+
 @torch.inference_mode()
 def measure_cells(model: TinyLlama, context: int, batches: Sequence[int], tokens: Sequence[int],
-                  cells: Iterable[Cell], repeats: int = 5, progress: Progress | None = None) -> dict[Cell, float]:
+                  cells: Iterable[Cell], repeats: int = 5, progress: Progress | None = None,
+                  budget_s: float = math.inf) -> dict[Cell, float]:
     """Seconds of one forward_cached pass for each of `cells`, at `context` tokens of cache: the
     fastest of `repeats` timings. The verify column is a verify pass carrying one token per
     sequence (a block two tokens wide with one real token per row: the verify path at its cheapest).
 
+    Cells are timed cheapest first (by batch x tokens); once `budget_s` has passed no further cell
+    starts (the first always does), and the cells left out are not in the result.
     Token ids come from a private generator: measuring never moves torch's global random state.
     """
-    todo = sorted(set(cells))
+    todo = sorted(set(cells), key=lambda c: (batches[c[0]] * cell_tokens(tokens, c[1]), c))
     param = next(model.parameters())
     fastest = _timer(model, repeats)
     gen = torch.Generator(device=param.device).manual_seed(0)
     out: dict[Cell, float] = {}
     if progress is not None and todo:
         progress(0, len(todo))
-    for i in sorted({i for i, _ in todo}):
+    began = time.perf_counter()
+    caches: dict[int, KVCache] = {}
+    for i, j in todo:
+        if out and time.perf_counter() - began > budget_s:
+            break
         b = batches[i]
-        cache = KVCache(model.cfg, b, context + max(tokens), param.dtype, param.device)  # shared by the row
+        cache = caches.setdefault(i, KVCache(model.cfg, b, context + max(tokens), param.dtype, param.device))
         start = torch.full((b,), context, dtype=torch.int64, device=param.device)
-        for j in (j for r, j in todo if r == i):
-            if j < len(tokens):
-                ids = torch.randint(3, model.cfg.vocab_size, (b, tokens[j]), device=param.device, generator=gen)
-                out[(i, j)] = fastest(model.forward_cached, ids, start, cache)
-            else:
-                ones = torch.ones(b, dtype=torch.int64, device=param.device)
-                pair = torch.randint(3, model.cfg.vocab_size, (b, 2), device=param.device, generator=gen)
-                out[(i, j)] = fastest(model.forward_cached, pair, start, cache, ones)
-            if progress is not None:
-                progress(len(out), len(todo))
+        ids = torch.randint(3, model.cfg.vocab_size, (b, cell_tokens(tokens, j)), device=param.device, generator=gen)
+        if j < len(tokens):
+            out[(i, j)] = fastest(model.forward_cached, ids, start, cache)
+        else:
+            ones = torch.ones(b, dtype=torch.int64, device=param.device)
+            out[(i, j)] = fastest(model.forward_cached, ids, start, cache, ones)
+        caches = {i: caches[i]}  # one batch size's cache at a time
+        if progress is not None:
+            progress(len(out), len(todo))
+    if progress is not None and todo and len(out) < len(todo):
+        progress(len(todo), len(todo))  # the rest start as estimates (estimated_bounds)
+    return out
+
+
+def estimated_bounds(batches: Sequence[int], tokens: Sequence[int], timed: Mapping[Cell, float]) -> dict[Cell, float]:
+    """An upper bound for every cell `timed` lacks: the least of the timed cells with no more sequences
+    and tokens, scaled by the ratio of their batch x tokens. A pass's cost is a fixed part plus parts
+    that grow with its sequences and tokens, so it never costs less per token than a smaller pass."""
+    cells = [(i, j) for i in range(len(batches)) for j in range(len(tokens) + 1)]
+    size = {c: batches[c[0]] * cell_tokens(tokens, c[1]) for c in cells}
+    out = {}
+    for c in cells:
+        if c in timed:
+            continue
+        below = [seconds * size[c] / size[d] for d, seconds in timed.items()
+                 if batches[d[0]] <= batches[c[0]] and cell_tokens(tokens, d[1]) <= cell_tokens(tokens, c[1])]
+        if not below:
+            raise ValueError(f"no timed cell is smaller than batch {batches[c[0]]} x {cell_tokens(tokens, c[1])} tokens")
+        out[c] = min(below)
     return out
 
 
@@ -192,6 +229,10 @@ def measure_prefill(model: TinyLlama, tokens: int, repeats: int = 5) -> float:
 
 MAX_AGE_S = 7 * 24 * 3600.0
 """A measurement older than this is taken again: the machine (its load, kernel, clocks) moves on."""
+FIRST_BUDGET_S = 30.0
+"""A first run's measurement starts no cell after this many seconds (the rest start as estimates)."""
+STEP_BUDGET_S = 10.0
+"""An update after a rollout step starts no re-measurement after this many seconds."""
 
 
 def _grid(rows: Any, shape: tuple[int, int], missing: float) -> NDArray[np.float64]:
@@ -222,11 +263,14 @@ class CacheEntry:
     @classmethod
     def measured_now(cls, batch_sizes: tuple[int, ...], tokens: tuple[int, ...], context: int,
                      timed: dict[Cell, float], now: float) -> CacheEntry:
+        """An entry of the `timed` cells; any cell left out starts as an estimate (estimated_bounds),
+        measured at time 0, so due at once."""
         shape = (len(batch_sizes), len(tokens) + 1)
-        if set(timed) != {(i, j) for i in range(shape[0]) for j in range(shape[1])}:
-            raise ValueError("a new profile needs every cell measured")
+        if not timed:
+            raise ValueError("a new profile needs a measured cell")
         entry = cls(batch_sizes, tokens, context, np.zeros(shape), np.zeros(shape), np.full(shape, np.inf),
                     np.full(shape, -np.inf))
+        entry.remeasured(estimated_bounds(batch_sizes, tokens, timed), 0.0)
         entry.remeasured(timed, now)
         return entry
 
@@ -339,14 +383,14 @@ class ProfileStore:
         now = time.time()
         if entry is None:
             every = [(i, j) for i in range(len(batches)) for j in range(len(tokens) + 1)]
-            timed = measure_cells(model, context, batches, tokens, every, progress=progress)
+            timed = measure_cells(model, context, batches, tokens, every, progress=progress, budget_s=FIRST_BUDGET_S)
             store = cls(model, path, CacheEntry.measured_now(batches, tokens, context, timed, now), progress,
                         max_age_s)
             store.measured |= set(timed)
             store.write()
             return store
         store = cls(model, path, entry, progress, max_age_s)
-        if not store.remeasure(entry.due(now, max_age_s)) and progress is not None:
+        if not store.remeasure(entry.due(now, max_age_s), FIRST_BUDGET_S) and progress is not None:
             progress(0, 0)
         return store
 
@@ -354,15 +398,16 @@ class ProfileStore:
     def profile(self) -> CostProfile:
         return self.entry.profile()
 
-    def remeasure(self, cells: Sequence[Cell]) -> int:
-        """Measure `cells` again, except those this run measured already; written back. Returns how
-        many were measured."""
+    def remeasure(self, cells: Sequence[Cell], budget_s: float = math.inf) -> int:
+        """Measure `cells` again (cheapest first, none started after `budget_s`), except those this
+        run measured already; written back. Returns how many were measured."""
         todo = [c for c in cells if c not in self.measured]
         if not todo:
             return 0
         e = self.entry
         with _threads(self.threads):
-            timed = measure_cells(self.model, e.context, e.batch_sizes, e.tokens, todo, progress=self.progress)
+            timed = measure_cells(self.model, e.context, e.batch_sizes, e.tokens, todo, progress=self.progress,
+                                  budget_s=budget_s)
         e.remeasured(timed, time.time())
         self.measured |= set(timed)
         self.write()
@@ -374,7 +419,7 @@ class ProfileStore:
         now = time.time()
         if self.entry.merge(evidence.bounds, now):
             self.write()
-        measured = self.remeasure(self.entry.due(now, self.max_age_s))
+        measured = self.remeasure(self.entry.due(now, self.max_age_s), STEP_BUDGET_S)
         evidence.rebase(self.profile)
         return measured
 
