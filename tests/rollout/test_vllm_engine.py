@@ -238,3 +238,30 @@ def test_the_embedded_model_is_a_hugging_face_llama_whose_logits_match_the_torch
         got = ours(tokens)
     assert got.shape == expected.shape
     assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_a_vllm_cost_profile_timed_in_part_starts_from_upper_bounds_and_later_runs_time_the_rest(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RHYMERL_CACHE", str(tmp_path))
+    engine = object.__new__(VllmEngine)  # no vLLM started: the timing is the stand-in below
+    engine.settings, engine.max_model_len = VllmSettings(model_dir("builtin:tiny-arith")), 256
+    asked: list[list[tuple[int, int]]] = []
+
+    def two_cheapest(batch_sizes: list[int], tokens: list[int], vocab: int, cells: list[tuple[int, int]],
+                     context: int, progress: object = None, budget_s: float = 0.0) -> dict[tuple[int, int], float]:
+        # a budget that lets two cells start; each pass costs 1 ms plus 1 ms per token row
+        todo = sorted(cells, key=lambda c: (batch_sizes[c[0]] * tokens[c[1]], c))[:2]
+        asked.append(todo)
+        return {(i, j): 0.001 * (1 + batch_sizes[i] * tokens[j]) for i, j in todo}
+
+    monkeypatch.setattr(engine, "measure_cells", two_cheapest)
+    first = engine.cost_profile((1, 4), 99)
+    assert asked == [[(0, 0), (0, 1)]]  # batch 1 at 1 and 2 tokens
+    truth = [[0.001 * (1 + b * t) for t in first.tokens] for b in (1, 4)]
+    assert all(got >= true for row, trow in zip(first.seconds, truth, strict=True)
+               for got, true in zip(row, trow, strict=True))  # the rest: upper bounds
+    for _ in range(len(first.tokens)):  # each later run times two more, until none is left
+        engine.cost_profile((1, 4), 99)
+    assert sorted(c for batch in asked for c in batch) == [(i, j) for i in range(2) for j in range(len(first.tokens))]
+    timed = engine.cost_profile((1, 4), 99).seconds
+    assert [v for row in timed for v in row] == pytest.approx([v for row in truth for v in row])

@@ -49,7 +49,7 @@ from rhymerl.workers.rollout.draft_model import draft_folder
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams
 from rhymerl.workers.rollout.speculation import reachable_batches
 from rhymerl.workers.rollout.speculators import NGRAM_MATCH
-from rhymerl.workers.rollout.verify_cost import Progress, cache_dir
+from rhymerl.workers.rollout.verify_cost import FIRST_BUDGET_S, Progress, cache_dir, estimated_bounds
 from rhymerl.workers.rollout.vllm_proposer import METHODS as PROPOSER_METHODS
 
 PROPOSER = "rhymerl.workers.rollout.vllm_proposer.HistoryProposer"
@@ -57,7 +57,7 @@ EXTENSION = "rhymerl.workers.rollout.vllm_worker.RhymerlWorkerExtension"
 METHODS = ("none", "history", "fastest-of-n", "ngram", "suffix", "draft-model")
 OURS = PROPOSER_METHODS
 """The methods our proposer runs: drafted from history indexes sent per step."""
-PROFILE_CODE_VERSION = 1  # raised when what measure_profile measures changes (the cache key has it)
+PROFILE_CODE_VERSION = 2  # raised when what measure_cells measures changes (the cache key has it)
 PROFILE_CONTEXT = 64  # tokens of each probe prompt of the pass-cost profile
 PROFILE_PASSES = 16  # engine passes each probe generate runs
 
@@ -108,6 +108,15 @@ class VllmSettings:
         if self.method in OURS and self.speculation.method != self.method:
             raise ValueError(f"method {self.method}: our proposer runs speculation.method, which is "
                              f"{self.speculation.method}; set both alike")
+
+
+def _cached_cells(path: Path) -> dict[tuple[int, int], float]:
+    """The timed cells a cost-profile cache file holds (none when it is missing or damaged)."""
+    try:
+        data = json.loads(path.read_text())
+        return {(int(i), int(j)): float(t) for i, j, t in data["cells"] if float(t) > 0}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 def job_settings(job: RLJob, longest_prompt: int) -> VllmSettings:
@@ -272,9 +281,11 @@ class VllmEngine:
 
     def cost_profile(self, batch_sizes: Sequence[int], vocab_size: int,
                      progress: Callable[[int, int], None] | None = None) -> CostProfile:
-        """The engine's pass-cost profile for the draft cap: from this machine's cache when it was
-        measured before for the same model, vLLM build, threads and grid, else measured now and
-        cached (`progress` follows verify_cost.Progress: (0, 0) says the cache was used)."""
+        """The engine's pass-cost profile for the draft cap, cached on this machine per model, vLLM build,
+        threads and grid. A run times the cells the cache lacks, cheapest first, within FIRST_BUDGET_S,
+        and starts the rest as upper bounds (verify_cost.estimated_bounds) that later runs time; so a
+        real model's first run does not wait minutes (`progress` follows verify_cost.Progress: (0, 0)
+        says the cache was used as it is)."""
         tokens = tuple(1 + c for c in CAPS if c <= self.settings.speculation.window.max)
         config = (self.settings.model / "config.json").read_text() if (self.settings.model / "config.json").is_file() \
             else ""
@@ -285,51 +296,54 @@ class VllmEngine:
                                          torch.get_num_threads(), torch.cuda.is_available(), list(batch_sizes),
                                          list(tokens), context, PROFILE_CODE_VERSION]).encode()).hexdigest()[:16]
         path = cache_dir() / f"vllm-{key}.json"
-        if path.is_file():
-            try:
-                self.profile = CostProfile.from_dict(json.loads(path.read_text()))
-                self._configured = False
-                if progress is not None:
-                    progress(0, 0)
-                return self.profile
-            except (ValueError, KeyError, TypeError):
-                pass  # a damaged cache entry is measured again
-        profile = self.measure_profile(batch_sizes, tokens, vocab_size, context, progress=progress)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic.write_text(path, json.dumps(asdict(profile)))
-        return profile
-
-    def measure_profile(self, batch_sizes: Sequence[int], tokens: Sequence[int], vocab_size: int,
-                        context: int = PROFILE_CONTEXT, passes: int = PROFILE_PASSES, progress: Callable[[int, int], None] | None = None) -> CostProfile:
-        """vLLM's own pass times t(batch, n) for the draft cap (adaptive_cap): the proposer offers
-        n - 1 filler tokens on every row (almost always rejected, so each pass still emits one token
-        per row) and a pass's time is the generate call's time over the passes it ran."""
-        rng = np.random.default_rng(0)
-        seconds: list[list[float]] = []
-        done, total = 0, len(batch_sizes) * len(tokens)
-        if progress is not None:
-            progress(0, total)
-        params = SamplingParams(0.0, 1.0, 0, passes + 1)
-        for b in batch_sizes:
-            row = []
-            reqs = [GenRequest(rng.integers(3, vocab_size, context).tolist(), i) for i in range(b)]
-            for n in tokens:
-                self.llm.collective_rpc("rhymerl_force_drafts", args=(n - 1,))
-                self.generate(reqs, params, eos_id=-1, logprobs=False)  # warm
-                before = self.proposer_stats().get("calls", 0)
-                t0 = time.perf_counter()
-                self.generate(reqs, params, eos_id=-1, logprobs=False)
-                elapsed = time.perf_counter() - t0
-                row.append(elapsed / max(self.proposer_stats().get("calls", 0) - before, 1))
-                done += 1
-                if progress is not None:
-                    progress(done, total)
-            seconds.append(row)
-        self.llm.collective_rpc("rhymerl_force_drafts", args=(-1,))
-        grid = [np.maximum.accumulate(r).tolist() for r in seconds]  # more tokens never cost less
-        self.profile = CostProfile(tuple(batch_sizes), tuple(tokens), tuple(tuple(float(x) for x in r) for r in grid))
+        timed = _cached_cells(path)
+        todo = [(i, j) for i in range(len(batch_sizes)) for j in range(len(tokens)) if (i, j) not in timed]
+        if todo:
+            timed |= self.measure_cells(batch_sizes, tokens, vocab_size, todo, context, progress=progress,
+                                        budget_s=FIRST_BUDGET_S)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic.write_text(path, json.dumps({"cells": [[i, j, t] for (i, j), t in sorted(timed.items())]}))
+        elif progress is not None:
+            progress(0, 0)
+        every = timed | {c: t for c, t in estimated_bounds(batch_sizes, tokens, timed).items() if c[1] < len(tokens)}
+        grid = [np.maximum.accumulate([every[(i, j)] for j in range(len(tokens))]).tolist()
+                for i in range(len(batch_sizes))]  # more tokens never cost less
+        self.profile = CostProfile(tuple(batch_sizes), tokens, tuple(tuple(float(x) for x in r) for r in grid))
         self._configured = False
         return self.profile
+
+    def measure_cells(self, batch_sizes: Sequence[int], tokens: Sequence[int], vocab_size: int,
+                      cells: Sequence[tuple[int, int]], context: int = PROFILE_CONTEXT, passes: int = PROFILE_PASSES,
+                      progress: Callable[[int, int], None] | None = None,
+                      budget_s: float = math.inf) -> dict[tuple[int, int], float]:
+        """vLLM's own pass times t(batch, n) of `cells` (batch index, tokens index), cheapest first, none
+        started after `budget_s` (the first always is): the proposer offers n - 1 filler tokens on every row
+        (almost always rejected, so each pass still emits one token per row) and a pass's time is the
+        generate call's time over the passes it ran."""
+        rng = np.random.default_rng(0)
+        todo = sorted(cells, key=lambda c: (batch_sizes[c[0]] * tokens[c[1]], c))
+        out: dict[tuple[int, int], float] = {}
+        if progress is not None:
+            progress(0, len(todo))
+        params = SamplingParams(0.0, 1.0, 0, passes + 1)
+        began = time.perf_counter()
+        for i, j in todo:
+            if out and time.perf_counter() - began > budget_s:
+                break
+            reqs = [GenRequest(rng.integers(3, vocab_size, context).tolist(), r) for r in range(batch_sizes[i])]
+            self.llm.collective_rpc("rhymerl_force_drafts", args=(tokens[j] - 1,))
+            self.generate(reqs, params, eos_id=-1, logprobs=False)  # warm
+            before = self.proposer_stats().get("calls", 0)
+            t0 = time.perf_counter()
+            self.generate(reqs, params, eos_id=-1, logprobs=False)
+            elapsed = time.perf_counter() - t0
+            out[(i, j)] = elapsed / max(self.proposer_stats().get("calls", 0) - before, 1)
+            if progress is not None:
+                progress(len(out), len(todo))
+        self.llm.collective_rpc("rhymerl_force_drafts", args=(-1,))
+        if progress is not None and len(out) < len(todo):
+            progress(len(todo), len(todo))  # the rest start as estimates
+        return out
 
     def close(self) -> None:
         """Release the engine: its engine core (shut down when it runs in its own process) and its
