@@ -67,7 +67,7 @@ def greedy_accuracy(model: TinyLlama, tok: CharTokenizer, problems: list[arith_c
     from rhymerl.workers.reward.verifiers import final_answer
     from rhymerl.workers.rollout.engine import GenRequest, SamplingParams, TorchEngine
 
-    engine = TorchEngine(model, tok.eos_id, max_batch_size=len(problems))
+    engine = TorchEngine(model, tok.stop_ids, max_batch_size=len(problems))
     reqs = [GenRequest([tok.bos_id, *tok.encode(p.prompt)], i) for i, p in enumerate(problems)]
     out = engine.generate(reqs, SamplingParams(temperature=0.0, max_response_length=600))
     scores = [final_answer(tok.decode(r.response_ids), p.answer) for r, p in zip(out, problems, strict=True)]

@@ -291,3 +291,20 @@ def test_a_session_refuses_to_resume_a_finished_response(tiny_model: TinyLlama) 
         session.add(0, GenRequest([1, 5], 0), GenResult(response_ids=[7, EOS]))
     with pytest.raises(ValueError, match="finished"):
         session.add(1, GenRequest([1, 5], 1), GenResult(response_ids=[7, 8, 9, 10]))
+
+
+@pytest.mark.parametrize("with_drafts", [False, True])
+def test_every_stop_token_of_the_model_ends_a_response_not_only_eos(tiny_model: TinyLlama, with_drafts: bool) -> None:
+    reqs = _requests(4, seed=6)
+    params = SamplingParams(temperature=1.0, seed=5, max_response_length=30)
+    free = TorchEngine(tiny_model.double(), EOS, max_batch_size=4).generate(reqs, params)
+    turn = free[0].response_ids[5]  # as an instruct model's end of turn beside its eos
+    engine = TorchEngine(tiny_model.double(), [EOS, turn], max_batch_size=4)
+    truth = {r.sample_id: res.response_ids for r, res in zip(reqs, free, strict=True)}
+    out = engine.generate(reqs, params, OracleDrafts(truth, 4) if with_drafts else None)
+    for plain, ended in zip(free, out, strict=True):
+        ids = plain.response_ids
+        cut = next((i for i, t in enumerate(ids) if t in (EOS, turn)), None)
+        assert ended.response_ids == (ids if cut is None else ids[: cut + 1])
+        assert ended.finish_reason == ("stop" if cut is not None else plain.finish_reason)
+    assert out[0].response_ids[-1] == turn and len(out[0].response_ids) <= 6

@@ -107,7 +107,7 @@ class RolloutWorker:
         else:
             self.model, _ = load_native_policy(spec.model)
             adaptive = chooser(self.threads) if spec.rollout.adaptive_threads and self.threads > 1 else None
-            self.engine = TorchEngine(self.model, tok.eos_id, spec.rollout.max_batch_size, threads=adaptive)
+            self.engine = TorchEngine(self.model, tok.stop_ids, spec.rollout.max_batch_size, threads=adaptive)
             self.speculation = RolloutSpeculation.for_job(job, self.model, MemoryHistoryStore(), progress)
             # the profile is this count's (its cache key): passes at another correct only the calibration
             self.speculation.control.profiled = lambda: torch.get_num_threads() == self.threads

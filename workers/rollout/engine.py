@@ -133,12 +133,14 @@ class _Batch:
 
 
 class TorchEngine:
-    def __init__(self, model: TinyLlama, eos_id: int, max_batch_size: int = 256,
+    def __init__(self, model: TinyLlama, stop_ids: int | Iterable[int], max_batch_size: int = 256,
                  device: str | torch.device = "cpu", threads: ThreadChooser | None = None) -> None:
-        """threads: chooses each decode pass's torch thread count from pass times (None: torch's as it is)."""
+        """stop_ids: the tokens that end a response (the tokenizer's `stop_ids`: eos and an instruct model's end
+        of turn; one int for one token); threads: chooses each decode pass's torch thread count from pass
+        times (None: torch's as it is)."""
         self.model = model.eval()
         self.threads = threads
-        self.eos_id = eos_id
+        self.stop_ids = frozenset([stop_ids] if isinstance(stop_ids, int) else stop_ids)
         self.max_batch_size = max_batch_size
         self.device = torch.device(device)
         self.dtype = next(model.parameters()).dtype
@@ -298,7 +300,7 @@ class EngineSession:
         if res.logprobs is None and not res.response_ids:
             res.logprobs = []
         ids = res.response_ids
-        if ids and (ids[-1] == self.engine.eos_id or len(ids) >= self.params.max_response_length):
+        if ids and (ids[-1] in self.engine.stop_ids or len(ids) >= self.params.max_response_length):
             raise ValueError(f"key {key}: cannot resume a finished response")
         self._requests[key] = request
         self._results[key] = res
@@ -375,22 +377,23 @@ class EngineSession:
             self.engine.threads.observe(threads, time.perf_counter() - t0, len(running) + sum(map(len, proposals)))
 
     def _emit(self, slot: int, tokens: list[int], logprobs: list[float]) -> list[int]:
-        """Append sampled tokens (and their log-probabilities) to the slot's response; stop at EOS
-        or the length limit."""
-        b, eos, limit = self._b, self.engine.eos_id, self.params.max_response_length
+        """Append sampled tokens (and their log-probabilities) to the slot's response; stop at a stop
+        token or the length limit."""
+        b, stops, limit = self._b, self.engine.stop_ids, self.params.max_response_length
         key = b.owner[slot]
         res = self._results[key]
         room = limit - len(res.response_ids)
         kept = tokens[:room]
-        if eos in kept:
-            kept = kept[: kept.index(eos) + 1]
+        end = next((i for i, t in enumerate(kept) if t in stops), None)
+        if end is not None:
+            kept = kept[: end + 1]
             res.finish_reason = "stop"
         if res.logprobs is not None and len(res.logprobs) == len(res.response_ids):
             res.logprobs += logprobs[: len(kept)]
         else:  # resumed from tokens whose log-probabilities nobody kept
             res.logprobs = None
         res.response_ids += kept
-        if kept[-1] == eos or len(res.response_ids) >= limit:
+        if kept[-1] in stops or len(res.response_ids) >= limit:
             b.owner[slot] = -1
             self._ended.append(slot)
             del self._requests[key]

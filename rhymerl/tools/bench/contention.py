@@ -92,7 +92,7 @@ def run_bench(cfg: ContentionBenchConfig, console: Console) -> dict[str, Any]:
     def rollout(setting: str) -> tuple[float, list[list[int]], ThreadChooser | None]:
         chooser = ThreadChooser(machine) if setting == "adaptive" else None
         torch.set_num_threads(machine if chooser else int(setting))
-        engine = TorchEngine(model, tok.eos_id, spec.rollout.max_batch_size, threads=chooser)
+        engine = TorchEngine(model, tok.stop_ids, spec.rollout.max_batch_size, threads=chooser)
         t0 = time.perf_counter()
         tokens = [r.response_ids for batch in steps for r in engine.generate(batch, params)]
         return time.perf_counter() - t0, tokens, chooser

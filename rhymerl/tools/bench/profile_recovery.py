@@ -161,7 +161,7 @@ def run_bench(cfg: RecoveryBenchConfig, console: Console) -> tuple[list[StepRun]
                           "this bench replays its history drafts, so it needs a run with method history")
     history = w.history()
     steps = w.steps()[: cfg.steps]
-    engine = TorchEngine(w.native, w.tokenizer.eos_id, job.spec.rollout.max_batch_size)
+    engine = TorchEngine(w.native, w.tokenizer.stop_ids, job.spec.rollout.max_batch_size)
     loads = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory(prefix="rhymerl-profile-recovery-") as tmp:
         root = Path(tmp)

@@ -130,7 +130,7 @@ def _fleet_run(w: RunWorkload, policy: str, relay: bool, cfg: ReplicaBenchConfig
 
 def run_bench(cfg: ReplicaBenchConfig, console: Console) -> dict[str, Any]:
     w = load_run_workload(cfg.run)
-    engine = TorchEngine(w.native, w.tokenizer.eos_id, max_batch_size=w.job.spec.rollout.max_batch_size)
+    engine = TorchEngine(w.native, w.tokenizer.stop_ids, max_batch_size=w.job.spec.rollout.max_batch_size)
     console.print(f"policy {w.checkpoint}, {len(w.requests)} samples in {len(w.steps())} steps of {w.per_step}, "
                   f"{cfg.replicas} workers, history from {len(w.records)} dumped responses", highlight=False)
     g = w.job.spec.algorithm.group_size

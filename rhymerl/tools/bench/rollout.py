@@ -222,11 +222,11 @@ def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str,
     with open_scorer(job.spec.reward) as scorer:  # rewards the epoch's own steps, as the job's history has them
         for batch in cfg.batch_sizes:
             if batch == JOB:  # the job's rollout: each step's prompts x group_size, decoded together
-                engine = TorchEngine(model, tok.eos_id, max_batch_size=job.spec.rollout.max_batch_size, device=cfg.device)
+                engine = TorchEngine(model, tok.stop_ids, max_batch_size=job.spec.rollout.max_batch_size, device=cfg.device)
                 chunks = w.steps()
                 drafting = _Drafting(steps={v: w.drafting(scorer, reward_weighted=v) for v in weightings})
             else:  # one pool of all samples, continuously batched at `batch`, drafting as the epoch began
-                engine = TorchEngine(model, tok.eos_id, max_batch_size=int(batch), device=cfg.device)
+                engine = TorchEngine(model, tok.stop_ids, max_batch_size=int(batch), device=cfg.device)
                 chunks = [reqs]
                 drafting = _Drafting(at_start)
             times: dict[str, list[float]] = {m: [] for m in cfg.methods}
