@@ -21,7 +21,7 @@ from rhymerl.api import RLJob, load_job
 from rhymerl.cli.bench import bench_app
 from rhymerl.cli.report import INVALID, App, print_user_error
 from rhymerl.cli.trace import trace_app
-from rhymerl.errors import UserError
+from rhymerl.errors import UserError, writable_folder
 from rhymerl.tools.pretrain_recipe import DraftConfig, PretrainConfig
 from rhymerl.workers.controller.stopping import TERMINATED, RunStopped, Terminated, stop_signals
 
@@ -178,6 +178,24 @@ def scale(
     typer.echo(f"{run_dir}: {rollout} rollout workers wanted")
 
 
+@app.command("eval", epilog="Held-out prompts: --set data.source=FILE (or, for builtin:word-problems, --set "
+             "data.split=heldout). Each policy answers the same sample keys, so rows differ only by the weights.")
+def eval_(
+    run_dir: Annotated[Path, typer.Argument(help="a run folder (its spec.yaml and checkpoints)")],
+    overrides: Annotated[list[str] | None, typer.Option("--set", help="spec override key=value, e.g. the "
+                                                       "prompts to evaluate on")] = None,
+    samples: Annotated[int, typer.Option("--samples", min=1, help="responses per prompt")] = 4,
+    checkpoints: Annotated[str, typer.Option("--checkpoints", help="'initial,last', 'all', or initial, last and "
+                                             "step numbers, comma-separated")] = "initial,last",
+    out: Annotated[Path | None, typer.Option("--out", help="folder for results.json, table.md, "
+                                             "pass_at_1.png")] = None,
+) -> None:
+    """Score a run's policy before training and at its checkpoints: mean reward and pass@1 (torch engine)."""
+    from rhymerl.tools.evaluate import main
+
+    main(run_dir, overrides or [], samples, checkpoints, writable_folder(out) if out else None)
+
+
 @app.command(epilog="Environment (set by the operator's pod template): RHYMERL_CONTROLLER (the Ray head, "
              "host:port), RHYMERL_DATA_DIR (the controller's run folder lives in DATA_DIR/run), RHYMERL_HTTP_PORT "
              "(/healthz, /readyz, /metrics), RHYMERL_POD_IP, RHYMERL_NAMESPACE; HOME is scratch space.")
@@ -240,7 +258,6 @@ def pretrain(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from rhymerl.errors import writable_folder
     from rhymerl.tools.pretrain import distill_draft, pretrain
 
     folder = writable_folder(out)
