@@ -43,7 +43,8 @@ class Llama3Rope:
 @dataclass(frozen=True)
 class ModelConfig:
     """What the native decoder reads of a config.json. `source` is the config.json it was read from
-    (empty for a model built in code): a folder the native model writes keeps its config as it was."""
+    (empty for a model built in code): a folder the native model writes keeps the keys it does not read
+    (token ids, the model's own names), under the values of the fields here."""
 
     vocab_size: int = 128
     hidden_size: int = 128
@@ -61,7 +62,7 @@ class ModelConfig:
     o_bias: bool = False
     mlp_bias: bool = False
     rope_scaling: Llama3Rope | None = None
-    source: str = field(default="", repr=False)
+    source: str = field(default="", repr=False, compare=False)
 
     @property
     def head_dim(self) -> int:
@@ -72,8 +73,7 @@ class ModelConfig:
         return self.num_key_value_heads or self.num_attention_heads
 
     def to_json(self) -> str:
-        if self.source:
-            return self.source
+        kept = json.loads(self.source) if self.source else {}
         shape = {f.name: getattr(self, f.name) for f in fields(self) if f.name in SHAPE}
         extra: dict[str, object] = {}
         if self.kv_heads != self.num_attention_heads:
@@ -86,7 +86,9 @@ class ModelConfig:
             extra["mlp_bias"] = True
         if self.rope_scaling is not None:
             extra["rope_scaling"] = {"rope_type": "llama3", **asdict(self.rope_scaling)}
-        return json.dumps({"architectures": [FAMILIES.get(self.model_type, "LlamaForCausalLM")],
+        if isinstance(kept.get("rope_parameters"), dict):  # transformers 5's place for rope_theta
+            kept["rope_parameters"]["rope_theta"] = self.rope_theta
+        return json.dumps({**kept, "architectures": [FAMILIES.get(self.model_type, "LlamaForCausalLM")],
                            "model_type": self.model_type, "tie_word_embeddings": self.tie_word_embeddings,
                            **shape, **extra}, indent=2)
 
