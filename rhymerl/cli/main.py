@@ -19,6 +19,7 @@ import typer
 
 from rhymerl.api import RLJob, load_job
 from rhymerl.cli.bench import bench_app
+from rhymerl.cli.model import model_app
 from rhymerl.cli.report import INVALID, App, print_user_error
 from rhymerl.cli.trace import trace_app
 from rhymerl.errors import UserError, writable_folder
@@ -30,6 +31,7 @@ app = App(help="RL post-training (GRPO, DAPO) made fast by history.", no_args_is
           pretty_exceptions_enable=False, add_completion=False)
 app.add_typer(bench_app, name="bench")
 app.add_typer(trace_app, name="trace")
+app.add_typer(model_app, name="model")
 PRETRAIN = PretrainConfig()  # the defaults, defined once
 DRAFT = DraftConfig()
 

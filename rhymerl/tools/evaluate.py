@@ -28,7 +28,7 @@ from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.run_folder.checkpoints import step_of
 from rhymerl.workers.run_folder.run_dir import RunDir
-from rhymerl.workers.task.prompts import Prompt, load_prompts
+from rhymerl.workers.task.prompts import Prompt, load_prompts, prompt_text, prompt_tokens
 
 EVAL_KEY = "eval"
 """Sample keys (prompt id, EVAL_KEY, k): never a training sample's, the same for every policy."""
@@ -74,7 +74,7 @@ def run_policies(run: RunDir, which: str) -> list[Policy]:
 
 
 def requests(prompts: Sequence[Prompt], tok: Tokenizer, samples: int) -> list[GenRequest]:
-    return [GenRequest(tok.prompt_ids(p.text), sample_key(p.prompt_id, EVAL_KEY, k), p.prompt_id)
+    return [GenRequest(prompt_tokens(tok, p), sample_key(p.prompt_id, EVAL_KEY, k), p.prompt_id)
             for p in prompts for k in range(samples)]
 
 
@@ -93,7 +93,7 @@ def score_policy(job: RLJob, model: TinyLlama, tok: Tokenizer, prompts: Sequence
         if progress is not None:
             progress(len(results), len(reqs))
     seconds = time.perf_counter() - began
-    texts = [(p.text, tok.decode(r.response_ids), p.answer)
+    texts = [(prompt_text(tok, p), tok.decode(r.response_ids), p.answer, p.reward_extras())
              for p, r in zip((p for p in prompts for _ in range(samples)), results, strict=True)]
     with open_scorer(spec.reward) as scorer:
         rewards = [o.value for o in scorer.score(texts)]

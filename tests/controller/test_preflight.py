@@ -106,7 +106,7 @@ def test_a_damaged_config_json_is_named_when_the_model_loads(tmp_path: Path) -> 
         load_model(folder)
     assert str(info.value).startswith(f"{config}:")
     config.write_text('{"hidden_size": 130, "num_attention_heads": 4}')
-    with pytest.raises(ModelError, match=r"config.json: hidden_size: 130 is not num_attention_heads \(4\) times"):
+    with pytest.raises(ModelError, match=r"config\.json: hidden_size: 130 is not a multiple of num_attention_heads \(4\)"):
         load_model(folder)
 
 
@@ -117,3 +117,55 @@ def test_truncated_weights_are_named_when_the_model_loads(tmp_path: Path) -> Non
     weights.write_bytes(weights.read_bytes()[:1000])
     with pytest.raises(ModelError, match=f"^{weights}: not a readable safetensors file"):
         load_model(folder)
+
+
+def _templated_tiny_model(tmp_path: Path) -> Path:
+    """The tiny model with a ChatML template added to its tokenizer_config.json."""
+    import json
+
+    from tests.chat_folder import SMOLLM2_TEMPLATE
+
+    folder = tmp_path / "templated"
+    shutil.copytree(model_dir("builtin:tiny-arith"), folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": SMOLLM2_TEMPLATE}))
+    return folder
+
+
+def _verl_parquet(path: Path, questions: list[str]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"data_source": "t", "prompt": [{"role": "user", "content": q}],
+             "reward_model": {"style": "rule", "ground_truth": "1"}, "extra_info": {"index": i}}
+            for i, q in enumerate(questions)]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_chat_prompts_are_measured_as_the_template_renders_them_and_named_by_row(tmp_path: Path) -> None:
+    model = _templated_tiny_model(tmp_path)
+    data = _verl_parquet(tmp_path / "t.parquet", ["1+1?", "7" * 900])
+    rendered = len("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+                   "<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n") + 900
+    with pytest.raises(DataError) as info:
+        preflight(job_for(data, model=str(model), response=64))
+    assert str(info.value) == (f"{data}: row 2: prompt is {rendered} tokens; with algorithm.max_response_length 64 a "
+                               f"sample needs {rendered + 65} positions and the model has 1024")
+
+
+def test_chat_prompts_that_fit_pass_with_their_rendered_length(tmp_path: Path) -> None:
+    model = _templated_tiny_model(tmp_path)
+    data = _verl_parquet(tmp_path / "t.parquet", ["1+1?", "12+30?"])
+    checked = preflight(job_for(data, model=str(model)))
+    assert checked.longest_prompt == len("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+                                         "Hugging Face<|im_end|>\n<|im_start|>user\n12+30?<|im_end|>\n"
+                                         "<|im_start|>assistant\n")
+
+
+def test_chat_prompts_on_a_model_without_a_template_are_refused_naming_data_chat_template(tmp_path: Path) -> None:
+    data = _verl_parquet(tmp_path / "t.parquet", ["1+1?", "2+2?"])
+    with pytest.raises(DataError) as info:
+        preflight(job_for(data))
+    assert str(info.value).startswith(f"{data}: row 1: data.chatTemplate: auto, but the model has no chat template")
+    assert str(info.value).endswith("(and 1 more problem in the prompts)")

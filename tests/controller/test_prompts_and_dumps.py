@@ -48,7 +48,7 @@ def test_final_answer_reads_the_last_line() -> None:
 def test_jsonl_prompt_errors_name_the_line(tmp_path: Path) -> None:
     path = tmp_path / "p.jsonl"
     path.write_text(json.dumps({"prompt": "1+1", "answer": "2"}) + "\n" + json.dumps({"prompt": "x"}) + "\n")
-    with pytest.raises(DataError, match=r"p.jsonl:2: 'answer' must be a string"):
+    with pytest.raises(DataError, match=r"p.jsonl:2: no answer: needs 'answer' or veRL's 'reward_model.ground_truth'"):
         read_jsonl(path)
     path.write_text('{"prompt": "a", "answer": "b", "prompt_id": "x"}\n{"prompt": "c", "answer": "d", "prompt_id": "x"}\n')
     with pytest.raises(DataError, match="duplicate prompt_id 'x'"):

@@ -87,3 +87,35 @@ def test_a_consumer_that_stops_early_closes_the_reward_workers(
     assert len(multiprocessing.active_children()) == job.spec.reward.workers
     steps.close()
     assert multiprocessing.active_children() == []
+
+
+EXTRAS_SCORE = """
+def score(prompt, response, answer, data_source=None, extra_info=None):
+    if not prompt.startswith("<|im_start|>user\\n") or answer != "1":
+        raise ValueError(f"prompt {prompt!r}, answer {answer!r}")
+    return extra_info["index"] + (0.5 if data_source == "src" else 0.0)
+"""
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def test_a_reward_function_gets_each_rows_data_source_and_extra_info_in_a_run(
+        model_dir: Path, tmp_path: Path, reward_module: WriteModule) -> None:
+    import json
+
+    config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": CHATML}))
+    data = tmp_path / "verl.jsonl"
+    data.write_text("".join(json.dumps({"data_source": "src", "prompt": [{"role": "user", "content": f"{i}+1?"}],
+                                        "reward_model": {"ground_truth": "1"}, "extra_info": {"index": i}}) + "\n"
+                            for i in range(4)))
+    job = _job(model_dir, f"{{function: '{reward_module(EXTRAS_SCORE)}'}}")
+    job = job.model_copy(update={"spec": job.spec.model_copy(update={
+        "data": job.spec.data.model_copy(update={"source": str(data)})})})
+    run = _start(job, tmp_path / "run")
+    list(run_steps(job, run))
+    records = dumps.read_run(run.path)
+    assert len(records) == 16
+    assert all(r.reward_error is None for r in records)
+    assert sorted((r.prompt_id, r.reward) for r in records) == sorted(
+        (str(i), i + 0.5) for i in range(4) for _ in range(4))

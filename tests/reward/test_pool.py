@@ -15,7 +15,7 @@ import pytest
 
 from rhymerl.api.spec import RewardSpec
 from rhymerl.workers.reward.outcome import Outcome
-from rhymerl.workers.reward.pool import InProcess, RewardPool, open_scorer
+from rhymerl.workers.reward.pool import InProcess, RewardPool, Sample, open_scorer
 from rhymerl.workers.reward.verifiers import RewardError
 
 WriteModule = Callable[[str], str]  # the reward_module fixture (conftest.py)
@@ -211,3 +211,40 @@ def test_workers_exit_when_the_controller_is_killed(reward_module: WriteModule) 
     while any(_running(p) for p in pids) and time.monotonic() < give_up:
         time.sleep(0.05)
     assert not any(_running(p) for p in pids)
+
+
+EXTRAS_AWARE = """
+def score(prompt, response, answer, *, data_source=None, extra_info=None):
+    return {"gsm8k": 1.0, None: 0.0}.get(data_source, 5.0) + (extra_info or {}).get("index", 0) * 10
+
+
+def plain(prompt, response, answer):
+    return float(response == answer)
+
+
+def anything(prompt, response, answer, **more):
+    return float(len(more))
+"""
+
+
+def test_a_function_naming_data_source_and_extra_info_receives_them_through_the_pool(
+        reward_module: WriteModule) -> None:
+    ref = reward_module(EXTRAS_AWARE)
+    samples: list[Sample] = [("p", "r", "a", {"data_source": "gsm8k", "extra_info": {"index": 3}}),
+                             ("p", "r", "a", {"data_source": "math"}), ("p", "r", "a", {}), ("p", "r", "a")]
+    with RewardPool(ref, workers=2, timeout_s=30) as pool:
+        assert [o.value for o in pool.score(samples)] == [31.0, 5.0, 0.0, 0.0]
+
+
+def test_a_three_argument_function_still_works_when_a_sample_has_extras(reward_module: WriteModule) -> None:
+    ref = reward_module(EXTRAS_AWARE).replace(":score", ":plain")
+    with RewardPool(ref, workers=1, timeout_s=30) as pool:
+        outcomes = pool.score([("p", "4", "4", {"data_source": "gsm8k", "extra_info": {"index": 1}})])
+    assert [(o.value, o.error) for o in outcomes] == [(1.0, None)]
+
+
+def test_a_function_taking_keyword_arguments_gets_every_extra(reward_module: WriteModule) -> None:
+    ref = reward_module(EXTRAS_AWARE).replace(":score", ":anything")
+    with RewardPool(ref, workers=1, timeout_s=30) as pool:
+        outcomes = pool.score([("p", "r", "a", {"data_source": "s", "extra_info": {}}), ("p", "r", "a")])
+    assert [o.value for o in outcomes] == [2.0, 0.0]

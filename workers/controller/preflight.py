@@ -20,7 +20,14 @@ from rhymerl.api.load import SpecProblem
 from rhymerl.workers.history.redis_store import PING_TIMEOUT_S, ping
 from rhymerl.workers.model.folder import ModelConfig, check_native, model_dir, read_config
 from rhymerl.workers.model.tokenizer import Tokenizer, load_tokenizer
-from rhymerl.workers.task.prompts import BUILTIN_PREFIX, DataError, Prompt, located_prompts
+from rhymerl.workers.task.prompts import (
+    BUILTIN_PREFIX,
+    DataError,
+    Prompt,
+    located_prompts,
+    prompt_text,
+    prompt_tokens,
+)
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 KV_LANES = 16  # the native attention kernel rounds cache rows up to this many positions
@@ -41,17 +48,22 @@ def _describe(ch: str) -> str:
 
 def check_prompt(where: str, prompt: Prompt, tok: Tokenizer, positions: int,
                  response: int) -> tuple[int, list[str]]:
-    """The prompt's length in tokens (with what the tokenizer puts first; 0 when it cannot be encoded) and what keeps the
-    model from taking it: a character without a token, or more tokens than its context leaves."""
+    """The prompt's length in tokens (with what the tokenizer puts first, or as the chat template renders it; 0 when it
+    cannot be encoded) and what keeps the model from taking it: a template that refuses it, a character without a
+    token, or more tokens than its context leaves."""
     found = []
-    for name, text in (("prompt", prompt.text), ("answer", prompt.answer)):
-        at = tok.unknown(text)
+    try:
+        text = prompt_text(tok, prompt)
+    except DataError as exc:
+        return 0, [f"{where}: {exc}"]
+    for name, value in (("prompt", text), ("answer", prompt.answer)):
+        at = tok.unknown(value)
         if at is not None:
-            found.append(f"{where}: {name}: character {_describe(text[at])} at position {at + 1} is not in the "
+            found.append(f"{where}: {name}: character {_describe(value[at])} at position {at + 1} is not in the "
                          "model's tokenizer")
     if found:
         return 0, found
-    tokens = len(tok.prompt_ids(prompt.text))
+    tokens = len(prompt_tokens(tok, prompt))
     if tokens + response + 1 > positions:
         found.append(f"{where}: prompt is {tokens} tokens; with algorithm.max_response_length {response} a "
                      f"sample needs {tokens + response + 1} positions and the model has {positions}")

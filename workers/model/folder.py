@@ -12,16 +12,12 @@ from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 
-from rhymerl.errors import UserError
+from rhymerl.workers.model.errors import ModelError as ModelError  # re-exported: its old home
 
 BUILTIN = {"builtin:tiny-arith": "tiny-arith", "builtin:tiny-arith-draft": "tiny-arith-draft"}
 REBUILD = {"builtin:tiny-arith": "--out {folder}", "builtin:tiny-arith-draft": "--draft --out {folder}"}
 """How `rhymerl pretrain` rebuilds each embedded model."""
 CONFIG = "config.json"
-
-
-class ModelError(UserError):
-    """A model folder that cannot be used; the message names the file."""
 
 
 FAMILIES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
@@ -211,7 +207,10 @@ def check_native(folder: Path) -> None:
 
 
 def model_dir(path: str, field: str = "model.path") -> Path:
-    """The folder of a model path (`field` names it in errors): the embedded model's or the path itself."""
+    """The folder of a model path (`field` names it in errors): the embedded model's, a downloaded
+    builtin's or a GGUF file's import (made once, cached), or the path itself."""
+    from rhymerl.workers.model import gguf_import, packaged_models  # they import this module's ModelError
+
     if path in BUILTIN:
         folder = Path(str(resources.files("rhymerl").joinpath("assets", BUILTIN[path])))
         if not (folder / "model.safetensors").is_file():
@@ -219,8 +218,16 @@ def model_dir(path: str, field: str = "model.path") -> Path:
                 f"{field}: the embedded model is missing at {folder}; rebuild it with "
                 f"`rhymerl pretrain {REBUILD[path].format(folder=folder)}`")
         return folder
-    if path.startswith("builtin:"):
-        raise ModelError(f"{field}: unknown builtin '{path}' (known: {', '.join(BUILTIN)})")
+    if path.startswith("builtin:") and path not in packaged_models.PACKAGES:
+        raise ModelError(f"{field}: unknown builtin '{path}' (known: "
+                         f"{', '.join([*BUILTIN, *packaged_models.PACKAGES])})")
+    try:
+        if path in packaged_models.PACKAGES:
+            return packaged_models.packaged_folder(path)
+        if path.lower().endswith(".gguf"):
+            return gguf_import.imported_folder(Path(path))
+    except ModelError as exc:
+        raise ModelError(f"{field}: {exc}") from None
     folder = Path(path)
     if not folder.is_dir():
         raise ModelError(f"{field}: {path} is not a folder")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as RustTokenizer
 
+from rhymerl.workers.model.chat_template import ChatTemplate, load_chat_template
 from rhymerl.workers.model.folder import ModelError, read_json
 
 
@@ -31,8 +32,9 @@ def _ids(value: object) -> list[int]:
 
 class HfTokenizer:
     def __init__(self, tok: RustTokenizer, eos_id: int, pad_id: int, unk_id: int | None,
-                 more_stops: list[int] | None = None) -> None:
+                 more_stops: list[int] | None = None, chat_template: ChatTemplate | None = None) -> None:
         self.tok = tok
+        self.chat_template = chat_template
         self._stops = [eos_id, *(t for t in dict.fromkeys(more_stops or []) if t != eos_id)]  # eos first
         self._pad_id = pad_id
         self.unk_id = unk_id
@@ -104,4 +106,4 @@ class HfTokenizer:
             raise ModelError(f"{folder}: no end-of-sequence token (eos_token in tokenizer_config.json or "
                              "eos_token_id in generation_config.json / config.json)")
         pad = special("pad_token")
-        return cls(tok, eos, eos if pad is None else pad, special("unk_token"), more)
+        return cls(tok, eos, eos if pad is None else pad, special("unk_token"), more, load_chat_template(folder))

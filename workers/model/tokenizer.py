@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Protocol
 
+from rhymerl.workers.model.chat_template import ChatTemplate, load_chat_template
 from rhymerl.workers.model.folder import ModelError, read_json
 
 SPECIALS = ("<pad>", "<bos>", "<eos>")
@@ -39,7 +40,14 @@ class Tokenizer(Protocol):
         ...
 
     def prompt_ids(self, text: str) -> list[int]:
-        """What the model reads for a prompt: its tokens with the special tokens the model puts first."""
+        """What the model reads for a string prompt: its tokens with the special tokens the model puts first."""
+        ...
+
+    @property
+    def chat_template(self) -> ChatTemplate | None:
+        """The model's chat template, None when it has none. Its rendered text already holds the special
+        tokens the model puts first, so it is encoded with `encode`, not `prompt_ids`: call sites use
+        `task.prompts.prompt_tokens`, which picks the right one."""
         ...
 
     def decode(self, ids: list[int]) -> str:
@@ -57,7 +65,8 @@ class CharTokenizer:
     bos_id = 1
     eos_id = 2
 
-    def __init__(self) -> None:
+    def __init__(self, chat_template: ChatTemplate | None = None) -> None:
+        self.chat_template = chat_template
         self.vocab: list[str] = [*SPECIALS, *CHARS]
         self._ids = {ch: i for i, ch in enumerate(self.vocab) if i >= len(SPECIALS)}
 
@@ -126,7 +135,7 @@ def is_char_tokenizer(path: Path) -> bool:
 def load_tokenizer(folder: Path) -> Tokenizer:
     """The tokenizer of a model folder: rhymerl's character tokenizer or the folder's Hugging Face one."""
     if is_char_tokenizer(folder / "tokenizer.json"):
-        return CharTokenizer()
+        return CharTokenizer(load_chat_template(folder))
     from rhymerl.workers.model.hf_tokenizer import HfTokenizer
 
     return HfTokenizer.load(folder)

@@ -31,6 +31,7 @@ fail, hang or exit, and cost less than sending the sample to a process. It runs 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import multiprocessing
 import os
@@ -38,7 +39,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
@@ -51,8 +52,9 @@ from rhymerl.workers.reward.verifiers import BUILTIN, RewardError, RewardFn, loa
 if TYPE_CHECKING:
     from rhymerl.api.spec import RewardSpec
 
-Sample = tuple[str, str, str]
-"""(prompt, response, answer): the arguments of one reward call."""
+Sample = tuple[str, str, str] | tuple[str, str, str, dict[str, Any]]
+"""(prompt, response, answer[, extras]): the arguments of one reward call; `extras` (a row's
+`data_source`/`extra_info`) go as keyword arguments to a function that names them or takes **kwargs."""
 
 _CLOSE_GRACE_S = 2.0
 
@@ -81,7 +83,7 @@ class InProcess(Scorer):
         self.fn = fn
 
     def score(self, samples: Sequence[Sample]) -> list[Outcome]:
-        return [Outcome(float(self.fn(*s))) for s in samples]
+        return [Outcome(float(self.fn(*s[:3]))) for s in samples]
 
 
 @dataclass
@@ -243,12 +245,31 @@ def _serve(conn: Connection, ref: str, failure_reward: float) -> None:
             return
         if message is None:
             return
-        index, (prompt, response, answer) = message
+        index, sample = message
         try:
-            outcome = judge(fn(prompt, response, answer), failure_reward)
+            outcome = judge(call(fn, sample), failure_reward)
         except Exception as exc:  # SystemExit is left to end the worker, as the function asked
             outcome = raised(exc, failure_reward)
         conn.send((index, outcome))
+
+
+def accepted_keywords(fn: Callable[..., object]) -> Callable[[str], bool]:
+    """Whether `fn` takes a keyword argument of a given name (a parameter of that name, or **kwargs)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except ValueError:  # a builtin without a signature: only the three positional arguments
+        return lambda name: False
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return lambda name: True
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return lambda name: name in names
+
+
+def call(fn: Callable[..., object], sample: Sample) -> object:
+    """`fn(prompt, response, answer)`, plus the sample's extras that `fn` names as keyword parameters."""
+    takes = accepted_keywords(fn)
+    extras = sample[3] if len(sample) > 3 else {}
+    return fn(sample[0], sample[1], sample[2], **{k: v for k, v in extras.items() if takes(k)})
 
 
 def _exit_with_parent() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 from collections.abc import Callable
 from typing import cast
 
@@ -34,7 +35,52 @@ def _final_answer_fn(prompt: str, response: str, answer: str) -> float:
     return final_answer(response, answer)
 
 
-BUILTIN: dict[str, RewardFn] = {"final-answer": _final_answer_fn}
+BOX_OPEN = "\\boxed{"
+THOUSANDS = re.compile(r"[+-]?\d{1,3}(,\d{3})+(\.\d+)?")
+WHOLE_FLOAT = re.compile(r"-?\d+\.0+")
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last `\\boxed{...}` that closes, braces balanced (a box inside it is part of it)."""
+    found: str | None = None
+    start = text.find(BOX_OPEN)
+    while start != -1:
+        depth, i = 1, start + len(BOX_OPEN)
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth:  # never closed: a box opened inside it may still close
+            start = text.find(BOX_OPEN, start + len(BOX_OPEN))
+            continue
+        found = text[start + len(BOX_OPEN):i - 1]
+        start = text.find(BOX_OPEN, i)
+    return found
+
+
+def normalise_answer(text: str) -> str:
+    """Spaces, dollar signs, thousands commas, a leading '+' and a trailing '.0' removed."""
+    s = "".join(text.replace("\\$", "").replace("$", "").split())
+    if THOUSANDS.fullmatch(s):
+        s = s.replace(",", "")
+    s = s.removeprefix("+")
+    if WHOLE_FLOAT.fullmatch(s):
+        s = s.partition(".")[0]
+    return s
+
+
+def boxed(response: str, answer: str) -> float:
+    """1.0 when the last `\\boxed{}` of the response holds `answer` (both normalised); no box: 0.0."""
+    content = last_boxed(response)
+    if content is None:
+        return 0.0
+    return 1.0 if normalise_answer(content) == normalise_answer(answer) else 0.0
+
+
+def _boxed_fn(prompt: str, response: str, answer: str) -> float:
+    return boxed(response, answer)
+
+
+BUILTIN: dict[str, RewardFn] = {"final-answer": _final_answer_fn, "boxed": _boxed_fn}
 
 
 def load_user_function(ref: str) -> RewardFn:

@@ -17,7 +17,7 @@ from rhymerl.workers.reward.pool import Scorer
 from rhymerl.workers.roles.samples import GroupKey, SampleRef, ScoredSample
 from rhymerl.workers.rollout.engine import GenResult, SourceCount
 from rhymerl.workers.run_folder.run_dir import LoopState
-from rhymerl.workers.task.prompts import Prompt
+from rhymerl.workers.task.prompts import Prompt, prompt_text
 from rhymerl.workers.train.guards import NonFiniteError
 from rhymerl.workers.train.trainer import TrainSample
 
@@ -90,7 +90,8 @@ def score_samples(job: RLJob, scorer: Scorer, tok: Tokenizer, samples: Sequence[
                   step: int) -> list[Outcome]:
     """Reward each (prompt, sample index, response); a nan/inf reward stops the run under
     `on_nonfinite: fail`."""
-    outcomes = scorer.score([(p.text, tok.decode(r.response_ids), p.answer) for p, _, r in samples])
+    outcomes = scorer.score([(prompt_text(tok, p), tok.decode(r.response_ids), p.answer, p.reward_extras())
+                            for p, _, r in samples])
     if job.spec.algorithm.on_nonfinite == "fail":
         for (p, k, _), o in zip(samples, outcomes, strict=True):
             if o.nonfinite is not None:

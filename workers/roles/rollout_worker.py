@@ -56,7 +56,7 @@ from rhymerl.workers.rollout.remote_drafts import DraftLink, DraftServer, DraftS
 from rhymerl.workers.rollout.speculation import RolloutSpeculation, reachable_batches
 from rhymerl.workers.rollout.verify_cost import Progress, load_or_measure
 from rhymerl.workers.rollout.vllm_engine import VllmEngine
-from rhymerl.workers.task.prompts import Prompt, load_prompts
+from rhymerl.workers.task.prompts import Prompt, load_prompts, prompt_tokens
 
 Weights = dict[str, torch.Tensor]
 NODE_DIR_ENV = "RHYMERL_NODE_DIR"  # a pod's scratch folder: its role workers leave their pid files there
@@ -64,7 +64,7 @@ PID_SUFFIX = ".pid"
 
 
 def encode_prompts(tok: Tokenizer, prompts: Sequence[Prompt]) -> dict[str, list[int]]:
-    return {p.prompt_id: tok.prompt_ids(p.text) for p in prompts}
+    return {p.prompt_id: prompt_tokens(tok, p) for p in prompts}
 
 
 def load_job_tokenizer(job: RLJob) -> Tokenizer:

@@ -31,7 +31,6 @@ import hashlib
 import inspect
 import json
 import math
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -46,6 +45,7 @@ from numpy.typing import NDArray
 from rhymerl.algorithms.drafting.adaptive_cap import INCONSISTENT, CostEvidence, CostProfile, cells_profile
 from rhymerl.errors import user_paths
 from rhymerl.workers import atomic
+from rhymerl.workers.cache import cache_root
 from rhymerl.workers.model import cached_attention
 from rhymerl.workers.model.transformer import KVCache, TinyLlama
 
@@ -54,7 +54,7 @@ TOKENS = (1, 2, 3, 5, 9, 17, 33)
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("RHYMERL_CACHE") or Path.home() / ".cache" / "rhymerl") / "profiles"
+    return cache_root() / "profiles"
 
 
 def profile_key(model: TinyLlama, context: int, batches: tuple[int, ...], tokens: tuple[int, ...]) -> str:

@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rhymerl.api.spec import DataSpec
 from rhymerl.errors import UserError
-from rhymerl.workers.task import arith_chain
+from rhymerl.workers.model.chat_template import Message
+from rhymerl.workers.model.tokenizer import Tokenizer
+from rhymerl.workers.task import arith_chain, word_problems
+from rhymerl.workers.task.rows import NONE_HELP, extras, is_table, read_prompt, table_rows
 from rhymerl.workers.text_lines import json_line, text_lines
 
 BUILTIN_PREFIX = "builtin:"
+BUILTINS = ("builtin:arith-chain", "builtin:word-problems")
 MAX_PROMPT_ID = 256
 MAX_LINE_BYTES = 64 << 20  # far past any prompt: 128K tokens are about 1 MB of text
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -26,8 +31,16 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 @dataclass(frozen=True)
 class Prompt:
     prompt_id: str
-    text: str
+    text: str  # a chat prompt's last user message, for display: the model reads `messages` rendered
     answer: str
+    messages: tuple[Message, ...] | None = None
+    data_source: str | None = None
+    extra_info: dict[str, Any] | None = field(default=None, hash=False)
+
+    def reward_extras(self) -> dict[str, Any]:
+        """The keyword arguments a reward function may ask for: those the row had."""
+        found = {"data_source": self.data_source, "extra_info": self.extra_info}
+        return {k: v for k, v in found.items() if v is not None}
 
 
 class DataError(UserError):
@@ -40,13 +53,79 @@ def load_prompts(spec: DataSpec) -> list[Prompt]:
 
 def located_prompts(spec: DataSpec) -> list[tuple[str, Prompt]]:
     """Every prompt with where it comes from: `file:line` for a JSONL source, the prompt id for a builtin one."""
-    if spec.source == "builtin:arith-chain":
-        problems = arith_chain.generate(spec.num_prompts, spec.seed, spec.min_ops, spec.median_ops, spec.max_ops)
-        return [(f"{spec.source} prompt {p.prompt_id}", Prompt(p.prompt_id, p.prompt, p.answer)) for p in problems]
     if spec.source.startswith(BUILTIN_PREFIX):
-        raise DataError(f"data.source: unknown builtin '{spec.source}' (known: builtin:arith-chain)")
-    path = Path(spec.source)
-    return [(f"{path}:{lineno}", p) for lineno, p in read_jsonl_lines(path)]
+        located = builtin_prompts(spec)
+    else:
+        path = Path(spec.source)
+        located = read_table(path) if is_table(path) else [
+            (f"{path}:{lineno}", p) for lineno, p in read_jsonl_lines(path)]
+    if spec.chat_template == "none":
+        chat = next((where for where, p in located if p.messages is not None), None)
+        if chat is not None:
+            raise DataError(f"{chat}: {NONE_HELP}")
+    return located
+
+
+def builtin_prompts(spec: DataSpec) -> list[tuple[str, Prompt]]:
+    """A generated source's prompts, each located by its id."""
+    if spec.source == "builtin:arith-chain":
+        chains = arith_chain.generate(spec.num_prompts, spec.seed, spec.min_ops, spec.median_ops, spec.max_ops)
+        prompts = [Prompt(p.prompt_id, p.prompt, p.answer) for p in chains]
+    elif spec.source == "builtin:word-problems":
+        problems = word_problems.generate(spec.num_prompts, spec.seed, spec.split)
+        prompts = [Prompt(p.prompt_id, p.question, p.answer, tuple((m["role"], m["content"]) for m in p.messages()))
+                   for p in problems]
+    else:
+        raise DataError(f"data.source: unknown builtin '{spec.source}' (known: {', '.join(BUILTINS)})")
+    return [(f"{spec.source} prompt {p.prompt_id}", p) for p in prompts]
+
+
+def _row_prompt(row: dict[str, Any], where: str, default_id: str, seen: set[str]) -> Prompt:
+    text, messages, answer = read_prompt(row, where, DataError)
+    data_source, extra_info = extras(row, where, DataError)
+    if "prompt_id" in row:
+        pid = prompt_id(row["prompt_id"], where)
+    elif extra_info is not None and extra_info.get("index") is not None:
+        pid = prompt_id(extra_info["index"], f"{where}: extra_info.index")
+    else:
+        pid = default_id
+    if pid in seen:
+        raise DataError(f"{where}: duplicate prompt_id '{pid}'")
+    seen.add(pid)
+    return Prompt(pid, text, answer, messages, data_source, extra_info)
+
+
+def read_table(path: Path) -> list[tuple[str, Prompt]]:
+    """(`file: row N`, prompt) of every row of a parquet/arrow file or a `save_to_disk` folder."""
+    if not path.exists():
+        raise DataError(f"data.source: no such file {path}")
+    seen: set[str] = set()
+    located = [(f"{f}: row {n}", _row_prompt(row, f"{f}: row {n}", f"row-{n}", seen))
+               for f, n, row in table_rows(path, DataError)]
+    if not located:
+        raise DataError(f"{path}: no prompts")
+    return located
+
+
+def prompt_text(tok: Tokenizer, prompt: Prompt) -> str:
+    """The text the model reads for `prompt`: a chat prompt rendered by the model's template."""
+    if prompt.messages is None:
+        return prompt.text
+    if tok.chat_template is None:
+        raise DataError("data.chatTemplate: auto, but the model has no chat template (no chat_template.jinja nor "
+                        "tokenizer_config.json chat_template) to render chat messages; give the prompt as a string")
+    try:
+        return tok.chat_template.render(prompt.messages)
+    except ValueError as exc:
+        raise DataError(str(exc)) from None
+
+
+def prompt_tokens(tok: Tokenizer, prompt: Prompt) -> list[int]:
+    """What the model reads for `prompt`. A string prompt gets the special tokens the model puts first;
+    a rendered chat template already wrote them, so its text is encoded as it is (no second BOS)."""
+    if prompt.messages is None:
+        return tok.prompt_ids(prompt.text)
+    return tok.encode(prompt_text(tok, prompt))
 
 
 def read_jsonl(path: Path) -> list[Prompt]:
@@ -68,14 +147,7 @@ def read_jsonl_lines(path: Path) -> list[tuple[int, Prompt]]:
                 row = json_line(line, where, DataError, parse_int=_int64_or_oversized)
                 if not isinstance(row, dict):
                     raise DataError(f"{where}: expected an object with 'prompt' and 'answer'")
-                for key in ("prompt", "answer"):
-                    if not isinstance(row.get(key), str):
-                        raise DataError(f"{where}: '{key}' must be a string")
-                pid = prompt_id(row["prompt_id"], where) if "prompt_id" in row else f"line-{lineno}"
-                if pid in seen:
-                    raise DataError(f"{where}: duplicate prompt_id '{pid}'")
-                seen.add(pid)
-                prompts.append((lineno, Prompt(pid, row["prompt"], row["answer"])))
+                prompts.append((lineno, _row_prompt(row, where, f"line-{lineno}", seen)))
     except OSError as exc:
         raise DataError(f"{path}: {exc.strerror or exc}") from None
     if not prompts:

@@ -39,7 +39,7 @@ from rhymerl.tools.bench.tables import print_table
 from rhymerl.workers.model.registry import load_native_policy
 from rhymerl.workers.rollout.engine import GenRequest, SamplingParams, TorchEngine
 from rhymerl.workers.rollout.sampling import sample_key
-from rhymerl.workers.task.prompts import epoch_order, load_prompts
+from rhymerl.workers.task.prompts import epoch_order, load_prompts, prompt_tokens
 
 BUSY = "while True: pass"
 
@@ -79,7 +79,7 @@ def run_bench(cfg: ContentionBenchConfig, console: Console) -> dict[str, Any]:
     prompts = load_prompts(spec.data)
     order = [prompts[i] for i in epoch_order(len(prompts), spec.data.seed, 0, spec.data.shuffle)]
     per_step = spec.algorithm.prompts_per_step
-    steps = [[GenRequest(tok.prompt_ids(p.text), sample_key(p.prompt_id, 0, g), p.prompt_id)
+    steps = [[GenRequest(prompt_tokens(tok, p), sample_key(p.prompt_id, 0, g), p.prompt_id)
               for p in order[s * per_step:(s + 1) * per_step] for g in range(spec.algorithm.group_size)]
              for s in range(min(cfg.steps, len(order) // per_step))]
     params = SamplingParams(spec.rollout.temperature, spec.rollout.top_p, spec.rollout.seed,

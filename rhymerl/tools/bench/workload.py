@@ -30,7 +30,7 @@ from rhymerl.workers.roles.groups import records as rollout_records
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.run_folder.run_dir import LoopState, RunDir, RunDirError
-from rhymerl.workers.task.prompts import Prompt, epoch_order, load_prompts
+from rhymerl.workers.task.prompts import Prompt, epoch_order, load_prompts, prompt_tokens
 
 
 @dataclass
@@ -169,7 +169,7 @@ def load_run_workload(path: Path, epoch: int | None = None) -> RunWorkload:
     prompts = load_prompts(job.spec.data)
     g = job.spec.algorithm.group_size
     order = epoch_order(len(prompts), job.spec.data.seed, epoch, job.spec.data.shuffle)
-    reqs = [GenRequest(tok.prompt_ids(prompts[i].text), sample_key(prompts[i].prompt_id, epoch, k),
+    reqs = [GenRequest(prompt_tokens(tok, prompts[i]), sample_key(prompts[i].prompt_id, epoch, k),
                        prompts[i].prompt_id) for i in order for k in range(g)]
     r = job.spec.rollout
     params = SamplingParams(r.temperature, r.top_p, r.seed, job.spec.algorithm.max_response_length)
