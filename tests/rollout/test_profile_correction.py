@@ -327,11 +327,15 @@ def test_the_local_runner_shows_the_measurement_then_says_what_it_did() -> None:
     assert (task.completed, task.total, task.fields["unit"]) == (2, 3, "cells")
     report(3, 3)
     assert progress.tasks == []  # the bar gives way to one line
+    report(0, 4)
+    report(1, 1)  # the budget ended the measurement after one cell
     report(0, 0)
     lines = console.file.getvalue().splitlines()  # type: ignore[attr-defined]
     assert lines[0].startswith("measuring verify cost on this machine: 3 cells (kept for later runs in ")
     assert lines[1].startswith("verify cost: measured 3 cells in ")
-    assert lines[2].startswith("verify cost: using this machine's cached profile")
+    assert lines[3].startswith("verify cost: measured 1 cells of 4 (the rest start as upper bounds, timed between "
+                               "steps) in ")
+    assert lines[4].startswith("verify cost: using this machine's cached profile")
 
 
 def test_estimates_bound_the_cells_a_first_run_had_no_time_for_from_above() -> None:
@@ -362,7 +366,7 @@ def test_a_first_run_past_its_budget_times_the_cheapest_cell_and_each_step_times
     calls: list[tuple[int, int]] = []
     store = ProfileStore.open(tiny_model, **GRID, progress=lambda d, t: calls.append((d, t)), folder=tmp_path)
     assert store.measured == {(0, 0)}  # batch 1, 1 token: the cheapest pass
-    assert calls == [(0, 6), (1, 6), (6, 6)]  # the rest start as estimates
+    assert calls == [(0, 6), (1, 6), (1, 1)]  # the budget ends it: the rest start as estimates
     first = store.entry.measured[0, 0]
     # every other cell is an upper bound scaled from it (batch x tokens; the verify block is two wide), and due
     assert store.entry.measured[1, 1] == pytest.approx(first * 4) and store.entry.measured[0, 2] == pytest.approx(first * 2)

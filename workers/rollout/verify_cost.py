@@ -109,7 +109,8 @@ def _timer(model: TinyLlama, repeats: int) -> Callable[..., float]:
 
 Progress = Callable[[int, int], None]
 """progress(done, total): (0, total) before the first of `total` cells is measured and (k, total)
-after the k-th; (0, 0) once when nothing needed measuring (the cached profile was used as is)."""
+after the k-th, ending with (k, k) where the budget left the other cells to later steps; (0, 0) once
+when nothing needed measuring (the cached profile was used as is)."""
 
 Cell = tuple[int, int]
 """(batch index, tokens index); the tokens index len(tokens) is the verify column (verify_one)."""
@@ -157,7 +158,7 @@ def measure_cells(model: TinyLlama, context: int, batches: Sequence[int], tokens
         if progress is not None:
             progress(len(out), len(todo))
     if progress is not None and todo and len(out) < len(todo):
-        progress(len(todo), len(todo))  # the rest start as estimates (estimated_bounds)
+        progress(len(out), len(out))  # the budget ended it: the rest start as estimates (estimated_bounds)
     return out
 
 
