@@ -201,3 +201,14 @@ def test_the_embedded_models_tokenizer_is_a_hugging_face_one_that_encodes_as_rhy
     # a folder from before the Hugging Face format still loads
     (tmp_path / "tokenizer.json").write_text(json.dumps({"type": "char", "vocab": CharTokenizer().vocab}))
     assert isinstance(load_tokenizer(tmp_path), CharTokenizer)
+
+
+@pytest.mark.parametrize("implementation", ["native", "transformers"])
+def test_logits_at_chosen_positions_are_those_rows_of_the_full_logits(qwen2: Path, implementation: str) -> None:
+    model = load_policy(ModelSpec(path=str(qwen2), implementation=implementation))[0].double()  # type: ignore[arg-type]
+    tokens = torch.randint(3, model.vocab_size, (3, 11), generator=torch.Generator().manual_seed(0))
+    at = torch.tensor([[4, 5, 6, 0], [0, 0, 0, 0], [7, 8, 9, 10]])  # a response's positions, padded with 0
+    with torch.no_grad():
+        full, picked = model(tokens), model(tokens, at=at)
+    assert picked.shape == (3, 4, full.shape[-1])
+    torch.testing.assert_close(picked, torch.stack([full[r, at[r]] for r in range(3)]), rtol=0, atol=1e-12)

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from rhymerl.workers.model.folder import FAMILIES, ModelError
-from rhymerl.workers.model.policy import PolicyModel, model_type
+from rhymerl.workers.model.policy import PolicyModel, at_positions, model_type
 
 
 class HfPolicy(PolicyModel):
@@ -28,10 +28,14 @@ class HfPolicy(PolicyModel):
     def vocab_size(self) -> int:
         return int(self.hf.get_input_embeddings().num_embeddings)
 
-    def forward(self, tokens: Tensor) -> Tensor:
+    def forward(self, tokens: Tensor, at: Tensor | None = None) -> Tensor:
         """Right padding needs no attention mask: causal attention never looks at later positions."""
-        logits: Tensor = self.hf(input_ids=tokens, use_cache=False).logits
-        return logits
+        if at is None:
+            logits: Tensor = self.hf(input_ids=tokens, use_cache=False).logits
+            return logits
+        hidden = self.hf.base_model(input_ids=tokens, use_cache=False).last_hidden_state  # after the final norm
+        picked: Tensor = self.hf.get_output_embeddings()(at_positions(hidden, at))
+        return picked
 
     def hf_state_dict(self) -> dict[str, Tensor]:
         named = dict(self.hf.state_dict())

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from rhymerl.workers.model import cached_attention
 from rhymerl.workers.model.folder import ModelConfig, ModelError, check_native, read_config
-from rhymerl.workers.model.policy import PolicyModel, read_weights
+from rhymerl.workers.model.policy import PolicyModel, at_positions, read_weights
 
 
 class KVCache:
@@ -303,14 +303,15 @@ class TinyLlama(PolicyModel):
         head = self.embed_tokens if self.lm_head is None else self.lm_head
         return F.linear(self.norm(x), head.weight)
 
-    def forward(self, tokens: Tensor) -> Tensor:
-        """Logits for right-padded sequences [B, L] -> [B, L, V]."""
+    def forward(self, tokens: Tensor, at: Tensor | None = None) -> Tensor:
+        """Logits for right-padded sequences [B, L] -> [B, L, V]; with `at` [B, T], only at those
+        positions -> [B, T, V] (the output layer is applied to them alone)."""
         x = self.embed_tokens(tokens)
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         cos, sin = self._rope(positions, x.dtype)
         for layer in self.blocks:
             x = layer(x, cos, sin)
-        return self._logits(x)
+        return self._logits(x if at is None else at_positions(x, at))
 
     def prefill(self, tokens: Tensor, slots: Tensor, cache: KVCache, rows: Tensor | None = None) -> Tensor:
         """Score right-padded prompts [n, L] from position 0 and store their keys/values in `slots`;

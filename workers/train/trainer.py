@@ -118,9 +118,8 @@ class Trainer:
         self.optimizer = new_optimizer(model, algo)
 
     def _score(self, model: PolicyModel, batch: _Packed) -> tuple[Tensor, Tensor]:
-        logits = model(batch.tokens) / self.temperature
-        picked = logits.gather(1, batch.gather.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-        return obj.token_logprobs_and_entropy(picked, batch.targets)
+        logits = model(batch.tokens, at=batch.gather) / self.temperature
+        return obj.token_logprobs_and_entropy(logits, batch.targets)
 
     def _passes(self, samples: list[TrainSample], rows: list[int]) -> list[list[int]]:
         """This rank's micro-batches of `rows` (a mini-batch, or the whole batch), padded with empty
