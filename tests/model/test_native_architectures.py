@@ -120,3 +120,23 @@ def test_what_the_native_model_cannot_hold_is_refused_naming_config_json_and_the
     with pytest.raises(ModelError, match=rf"config\.json: rhymerl's native model cannot hold this model \({why}\); "
                                          r"set model\.implementation: transformers"):
         check_native(tmp_path)
+
+
+REAL_TOLERANCE = 5e-4
+"""Largest |native - transformers| float32 logit on SmolLM2-135M-Instruct, whose logits reach about 40
+(measured 4.4e-5 on an AMD EPYC VM: float32 sums in a different order)."""
+
+
+@pytest.mark.slow
+def test_on_a_real_pretrained_model_native_logits_are_transformers_logits(smollm2_folder: Path) -> None:
+    from rhymerl.workers.model.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(smollm2_folder)
+    chat = "<|im_start|>user\nWhat is 17 + 25?<|im_end|>\n<|im_start|>assistant\n17 + 25 = 42. To check it, "
+    tokens = torch.tensor([tok.encode(chat)])
+    with torch.inference_mode():
+        ours = load_model(smollm2_folder)(tokens)
+        theirs = load_hf_policy(smollm2_folder)(tokens)
+    assert float(theirs.abs().max()) > 10
+    assert float((ours - theirs).abs().max()) <= REAL_TOLERANCE
+    assert torch.equal(ours[0, -1].topk(5).indices, theirs[0, -1].topk(5).indices)
