@@ -105,6 +105,11 @@ class ModelSpec(Strict):
         "refuses (sliding windows, other RoPE scalings), trained with transformers and rolled out with "
         "rollout.engine vllm",
     )
+    activation_checkpointing: bool = Field(
+        False, description="the trainer keeps only each decoder layer's input and recomputes the rest in the "
+        "backward pass (veRL's enable_gradient_checkpointing): activation memory falls from every layer's to about "
+        "one layer's, for about one more forward pass per update",
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="dtype of the trainer's "
                                                              "weights and of the rollout engine's")
 

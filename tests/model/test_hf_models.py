@@ -212,3 +212,26 @@ def test_logits_at_chosen_positions_are_those_rows_of_the_full_logits(qwen2: Pat
         full, picked = model(tokens), model(tokens, at=at)
     assert picked.shape == (3, 4, full.shape[-1])
     torch.testing.assert_close(picked, torch.stack([full[r, at[r]] for r in range(3)]), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("implementation", ["native", "transformers"])
+def test_checkpointed_activations_give_the_same_gradient_as_kept_ones(qwen2: Path, implementation: str) -> None:
+    model = load_policy(ModelSpec(path=str(qwen2), implementation=implementation))[0].double()  # type: ignore[arg-type]
+    model.train()
+    tokens = torch.randint(3, model.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
+    mlp = next(m for name, m in model.named_modules() if name.endswith("layers.0.mlp"))
+    calls: list[int] = []
+    forward = mlp.forward
+    mlp.forward = lambda *args: calls.append(1) or forward(*args)  # (a recomputation runs no forward hooks)
+    grads, runs = [], []
+    for on in (False, True):
+        model.zero_grad()
+        model.checkpoint_activations(on)
+        calls.clear()
+        model(tokens, at=torch.tensor([[5, 6, 7], [2, 3, 8]])).log_softmax(-1)[..., 7].sum().backward()
+        grads.append({name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None})
+        runs.append(len(calls))
+    assert runs == [1, 2]  # checkpointed: the layer ran again in the backward pass
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) == len(list(model.parameters()))
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=0, atol=1e-12, msg=name)

@@ -51,6 +51,12 @@ class HfPolicy(PolicyModel):
             raise RuntimeError(f"weights do not match the model: {'unexpected' if unexpected else 'missing'} "
                                f"{', '.join(names[:3])}{' ...' if len(names) > 3 else ''}")
 
+    def checkpoint_activations(self, on: bool) -> None:
+        if on:  # transformers recomputes in training mode only, as the trainer's update runs
+            self.hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            self.hf.gradient_checkpointing_disable()
+
     def config_json(self) -> str:
         return str(self.hf.config.to_json_string())
 

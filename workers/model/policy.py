@@ -42,6 +42,11 @@ class PolicyModel(nn.Module, abc.ABC):
         """Replace the weights in place from Hugging Face-named tensors (what hf_state_dict gives)."""
 
     @abc.abstractmethod
+    def checkpoint_activations(self, on: bool) -> None:
+        """When on, a forward pass that records gradients keeps only each decoder layer's input and
+        recomputes the layer in the backward pass."""
+
+    @abc.abstractmethod
     def config_json(self) -> str:
         """The config.json of a folder holding this model."""
 

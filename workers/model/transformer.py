@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from rhymerl.workers.model import cached_attention
 from rhymerl.workers.model.folder import ModelConfig, ModelError, check_native, read_config
@@ -267,6 +268,10 @@ class TinyLlama(PolicyModel):
         self.register_buffer("rope_cos", angles.cos().float(), persistent=False)
         self.register_buffer("rope_sin", angles.sin().float(), persistent=False)
         self.apply(self._init)
+        self.checkpointing = False
+
+    def checkpoint_activations(self, on: bool) -> None:
+        self.checkpointing = on
 
     @staticmethod
     def _init(m: nn.Module) -> None:
@@ -309,8 +314,9 @@ class TinyLlama(PolicyModel):
         x = self.embed_tokens(tokens)
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         cos, sin = self._rope(positions, x.dtype)
+        recompute = self.checkpointing and torch.is_grad_enabled()
         for layer in self.blocks:
-            x = layer(x, cos, sin)
+            x = checkpoint(layer, x, cos, sin, use_reentrant=False) if recompute else layer(x, cos, sin)
         return self._logits(x if at is None else at_positions(x, at))
 
     def prefill(self, tokens: Tensor, slots: Tensor, cache: KVCache, rows: Tensor | None = None) -> Tensor:

@@ -64,6 +64,7 @@ class TrainWorker:
             self.run.path.mkdir(parents=True, exist_ok=True)
         self.device = "cuda" if spec.train.resources.gpu and torch.cuda.is_available() else "cpu"
         self.model, tok = load_policy(spec.model)  # on the CPU: the trainer shards it, then moves it
+        self.model.checkpoint_activations(spec.model.activation_checkpointing)
         # rank 0's whole copy of the weights (and an optimiser over it, to save and restore in the
         # one-rank format); with one rank, the model itself
         self.whole = copy.deepcopy(self.model) if self.ranks.many and rank == 0 else self.model

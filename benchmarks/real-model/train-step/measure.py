@@ -1,8 +1,9 @@
 """The trainer's scoring pass on SmolLM2-135M-Instruct with the output layer on every position (then the
-response's rows gathered, as the trainer did before 2026-12-01) and on the response's positions alone
-(`model(tokens, at=...)`, what it does now): seconds of forward + backward and peak resident memory.
+response's rows gathered, as the trainer did before 2026-12-01), on the response's positions alone
+(`model(tokens, at=...)`, what it does now), and so with activation checkpointing
+(`model.activationCheckpointing`): seconds of forward + backward and peak resident memory.
 
-Each (way, repeat) runs in a fresh process, the two ways interleaved, so one's memory never hides the
+Each (way, repeat) runs in a fresh process, the ways interleaved, so one's memory never hides the
 other's. Usage: .venv/bin/python benchmarks/real-model/train-step/measure.py OUT [--repeats 3]
 """
 
@@ -17,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-WAYS = ("every-position", "response-positions")
+WAYS = ("every-position", "response-positions", "response-positions+checkpointing")
 SHAPE = {"samples": 32, "prompt": 110, "response": 60}  # the word-problems job's step: 4 prompts x 8
 
 
@@ -30,6 +31,7 @@ def one(way: str) -> dict[str, float]:
 
     torch.manual_seed(0)
     model = load_model(model_dir("builtin:smollm2-135m-instruct"))
+    model.checkpoint_activations(way.endswith("+checkpointing"))
     b, p, n = SHAPE["samples"], SHAPE["prompt"], SHAPE["response"]
     tokens = torch.randint(3, model.cfg.vocab_size, (b, p + n))
     at = torch.arange(p - 1, p - 1 + n).expand(b, n)
@@ -65,12 +67,14 @@ def main() -> None:
             runs[way].append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(f"repeat {r + 1}/{args.repeats} {way}: {runs[way][-1]}", flush=True)
     rows = [{"way": w, **{k: round(statistics.median(x[k] for x in runs[w]), 3) for k in runs[w][0]}} for w in WAYS]
-    before, after = rows
+    before, after, recomputed = rows
     lines = ["| output layer on | forward+backward s | peak RSS GiB | added by the pass GiB |", "|---|---|---|---|"]
     lines += [f"| {r['way']} | {r['seconds']} | {r['peak_gib']} | {r['added_gib']} |" for r in rows]
     lines.append(f"\nresponse positions: {before['seconds'] / after['seconds']:.2f}x faster, "
                  f"{before['added_gib'] / after['added_gib']:.2f}x less memory added "
-                 f"(medians of {args.repeats}; shape {SHAPE})")
+                 f"(medians of {args.repeats}; shape {SHAPE}); checkpointing: "
+                 f"{before['added_gib'] / recomputed['added_gib']:.1f}x less memory added than every-position, "
+                 f"{recomputed['seconds'] / after['seconds']:.2f}x the time of response-positions")
     table = "\n".join(lines)
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -81,9 +85,10 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for ax, key, label in ((axes[0], "seconds", "forward + backward (s)"), (axes[1], "added_gib", "memory added (GiB)")):
-        ax.bar([r["way"] for r in rows], [r[key] for r in rows], color=["#999999", "#3b7dd8"])
+        ax.bar([r["way"].replace("+", "\n+") for r in rows], [r[key] for r in rows],
+               color=["#999999", "#3b7dd8", "#2a9d8f"])
         ax.set_ylabel(label)
     fig.suptitle("SmolLM2-135M scoring pass, 32 x (110 prompt + 60 response) tokens")
     fig.tight_layout()
