@@ -341,7 +341,9 @@ class RewardSpec(Placement):
     )
     function: str | None = Field(
         None,
-        description="user reward 'module:function', called as fn(prompt: str, response: str, answer: str) -> float",
+        description="user reward 'module:function', called as fn(prompt: str, response: str, answer: str) -> float "
+        "(the prompt as the model read it, chat template applied); a function with a data_source or extra_info "
+        "parameter (or **kwargs) also gets the row's",
         pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
     )
     replicas: Replicas = Field(1, description="reward pods when a function is set (the built-in verifier runs "
