@@ -80,10 +80,10 @@ class InProcess(Scorer):
     """Calls a function of ours directly (its exceptions are our bugs and propagate)."""
 
     def __init__(self, fn: RewardFn) -> None:
-        self.fn = fn
+        self.call = sample_caller(fn)
 
     def score(self, samples: Sequence[Sample]) -> list[Outcome]:
-        return [Outcome(float(self.fn(*s[:3]))) for s in samples]
+        return [Outcome(float(self.call(s))) for s in samples]  # type: ignore[arg-type]  # ours: a float
 
 
 @dataclass
@@ -238,6 +238,7 @@ def _serve(conn: Connection, ref: str, failure_reward: float) -> None:
         conn.send(("load-failed", str(exc)))
         return
     conn.send(("ready",))
+    call = sample_caller(fn)
     while True:
         try:
             message = conn.recv()
@@ -247,7 +248,7 @@ def _serve(conn: Connection, ref: str, failure_reward: float) -> None:
             return
         index, sample = message
         try:
-            outcome = judge(call(fn, sample), failure_reward)
+            outcome = judge(call(sample), failure_reward)
         except Exception as exc:  # SystemExit is left to end the worker, as the function asked
             outcome = raised(exc, failure_reward)
         conn.send((index, outcome))
@@ -265,11 +266,16 @@ def accepted_keywords(fn: Callable[..., object]) -> Callable[[str], bool]:
     return lambda name: name in names
 
 
-def call(fn: Callable[..., object], sample: Sample) -> object:
-    """`fn(prompt, response, answer)`, plus the sample's extras that `fn` names as keyword parameters."""
+def sample_caller(fn: Callable[..., object]) -> Callable[[Sample], object]:
+    """Calls `fn(prompt, response, answer)` with the sample's extras that `fn` names as keyword
+    parameters; `fn`'s signature is read once, not per sample."""
     takes = accepted_keywords(fn)
-    extras = sample[3] if len(sample) > 3 else {}
-    return fn(sample[0], sample[1], sample[2], **{k: v for k, v in extras.items() if takes(k)})
+
+    def call(sample: Sample) -> object:
+        extras = sample[3] if len(sample) > 3 else {}
+        return fn(sample[0], sample[1], sample[2], **{k: v for k, v in extras.items() if takes(k)})
+
+    return call
 
 
 def _exit_with_parent() -> None:
