@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import subprocess
 import sys
@@ -12,11 +13,11 @@ import torch
 
 from rhymerl.api import RLJob
 from rhymerl.errors import UserError
-from rhymerl.workers import dumps
+from rhymerl.workers import atomic, dumps
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.run_folder import checkpoints
 from rhymerl.workers.run_folder.run_dir import EVENTS, LoopState, RunDir, finite_json
-from rhymerl.workers.run_folder.run_lock import RunLocked
+from rhymerl.workers.run_folder.run_lock import RunLock, RunLocked
 
 
 def _run(tmp_path: Path) -> RunDir:
@@ -150,6 +151,30 @@ def test_the_lock_is_released_when_its_holder_is_killed(tmp_path: Path) -> None:
 def test_a_failed_start_leaves_no_folder_behind(tmp_path: Path) -> None:
     run = _run(tmp_path)
     assert run.discard_if_unstarted() and not run.path.exists()
+
+
+@pytest.mark.parametrize("fails", ["spec", "lock"])
+@pytest.mark.parametrize("there", [False, True])
+def test_a_start_that_fails_on_a_full_disk_leaves_nothing_and_the_same_out_starts_next_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: str, there: bool) -> None:
+    """Whichever write fails (the spec or the lock file), the folders the start made are gone, or in
+    a folder that was there and empty, nothing is left in it; the next start takes the same --out."""
+    out = tmp_path / "runs" / "run"
+    if there:
+        out.mkdir(parents=True)
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(atomic, "write_text", full) if fails == "spec" else monkeypatch.setattr(RunLock, "acquire", full)
+    with pytest.raises(UserError, match="cannot write there"):
+        RunDir(out).create(RLJob())
+    assert (list(out.iterdir()) == []) if there else not (tmp_path / "runs").exists()
+    monkeypatch.undo()
+    run = RunDir(out)
+    run.create(RLJob())
+    assert (out / "spec.yaml").is_file()
+    run.close()
 
 
 def test_out_pointing_at_a_file_is_a_clear_error(tmp_path: Path) -> None:

@@ -102,11 +102,14 @@ class RunDir:
     # ---- life cycle -------------------------------------------------------------------------
 
     def create(self, job: RLJob) -> None:
-        """Make a new run folder for `job` and take its lock. Refuses a folder with anything in it."""
+        """Make a new run folder for `job` and take its lock. Refuses a folder with anything in it.
+        A create that fails (a full disk, no permission) removes what it made: the folders it
+        created, or in a folder that was there and empty, its lock file."""
         if self.path.exists() and not self.path.is_dir():
             raise RunDirError(f"--out {self.path}: exists and is not a folder")
         if self.path.is_dir() and any(self.path.iterdir()):
             raise RunDirError(f"{self.path} is not empty: pass --resume {self.path} or another --out")
+        made = _first_missing(self.path)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self.lock.acquire()
@@ -115,8 +118,17 @@ class RunDir:
                 raise RunDirError(f"{self.path} is not empty: pass --resume {self.path} or another --out")
             atomic.write_text(self.path / SPEC, dump_job(job))
         except OSError as exc:
-            self.lock.release()
+            self._unmake(made)
             raise RunDirError(f"--out {self.path}: cannot write there ({exc.strerror or exc})") from None
+
+    def _unmake(self, made: Path | None) -> None:
+        """Undo a failed create that held the lock: `made` is the topmost folder it created."""
+        held = self.lock.held
+        self.close()
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        elif held:
+            self.lock.path.unlink(missing_ok=True)
 
     def open(self) -> RLJob:
         """Take the lock of an existing run folder and read its job back (for --resume)."""
@@ -268,6 +280,17 @@ class RunDir:
                 leftover.unlink()
         return state
 
+    def finished(self, epochs: int) -> bool:
+        """Whether the run ended: its newest checkpoint is past the last of `epochs` and is its
+        newest recorded step (a resume would run nothing). A damaged checkpoint reads as not
+        finished; resuming then finds what there is."""
+        newest = checkpoints.complete(self.path / CHECKPOINTS)[-1:]
+        try:
+            state = LoopState.from_json((newest[0] / STATE).read_text()) if newest else None
+        except (OSError, ValueError):
+            return False
+        return state is not None and state.epoch > epochs and state.step == self.recorded_steps()
+
     def spec_change(self, job: RLJob) -> tuple[str, str] | None:
         """How `job` differs from the spec the newest checkpoint was written under: (its name, a
         unified diff of the resolved specs); None if it does not, or no checkpoint records one."""
@@ -348,6 +371,16 @@ class RunDir:
         for group, hyper in zip(optimizer.param_groups, wanted, strict=True):  # the spec's, if it changed
             group.update(hyper)
         return state
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The topmost folder of `path` that does not exist yet (what `mkdir(parents=True)` creates first)."""
+    missing = None
+    for folder in [path, *path.parents]:
+        if folder.exists():
+            break
+        missing = folder
+    return missing
 
 
 def _checkpoint_bytes(model: PolicyModel, optimizer: torch.optim.Optimizer) -> int:
