@@ -21,7 +21,8 @@ from typing import Any
 from kubernetes.aio.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from rhymerl.api.history_keys import REDIS_PASSWORD_ENV, history_key_prefix, redacted
+from rhymerl.api.credentials import masked
+from rhymerl.api.history_keys import REDIS_PASSWORD_ENV, connect_problem, history_key_prefix
 from rhymerl.api.spec import KIND, Condition, FailurePolicySpec, Failures, HistorySpec, RLJob, RLJobSpec
 from rhymerl.operator.manifests import Owner, desired, replicas, selector_string
 from rhymerl.operator.manifests.builders import ray_token_secret, stop_grace_s
@@ -154,7 +155,7 @@ async def _finalize(cluster: Cluster, body: dict[str, Any], now: str) -> float |
             deleted = await delete_history(url, namespace, name, password)
         except Exception as exc:  # Redis down, unreachable or refusing us: retry, for a while
             until = format_time(began + timedelta(seconds=CLEANUP_DEADLINE_S))
-            why = f"cannot delete the job's history keys ({prefix}*) from {redacted(url)}: {exc}"
+            why = f"cannot delete the job's history keys ({prefix}*) from {masked(url)}: {connect_problem(url, exc)}"
             if elapsed < CLEANUP_DEADLINE_S:
                 message = (f"{why}; retrying until {until}, then the job goes and the keys stay "
                            f"(remove the finalizer {FINALIZER} to give up now)")

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rhymerl.api.load import problems_from
+from rhymerl.api.load import problems_from, size_problems
 from rhymerl.api.spec import RLJob, RolloutSpec
 
 _METADATA = ("name", "namespace", "labels", "annotations")
@@ -61,6 +61,8 @@ def parse(body: Mapping[str, Any]) -> Parsed:
     doc = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
            "metadata": {k: meta[k] for k in _METADATA if meta.get(k) is not None}, "spec": spec}
     try:
-        return Parsed(RLJob.model_validate(doc), None, clamped)
+        job = RLJob.model_validate(doc)
     except ValidationError as exc:
         return Parsed(None, "; ".join(str(p) for p in problems_from(exc, {}, doc=doc)), clamped)
+    too_big = size_problems(job)
+    return Parsed(None, "; ".join(map(str, too_big)), clamped) if too_big else Parsed(job, None, clamped)

@@ -7,14 +7,16 @@ Every key of one run of job `<job>` in namespace `<namespace>` starts with
 its own cleanup deletes) its run's prefix only; the finalizer deletes the job's prefix, every run.
 
 `history.redis_url` is checked here, once, for `rhymerl validate`, the operator and every worker: a
-password never travels in it (the spec is stored in a ConfigMap, spec.yaml and events.log), and
-`redacted` is what any message shows of a URL.
+password never travels in it (the spec is stored in a ConfigMap, spec.yaml and events.log), and any
+message shows a URL through rhymerl.api.credentials.masked.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from rhymerl.api.credentials import secret_query_name
 
 REDIS_PASSWORD_ENV = "RHYMERL_REDIS_PASSWORD"
 """The Redis password, given to pods from `history.redis_password_secret` (never in the URL: the
@@ -75,23 +77,6 @@ def _split(url: str) -> tuple[str, str, str, str] | None:
     return scheme, user, host, rest[end:]
 
 
-def has_password(url: str) -> bool:
-    """Whether `url` carries a password (`:secret@` or `user:secret@`), even an empty one."""
-    parts = _split(url)
-    return parts is not None and ":" in parts[1]
-
-
-def redacted(url: str) -> str:
-    """`url` fit for a message: its password, if any, becomes `***`."""
-    parts = _split(url)
-    if parts is None:
-        return url if "@" not in url else "(a URL not shown: it may hold a password)"
-    scheme, user, host, rest = parts
-    if ":" not in user:
-        return url
-    return f"{scheme}://{user.partition(':')[0]}:***@{host}{rest}"
-
-
 def parse_redis_url(url: str) -> RedisUrl:
     """`history.redis_url` as redis-py will read it, or ValueError saying what is wrong; the message never
     holds the URL's password. Refuses what redis-py would take silently and misread (`/abc` as db 0,
@@ -123,10 +108,26 @@ def parse_redis_url(url: str) -> RedisUrl:
     return RedisUrl(scheme, name, port, None, _db(path.strip("/") or "0"))
 
 
+def connect_problem(url: str, exc: BaseException) -> str:
+    """What a message may say of `exc`, raised connecting to `url`: its first line, or for redis-py's
+    refusal of the URL itself (a ValueError or TypeError, which may quote a part of it, such as a path
+    read as the database number) parse_redis_url's reason."""
+    if isinstance(exc, (ValueError, TypeError)):
+        try:
+            parse_redis_url(url)
+        except ValueError as refused:
+            return f"not a Redis URL: {refused}"
+        return "redis-py refused the URL"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else 'no answer'}"
+
+
 def _query(scheme: str, text: str) -> dict[str, str]:
     query: dict[str, str] = {}
     for item in filter(None, text.split("&")):
         name, _, value = item.partition("=")
+        if name not in QUERY[scheme] and secret_query_name(name):
+            raise ValueError(PASSWORD_ADVICE)
         if name not in QUERY[scheme]:
             allowed = ", ".join(sorted(QUERY[scheme])) or "none"
             raise ValueError(f"query parameter {name[:40]!r} is not one rhymerl passes on ({scheme}:// takes "

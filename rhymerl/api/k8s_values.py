@@ -4,14 +4,18 @@ spec error naming the field and its line, not a broken job later.
 
 Each rule mirrors Kubernetes' apimachinery (k8s.io/apimachinery/pkg/util/validation and
 pkg/api/resource) or, for images, the distribution reference grammar the container runtimes
-parse; every message names the rule.
+parse; every message names the rule. The sizes are the API server's and etcd's (an object's
+annotations, a ConfigMap, a stored object), which a spec reaches through what it hands to the
+objects the operator renders (rhymerl.api.load.size_problems checks those).
 """
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Mapping
 from decimal import Context, Decimal, localcontext
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator
 
@@ -24,6 +28,8 @@ LABEL_VALUE = re.compile(rf"^({_NAME})?$")
 QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*"
 _DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[0-9a-fA-F:]+\])"
+ENV_VAR_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+CONFIG_MAP_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 IMAGE = re.compile(rf"^(?:{_DOMAIN}(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*"
                    r"(?::[\w][\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$")
 
@@ -59,6 +65,68 @@ def label_value(value: str) -> str:
         raise ValueError(f"{value!r} is not a label value: empty, or at most 63 letters, digits, '-', '_' or '.', "
                          "starting and ending with a letter or digit (Kubernetes' IsValidLabelValue)")
     return value
+
+
+def _chdir_prefix(value: str) -> str | None:
+    """Kubernetes' hasChDirPrefix: '.', '..' and a leading '..' are refused in names a path may be made of."""
+    if value in (".", ".."):
+        return f"may not be '{value}'"
+    return "may not start with '..'" if value.startswith("..") else None
+
+
+def env_var_name(value: str) -> str:
+    why = _chdir_prefix(value)
+    if why is not None or not ENV_VAR_NAME.match(value):
+        raise ValueError(f"{value!r} is not an environment variable name: letters, digits, '-', '.' and '_', not "
+                         f"starting with a digit{'; ' + why if why else ''} (Kubernetes' IsEnvVarName)")
+    return value
+
+
+def config_map_key(value: str) -> str:
+    why = _chdir_prefix(value)
+    if why is not None or len(value) > 253 or not CONFIG_MAP_KEY.match(value):
+        raise ValueError(f"{value!r} is not a ConfigMap or Secret key: at most 253 letters, digits, '-', '.' and "
+                         f"'_'{'; ' + why if why else ''} (Kubernetes' IsConfigMapKey)")
+    return value
+
+
+MAX_ANNOTATION_BYTES = 256 << 10  # apimachinery's TotalAnnotationSizeLimitB: an object's keys and values together
+MAX_CONFIG_MAP_BYTES = 1 << 20  # core/v1 validation (MaxSecretSize): a ConfigMap's values together
+MAX_OBJECT_BYTES = 1536 << 10  # etcd's --max-request-bytes default: one object as the API server stores it
+
+
+def annotation_bytes(annotations: Mapping[str, str]) -> int:
+    """Bytes of `annotations`' keys and values, as the API server counts them (UTF-8)."""
+    return sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
+
+
+def annotations_within(annotations: dict[str, str], limit: int = MAX_ANNOTATION_BYTES) -> dict[str, str]:
+    """`annotations` if they fit `limit`: the API server's 256 KiB, or less where the operator adds its own."""
+    size = annotation_bytes(annotations)
+    if size > limit:
+        raise ValueError(f"{size} bytes of keys and values, more than the {limit} they may hold here (Kubernetes' "
+                         "TotalAnnotationSizeLimitB: 256 KiB an object, the operator's own annotations included)")
+    return annotations
+
+
+def yaml_bytes_bound(data: Any) -> int:
+    """An upper bound of the YAML that yaml.safe_dump writes of `data` (JSON-shaped): each byte of its
+    compact JSON becomes at most one line's indentation (two spaces a level), an escape and a line
+    break, so (2 * depth + 8) bytes. A cheap stand-in for dumping; far above the dump, never below it."""
+    depth, pending = 0, [(data, 1)]
+    while pending:
+        node, level = pending.pop()
+        depth = max(depth, level)
+        if isinstance(node, dict):
+            pending += [(v, level + 1) for v in node.values()]
+        elif isinstance(node, list):
+            pending += [(v, level + 1) for v in node]
+    return json_bytes(data) * (2 * depth + 8) + 64
+
+
+def json_bytes(data: Any) -> int:
+    """Bytes of `data` as compact JSON, as a client sends an object to the API server."""
+    return len(json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode())
 
 
 def quantity(value: str | int) -> str | int:
@@ -110,3 +178,5 @@ Dns1123Subdomain = Annotated[str, AfterValidator(dns1123_subdomain)]
 QualifiedName = Annotated[str, AfterValidator(qualified_name)]
 LabelValue = Annotated[str, AfterValidator(label_value)]
 ImageRef = Annotated[str, AfterValidator(image)]
+ConfigMapKey = Annotated[str, AfterValidator(config_map_key)]
+Annotations = Annotated[dict[QualifiedName, str], AfterValidator(annotations_within)]

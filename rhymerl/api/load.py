@@ -8,7 +8,9 @@ checked exactly like the file, and a problem in an overridden field names the `-
 A spec file is untrusted input: the loader reads bytes and insists on UTF-8, refuses duplicate
 keys (YAML would silently keep the last), caps what aliases may expand to and how deep nesting
 goes (a "billion laughs" document fails at its alias instead of hanging), and refuses an empty
-document, which would otherwise run the default job.
+document, which would otherwise run the default job. A valid job is then held to the sizes the API
+server and etcd take of the objects it becomes (`size_problems`), and a `--set` item shows in a message
+with any credential in it masked (rhymerl.api.credentials).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from rhymerl.api.history_keys import has_password, redacted
+from rhymerl.api.credentials import masked_set_item
+from rhymerl.api.k8s_values import MAX_CONFIG_MAP_BYTES, MAX_OBJECT_BYTES, json_bytes, yaml_bytes_bound
+from rhymerl.api.roles import ROLES
 from rhymerl.api.spec import API_VERSION, KIND, RLJob, camel_text, field_of, inner_model
 from rhymerl.errors import UserError
 
@@ -365,8 +369,9 @@ def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[tuple[str
     origins: dict[tuple[str, ...], str] = {}
     for given in overrides:
         key, sep, raw = given.partition("=")
-        item = redacted(given) if has_password(given) else given  # what messages may show of it
-        if not sep or not key or has_password(key):
+        value = _parse_value(raw)
+        item = masked_set_item(given, value)  # what messages may show of it
+        if not sep or not key or "://" in key or "@" in key:
             raise SpecError([SpecProblem(item or "--set", "expected key.path=value", origin=item)], "--set")
         parts = key.split(".")
         if parts[0] not in RLJob.model_fields:
@@ -384,7 +389,7 @@ def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[tuple[str
             model = None if model is None or name is None else inner_model(model.model_fields[name].annotation)
             node = child
         node.pop(_key_for(node, model, parts[-1]), None)  # the file's value, in whichever spelling
-        node[parts[-1]] = _parse_value(raw)
+        node[parts[-1]] = value
         origins[(*written, parts[-1])] = item
     return origins
 
@@ -414,6 +419,7 @@ def parse_job(text: str | bytes, source: str = "", overrides: list[str] | None =
         job = RLJob.model_validate(doc)
     except ValidationError as exc:
         raise SpecError(problems + problems_from(exc, parsed.lines, origins, doc), source) from exc
+    problems += size_problems(job, parsed.lines)
     if problems:
         raise SpecError(problems, source)
     return job
@@ -435,4 +441,41 @@ def load_job(path: str | Path, overrides: list[str] | None = None) -> RLJob:
 def dump_job(job: RLJob) -> str:
     """The fully resolved job as YAML (every default spelled out), its fields camelCase as in the CRD;
     parse_job(dump_job(j)) == j."""
-    return yaml.safe_dump(job.model_dump(mode="json", by_alias=True), sort_keys=False)
+    return _dump(job.model_dump(mode="json", by_alias=True))
+
+
+def _dump(data: Any) -> str:
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+# A role's StatefulSet besides the user's pod overrides: about 6 KB rendered, with room for the spot
+# options, images, sources and pull secrets at their bounds.
+OPERATOR_POD_BYTES = 64 << 10
+# What the ConfigMap's spec.yaml may grow by over dump_job: the fetched sources' paths in the pods.
+LOCALIZED_SLACK_BYTES = 1 << 10
+
+
+def size_problems(job: RLJob, lines: dict[tuple[str, ...], int] | None = None) -> list[SpecProblem]:
+    """What the API server or etcd would refuse of the objects a valid `job` becomes, by size: the RLJob
+    as stored, the ConfigMap holding its resolved spec (dump_job; dumped only where a cheap bound says it
+    may not fit), a role's StatefulSet (its pod overrides twice: the role's container and the fetch step
+    get env, envFrom and volumeMounts alike). Checked after validation, as apiVersion and kind are."""
+    data = job.model_dump(mode="json", by_alias=True)
+    size = json_bytes(data)
+    if size > MAX_OBJECT_BYTES:
+        return [SpecProblem("(document)", f"the RLJob is {size} bytes as JSON, more than the {MAX_OBJECT_BYTES} "
+                                          "(1.5 MiB) etcd stores of one object")]
+    limit = MAX_CONFIG_MAP_BYTES - LOCALIZED_SLACK_BYTES
+    if yaml_bytes_bound(data) > limit:
+        size = len(_dump(data).encode())
+        if size > limit:
+            return [SpecProblem("spec", f"the resolved spec the pods read is {size} bytes of YAML, more than the "
+                                f"{limit} its ConfigMap may hold (Kubernetes' 1 MiB for a ConfigMap's data)",
+                                (lines or {}).get(("spec",)))]
+    for role in ROLES:
+        size = 2 * json_bytes(data["spec"][role]["pod"]) + OPERATOR_POD_BYTES
+        if size > MAX_OBJECT_BYTES:
+            return [SpecProblem(f"spec.{role}.pod", f"the role's StatefulSet would be about {size} bytes, more than "
+                                f"the {MAX_OBJECT_BYTES} (1.5 MiB) etcd stores of one object (the overrides go to "
+                                "the role's container and its fetch step)", (lines or {}).get(("spec", role, "pod")))]
+    return []

@@ -5,7 +5,9 @@ labels, scheduling).
 Kubernetes' own shapes inside (a volume is written as in a Pod: `{name: x, persistentVolumeClaim:
 {claimName: y}}`), checked here as far as a mistake would otherwise surface only when a pod fails to
 start: names, the one source of a volume, mounts of declared volumes, and anything that would undo
-the operator's own pod (its labels, volumes, mount paths, environment, container hardening). The
+the operator's own pod (its labels, volumes, mount paths however spelled, environment, container
+hardening). A credential written as an environment literal is refused (rhymerl.api.credentials): the
+overrides are stored in the RLJob and its ConfigMap and rendered into the StatefulSets. The
 deep shapes (a volume's source, `valueFrom`, affinity terms, an init container's other fields) are
 kept as written (`x-kubernetes-preserve-unknown-fields` in the CRD) and left to the API server, which
 checks them against its own schema when the operator applies the StatefulSet.
@@ -13,13 +15,26 @@ checks them against its own schema when the operator applies the StatefulSet.
 
 from __future__ import annotations
 
+import posixpath
+from functools import partial
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
 
-from rhymerl.api.k8s_values import Dns1123Label, Dns1123Subdomain, ImageRef, LabelValue, QualifiedName
+from rhymerl.api.credentials import literal_credential
+from rhymerl.api.k8s_values import (
+    ENV_VAR_NAME,
+    MAX_ANNOTATION_BYTES,
+    Dns1123Label,
+    Dns1123Subdomain,
+    ImageRef,
+    LabelValue,
+    QualifiedName,
+    annotations_within,
+    env_var_name,
+)
 from rhymerl.api.sources import PVC_ROOT
 
 PRESERVE: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
@@ -43,7 +58,11 @@ VOLUME_SOURCES = frozenset({
     "hostPath", "image", "iscsi", "nfs", "persistentVolumeClaim", "photonPersistentDisk", "portworxVolume",
     "projected", "quobyte", "rbd", "scaleIO", "secret", "storageos", "vsphereVolume",
 })
-EnvName = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")]
+OPERATOR_ANNOTATION_BYTES = 1024  # the pod template's own: rhymerl.io/spec-hash and Kueue's group size
+EnvName = Annotated[str, Field(min_length=1, max_length=256, pattern=ENV_VAR_NAME.pattern),
+                    AfterValidator(env_var_name)]
+SECRET_ADVICE = ("a literal is stored in the RLJob, its ConfigMap and the pods' StatefulSet: take it from a Secret, "
+                 "with valueFrom.secretKeyRef (or the Secret's keys with envFrom.secretRef)")
 Preserved = Annotated[dict[str, Any], Field(json_schema_extra=PRESERVE)]
 
 
@@ -73,6 +92,9 @@ class EnvVar(_Shape):
                              "RAY_AUTH_*)")
         if self.value is not None and self.valueFrom is not None:
             raise ValueError("valueFrom: give value or valueFrom, not both")
+        why = literal_credential(self.name, self.value)
+        if why is not None:
+            raise ValueError(f"value: {why}; {SECRET_ADVICE}")
         return self
 
 
@@ -81,10 +103,15 @@ class _NamedRef(_Shape):
     optional: bool | None = None
 
 
+def _env_prefix(value: str) -> str:
+    """envFrom's prefix: none, or the start of an environment variable name (Kubernetes checks it so)."""
+    return env_var_name(value) if value else value
+
+
 class EnvFromSource(_Shape):
     configMapRef: _NamedRef | None = None
     secretRef: _NamedRef | None = None
-    prefix: str | None = Field(None, max_length=256)
+    prefix: Annotated[str, Field(max_length=256), AfterValidator(_env_prefix)] | None = None
 
     @model_validator(mode="after")
     def _one_ref(self) -> EnvFromSource:
@@ -124,12 +151,36 @@ class VolumeMount(_Shape):
 
     @model_validator(mode="after")
     def _free_path(self) -> VolumeMount:
-        path = self.mountPath.rstrip("/")
-        if path in OPERATOR_MOUNT_PATHS or path.startswith(f"{PVC_ROOT}/"):
-            raise ValueError(f"mountPath: {self.mountPath} is where the operator mounts its own volumes")
+        clash = reserved_clash(self.mountPath)
+        if clash is not None:
+            raise ValueError(f"mountPath: {self.mountPath} {clash}; mount it elsewhere (e.g. /models or /opt/code)")
         if self.subPath is not None and self.subPathExpr is not None:
             raise ValueError("subPathExpr: give subPath or subPathExpr, not both")
         return self
+
+
+def mount_path(path: str) -> str:
+    """The directory a container runtime mounts at for `path`: '.' and '..' resolved, slashes collapsed
+    (a leading '//' too, which POSIX leaves to the system and Linux reads as '/')."""
+    return "/" + posixpath.normpath(path).lstrip("/")
+
+
+def _within(inner: str, outer: str) -> bool:
+    return inner == outer or outer == "/" or inner.startswith(f"{outer}/")
+
+
+def reserved_clash(path: str) -> str | None:
+    """How a user's mount at `path` meets one of the operator's (OPERATOR_MOUNT_PATHS), compared as a
+    container runtime reads both ('is inside /tmp, where ...'); None where it meets none."""
+    at, where = mount_path(path), "where the operator mounts its own volumes"
+    for reserved in sorted(OPERATOR_MOUNT_PATHS):
+        if at == reserved:
+            return f"is {where}" if at == path else f"is {reserved} as a container runtime reads it, {where}"
+        if _within(reserved, at):
+            return f"contains {reserved}, {where}"
+        if _within(at, reserved):
+            return f"is inside {reserved}, {where}"
+    return None
 
 
 _WEAKENING: dict[str, Any] = {"privileged": True, "allowPrivilegeEscalation": True, "runAsNonRoot": False,
@@ -156,6 +207,12 @@ class InitContainer(_Open):
                                  "hardening); a container may not undo it")
         if (context.get("capabilities") or {}).get("add"):
             raise ValueError("securityContext.capabilities: the job's pods drop every capability and add none")
+        env = (self.model_extra or {}).get("env") or []
+        for i, item in enumerate(env if isinstance(env, list) else []):
+            name, value = (item.get("name"), item.get("value")) if isinstance(item, dict) else (None, None)
+            why = literal_credential(name, value) if isinstance(name, str) and isinstance(value, str) else None
+            if why is not None:
+                raise ValueError(f"env.{i}.value: {why}; {SECRET_ADVICE}")
         return self
 
 
@@ -183,15 +240,19 @@ class PodOverrides(BaseModel):
 
     labels: dict[QualifiedName, LabelValue] = Field(default_factory=dict, max_length=MAX_ITEMS,
                                                     description="added to the pods' labels (not the selector)")
-    annotations: dict[QualifiedName, Annotated[str, Field(max_length=65_536)]] = Field(
-        default_factory=dict, max_length=MAX_ITEMS, description="added to the pods' annotations")
+    annotations: Annotated[dict[QualifiedName, Annotated[str, Field(max_length=65_536)]], AfterValidator(
+        partial(annotations_within, limit=MAX_ANNOTATION_BYTES - OPERATOR_ANNOTATION_BYTES))] = Field(
+        default_factory=dict, max_length=MAX_ITEMS, description="added to the pods' annotations (keys and values "
+        f"at most {MAX_ANNOTATION_BYTES - OPERATOR_ANNOTATION_BYTES} bytes together)")
     service_account_name: Dns1123Subdomain | None = Field(
         None, max_length=253, description="the pods' ServiceAccount (e.g. one with cloud storage access); its token "
         "is mounted. Not for the controller, whose own account patches the job's status")
     priority_class_name: Dns1123Subdomain | None = Field(None, max_length=253)
     scheduler_name: Dns1123Subdomain | None = Field(None, max_length=253)
     env: list[EnvVar] = Field(default_factory=list, max_length=MAX_ITEMS * 2, description="added to the role's "
-                              "container and the fetch step (e.g. PYTHONPATH for reward code, AWS_ENDPOINT_URL)")
+                              "container and the fetch step (e.g. PYTHONPATH for reward code, AWS_ENDPOINT_URL); a "
+                              "credential (HF_TOKEN, AWS_SECRET_ACCESS_KEY, ...) from a Secret with valueFrom."
+                              "secretKeyRef: a literal one is refused")
     env_from: list[EnvFromSource] = Field(default_factory=list, max_length=MAX_ITEMS // 2,
                                           description="ConfigMaps or Secrets whose keys become environment of the "
                                           "role's container and the fetch step (e.g. S3 credentials)")
@@ -215,7 +276,7 @@ class PodOverrides(BaseModel):
         declared = [v.name for v in self.volumes]
         _no_duplicates("volumes", declared, "name")
         _no_duplicates("env", [e.name for e in self.env], "name")
-        _no_duplicates("volume_mounts", [m.mountPath.rstrip("/") for m in self.volume_mounts], "mountPath")
+        _no_duplicates("volume_mounts", [mount_path(m.mountPath) for m in self.volume_mounts], "mountPath")
         _no_duplicates("init_containers", [c.name for c in self.init_containers], "name")
         for i, mount in enumerate(self.volume_mounts):
             if mount.name not in declared:

@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from rhymerl.api.credentials import SCHEME, masked, url_credential
 from rhymerl.api.k8s_values import DNS1123_SUBDOMAIN
 
 Scheme = Literal["s3", "hf", "pvc"]
@@ -64,8 +65,13 @@ def parse(text: str, file: bool) -> Source | None:
     if not sep:
         return None
     if scheme not in SCHEMES:
-        raise ValueError(f"'{scheme}://' is not a source: s3://BUCKET/KEY, hf://ORG/NAME or pvc://CLAIM/PATH, or a "
-                         "path")
+        named = f"'{scheme}://'" if SCHEME.match(scheme) else "that"
+        raise ValueError(f"{named} is not a source: s3://BUCKET/KEY, hf://ORG/NAME or pvc://CLAIM/PATH, or a path")
+    credential = url_credential(text)
+    if credential is not None:
+        raise ValueError(f"{masked(text)}: no credentials in a source ({credential}): the spec is stored in the RLJob "
+                         "and its ConfigMap; give the pods a Secret instead (spec.<role>.pod.envFrom with "
+                         "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or HF_TOKEN)")
     where, _, path = rest.partition("/")
     if scheme == "s3":
         if not _BUCKET.match(where):

@@ -15,6 +15,8 @@ from pydantic.alias_generators import to_camel
 
 from rhymerl.api.history_keys import parse_redis_url
 from rhymerl.api.k8s_values import (
+    Annotations,
+    ConfigMapKey,
     Dns1123Label,
     Dns1123Subdomain,
     ImageRef,
@@ -270,7 +272,7 @@ class Toleration(Strict):
     key: QualifiedName | None = Field(None, max_length=316, description="taint key; omitted with operator Exists: "
                                       "every taint")
     operator: Literal["Equal", "Exists"] = "Equal"
-    value: str | None = Field(None, max_length=63, description="taint value (operator Equal only)")
+    value: LabelValue | None = Field(None, max_length=63, description="taint value (operator Equal only)")
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(None, description="omitted: "
                                                                                   "every effect")
     toleration_seconds: NonNegInt | None = Field(None, le=WEEK_S, description="NoExecute only: seconds the pod "
@@ -615,7 +617,7 @@ class ControllerSpec(Placement):
 class SecretKeyRef(Strict):
     name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253, description="Secret in the "
                       "job's namespace")
-    key: str = Field("redis-password", pattern=r"^[-._a-zA-Z0-9]+$", max_length=253)
+    key: ConfigMapKey = Field("redis-password", pattern=r"^[-._a-zA-Z0-9]+$", max_length=253)
 
 
 def _checked_redis_url(url: str) -> str:
@@ -746,7 +748,7 @@ class Metadata(Strict):
     )
     namespace: Dns1123Label | None = None
     labels: dict[QualifiedName, LabelValue] = Field(default_factory=dict)
-    annotations: dict[QualifiedName, str] = Field(default_factory=dict)
+    annotations: Annotations = Field(default_factory=dict)
 
 
 class RLJob(Strict):

@@ -3,17 +3,27 @@ kubelet would refuse is a spec error naming the field, its line and the rule."""
 
 from __future__ import annotations
 
-import pytest
+from typing import Any
 
-from rhymerl.api import SpecError, parse_job
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rhymerl.api import RLJob, SpecError, dump_job, parse_job
 from rhymerl.api.k8s_values import (
+    MAX_CONFIG_MAP_BYTES,
+    config_map_key,
     dns1123_label,
     dns1123_subdomain,
+    env_var_name,
     image,
     label_value,
     qualified_name,
     quantity,
+    yaml_bytes_bound,
 )
+from rhymerl.api.load import LOCALIZED_SLACK_BYTES, size_problems
 
 HEAD = "apiVersion: rhymerl.io/v1alpha1\nkind: RLJob\n"
 
@@ -86,3 +96,94 @@ def test_the_rules_by_hand() -> None:
     for bad in ("", " python", "Python:3", "a b", "ghcr.io/x:", "x:tag with space"):
         with pytest.raises(ValueError):
             image(bad)
+
+    for good in ("PYTHONPATH", "my.env-name", "_x", ".x", "-x", "x..y"):
+        assert env_var_name(good) == good
+    for bad in ("", ".", "..", "..x", "1X", "A B", "A=B", "Ä"):
+        with pytest.raises(ValueError):
+            env_var_name(bad)
+    assert config_map_key("redis-password") == "redis-password"
+    for bad in ("", ".", "..", "..key", "a/b", "a" * 254):
+        with pytest.raises(ValueError):
+            config_map_key(bad)
+
+
+@pytest.mark.parametrize(("body", "path", "rule"), [
+    ("spec:\n  rollout:\n    pod: {env: [{name: '..x', value: '1'}]}\n", "spec.rollout.pod.env.0.name",
+     "IsEnvVarName"),
+    ("spec:\n  rollout:\n    pod: {env: [{name: '1X', value: '1'}]}\n", "spec.rollout.pod.env.0.name",
+     "pattern"),
+    ("spec:\n  train:\n    pod: {env_from: [{prefix: '..', secretRef: {name: s}}]}\n",
+     "spec.train.pod.env_from.0.prefix", "IsEnvVarName"),
+    ("spec:\n  history: {redis_password_secret: {name: s, key: '..'}}\n", "spec.history.redis_password_secret.key",
+     "IsConfigMapKey"),
+    ("spec:\n  train:\n    tolerations: [{key: pool, value: 'a b'}]\n", "spec.train.tolerations.0.value",
+     "IsValidLabelValue"),
+])
+def test_a_name_or_value_the_api_server_refuses_in_a_pod_is_named_with_its_rule(body: str, path: str, rule: str) -> None:
+    where, reason, _ = problem(body)
+    assert where == path and rule in reason
+
+
+def _annotated(where: str, size: int) -> str:
+    values = {f"example.com/a{i}": "x" * 60_000 for i in range(size // 60_000)}
+    block = {"metadata": {"annotations": values}} if where == "metadata" else \
+        {"spec": {"reward": {"pod": {"annotations": values}}}}
+    return yaml.safe_dump(block)
+
+
+@pytest.mark.parametrize(("where", "path"), [("metadata", "metadata.annotations"),
+                                             ("pod", "spec.reward.pod.annotations")])
+def test_annotations_past_the_api_servers_256_kib_are_refused_and_just_below_it_accepted(where: str, path: str) -> None:
+    where_, reason, _ = problem(_annotated(where, 300_000))
+    assert where_ == path and "TotalAnnotationSizeLimitB" in reason
+    parse_job(HEAD + _annotated(where, 240_000))
+
+
+def _env(values: int, size: int) -> dict[str, Any]:
+    return {"pod": {"env": [{"name": f"LONG_{i}", "value": "v" * size} for i in range(values)]}}
+
+
+def test_a_spec_whose_configmap_would_pass_1_mib_is_refused_naming_the_spec() -> None:
+    doc = {"spec": {"rollout": _env(20, 30_000), "train": _env(20, 30_000)}}  # 1.2 MB, each role's well below
+    with pytest.raises(SpecError) as info:
+        parse_job(HEAD + yaml.safe_dump(doc))
+    [found] = info.value.problems
+    assert found.path == "spec" and "ConfigMap" in found.reason and str(MAX_CONFIG_MAP_BYTES >> 20) in found.reason
+    just_fits = {"spec": {"rollout": _env(20, 30_000), "train": _env(10, 30_000)}}
+    fits = RLJob.model_validate(just_fits)
+    assert size_problems(fits) == [] and len(dump_job(fits).encode()) < MAX_CONFIG_MAP_BYTES - LOCALIZED_SLACK_BYTES
+
+
+def test_a_role_whose_statefulset_would_pass_what_etcd_stores_is_refused_naming_its_overrides() -> None:
+    doc = {"spec": {"rollout": _env(26, 30_000)}}  # 780 KB, twice in the StatefulSet; the ConfigMap fits
+    with pytest.raises(SpecError) as info:
+        parse_job(HEAD + yaml.safe_dump(doc))
+    [found] = info.value.problems
+    assert found.path == "spec.rollout.pod" and "etcd" in found.reason
+
+
+def test_an_rljob_larger_than_etcd_stores_is_refused_as_a_whole() -> None:
+    huge = {"metadata": {"annotations": {}}, "spec": {role: _env(20, 20_000) for role in ("rollout", "train",
+                                                                                          "reward", "history")}}
+    with pytest.raises(SpecError) as info:
+        parse_job(HEAD + yaml.safe_dump(huge))
+    [found] = info.value.problems
+    assert found.path == "(document)" and "etcd" in found.reason
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+                     | st.text(max_size=200),
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=140), inner,
+                                                                                 max_size=4),
+                     max_leaves=30)
+
+
+@given(_JSON)
+def test_the_yaml_bound_is_never_below_the_dump(data: Any) -> None:
+    assert yaml_bytes_bound(data) >= len(yaml.safe_dump(data, sort_keys=False).encode())
+
+
+def test_the_yaml_bound_of_a_typical_job_is_far_below_a_configmap_so_validation_dumps_nothing() -> None:
+    data = RLJob().model_dump(mode="json", by_alias=True)
+    assert yaml_bytes_bound(data) < MAX_CONFIG_MAP_BYTES // 2

@@ -8,9 +8,12 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rhymerl.api.crd import crd
 from rhymerl.api.load import SpecError, parse_job
+from rhymerl.api.pod import OPERATOR_MOUNT_PATHS, mount_path, reserved_clash
 from rhymerl.api.sources import Source, parse
 
 
@@ -143,3 +146,127 @@ def test_the_crd_keeps_the_deep_kubernetes_shapes_as_written_and_bounds_every_li
         assert pod["properties"]["env"]["items"]["properties"]["valueFrom"]["x-kubernetes-preserve-unknown-fields"]
         assert all("maxItems" in node for _, node in _arrays(pod)), [p for p, n in _arrays(pod) if "maxItems" not in n]
         assert "maxProperties" in pod["properties"]["labels"] and "maxProperties" in pod["properties"]["annotations"]
+
+
+SECRET = "s3cret-value"
+SECRET_REF = {"secretKeyRef": {"name": "tokens", "key": "k"}}
+
+
+def _refused(spec: dict[str, Any], sets: list[str] | None = None) -> SpecError:
+    with pytest.raises(SpecError) as caught:
+        parse_job(_job(spec), "job.yaml", sets)
+    return caught.value
+
+
+@pytest.mark.parametrize("name", ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID",
+                                  "AWS_SESSION_TOKEN", "WANDB_API_KEY", "OPENAI_API_KEY", "AZURE_STORAGE_KEY",
+                                  "AZURE_CLIENT_SECRET", "DB_PASSWORD"])
+@pytest.mark.parametrize("role", ["controller", "rollout", "train", "reward", "history"])
+def test_a_literal_credential_in_a_roles_env_is_refused_naming_its_field_and_never_shown(name: str, role: str) -> None:
+    env = [{"name": "PYTHONPATH", "value": "/code"}, {"name": "HF_HOME", "value": "/tmp/hf"},
+           {"name": name, "value": SECRET}]
+    error = _refused({role: {"pod": {"env": env}}})
+    [problem] = error.problems
+    assert problem.path == f"spec.{role}.pod.env.2.value" and problem.line is not None
+    assert f"{name} holds a credential" in problem.reason and "valueFrom.secretKeyRef" in problem.reason
+    assert SECRET not in str(error) and SECRET not in str(error.__cause__)
+
+
+def test_a_literal_credential_in_an_init_containers_env_is_refused_and_never_shown() -> None:
+    init = {"name": "warm", "image": "busybox:1.36", "env": [{"name": "X", "value": "1"},
+                                                            {"name": "GITHUB_TOKEN", "value": SECRET}]}
+    error = _refused({"train": {"pod": {"init_containers": [init]}}})
+    assert [p.path for p in error.problems] == ["spec.train.pod.init_containers.0.env.1.value"]
+    assert SECRET not in str(error) and SECRET not in str(error.__cause__)
+
+
+def test_a_credential_set_on_the_command_line_is_refused_without_showing_it_in_the_set_item() -> None:
+    error = _refused({}, [f"rollout.pod.env=[{{name: HF_TOKEN, value: {SECRET}}}]"])
+    assert [str(p) for p in error.problems] == [
+        "spec.rollout.pod.env.0.value: HF_TOKEN holds a credential (by its name); a literal is stored in the RLJob, "
+        "its ConfigMap and the pods' StatefulSet: take it from a Secret, with valueFrom.secretKeyRef (or the "
+        "Secret's keys with envFrom.secretRef) (--set rollout.pod.env=***)"]
+
+
+def test_a_credential_from_a_secret_a_file_path_or_another_variable_is_accepted() -> None:
+    env = [{"name": "HF_TOKEN", "valueFrom": SECRET_REF}, {"name": "HF_TOKEN_PATH", "value": "/secrets/hf"},
+           {"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": "/var/secrets/google/key.json"},
+           {"name": "WANDB_API_KEY", "value": "$(WANDB_KEY_FROM_SECRET)"}, {"name": "OPENAI_API_KEY", "value": ""}]
+    assert len(parse_job(_job({"rollout": {"pod": {"env": env}}})).spec.rollout.pod.env) == 5
+
+
+@pytest.mark.parametrize(("path", "clash"), [
+    ("/tmp/", "is /tmp as a container runtime reads it"),
+    ("/tmp/.", "is /tmp as a container runtime reads it"),
+    ("//tmp", "is /tmp as a container runtime reads it"),
+    ("/var/../tmp", "is /tmp as a container runtime reads it"),
+    ("/etc/rhymerl/../rhymerl//", "is /etc/rhymerl as a container runtime reads it"),
+    ("/tmp/models", "is inside /tmp"),
+    ("/var/lib/rhymerl/fetched", "is inside /var/lib/rhymerl"),
+    ("/var", "contains /var/lib/rhymerl"),
+    ("/mnt", "contains /mnt/rhymerl-source"),
+    ("//", "contains /dev/shm"),
+])
+def test_a_mount_that_meets_the_operators_however_spelled_is_refused_naming_the_field(path: str, clash: str) -> None:
+    found = _problems({"rollout": {"pod": {"volumes": [CLAIM], "volume_mounts": [{**MOUNT, "mountPath": path}]}}})
+    assert found == [f"spec.rollout.pod.volume_mounts.0.mountPath: {path} {clash}, where the operator mounts its own "
+                     "volumes; mount it elsewhere (e.g. /models or /opt/code)"]
+
+
+def test_two_spellings_of_one_mount_path_are_one_path_named_twice() -> None:
+    mounts = [MOUNT, {**MOUNT, "mountPath": "/models/./"}]
+    found = _problems({"train": {"pod": {"volumes": [CLAIM], "volume_mounts": mounts}}})
+    assert found == ["spec.train.pod.volume_mounts.1.mountPath: /models is named twice"]
+
+
+def test_a_mount_beside_the_operators_is_accepted() -> None:
+    for path in ("/var/lib/rhymerl-models", "/etc/rhymerlx", "/opt/code", "/mnt/models", "/var/lib/other"):
+        job = parse_job(_job({"train": {"pod": {"volumes": [CLAIM], "volume_mounts": [{**MOUNT, "mountPath": path}]}}}))
+        assert job.spec.train.pod.volume_mounts[0].mountPath == path
+
+
+def _resolved(path: str) -> tuple[str, ...]:
+    """The directories a path walks through from the root, by brute force: each part in turn."""
+    parts: list[str] = []
+    for part in path.split("/"):
+        if part == "..":
+            parts = parts[:-1]
+        elif part not in ("", "."):
+            parts.append(part)
+    return tuple(parts)
+
+
+_PART = st.sampled_from(["", ".", "..", "tmp", "var", "lib", "rhymerl", "etc", "dev", "shm", "mnt", "rhymerl-source",
+                         "run", "ray", "models", "tmpx"])
+
+
+@given(st.lists(_PART, max_size=8), st.sampled_from(["/", "//", "///"]))
+def test_a_mount_path_reads_as_the_brute_force_walk_and_is_refused_exactly_when_it_meets_a_reserved_one(
+        parts: list[str], lead: str) -> None:
+    path = lead + "/".join(parts)
+    walked = _resolved(path)
+    assert mount_path(path) == "/" + "/".join(walked)
+    meets = any(walked[:len(r)] == r or r[:len(walked)] == walked
+                for r in (_resolved(p) for p in OPERATOR_MOUNT_PATHS))
+    assert (reserved_clash(path) is not None) == meets
+
+
+@pytest.mark.parametrize(("field", "source", "shown"), [
+    ("model", f"s3://AKIAEXAMPLE:{SECRET}@models/qwen", "s3://AKIAEXAMPLE:***@models/qwen"),
+    ("model", f"hf://{SECRET}@Qwen/Qwen2.5-7B", "hf://***@Qwen/Qwen2.5-7B"),
+    ("data", f"s3://sets/math.jsonl?X-Amz-Signature={SECRET}", "s3://sets/math.jsonl?X-Amz-Signature=***"),
+    ("data", f"pvc://u:{SECRET}@claim/math.jsonl", "pvc://u:***@claim/math.jsonl"),
+])
+def test_a_source_carrying_a_credential_is_refused_showing_it_masked(field: str, source: str, shown: str) -> None:
+    key = "path" if field == "model" else "source"
+    for error in (_refused({field: {key: source}}), _refused({}, [f"{field}.{key}={source}"])):
+        [problem] = error.problems
+        assert problem.path == f"spec.{field}.{key}"
+        assert problem.reason.startswith(f"{shown}: no credentials in a source")
+        assert SECRET not in str(error) and SECRET not in str(error.__cause__)
+
+
+def test_a_scheme_that_is_not_one_is_named_only_when_it_looks_like_one() -> None:
+    assert _problems({"model": {"path": "ftp://host/m"}})[0].startswith("spec.model.path: 'ftp://' is not a source")
+    found = _problems({"model": {"path": f"k:{SECRET}@ftp://host/m"}})
+    assert found[0].startswith("spec.model.path: that is not a source") and SECRET not in found[0]

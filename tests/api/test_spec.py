@@ -153,6 +153,22 @@ def test_a_password_in_the_redis_url_is_refused_saying_where_it_goes_and_never_e
     assert "RHYMERL_REDIS_PASSWORD" in found["spec.history.redis_url"]
 
 
+@pytest.mark.parametrize(("url", "reason"), [
+    (f"redis://r:6379/0?password={SECRET}", "a password does not go in the URL"),
+    (f"rediss://r/0?ssl_cert_reqs=none&auth_token={SECRET}", "a password does not go in the URL"),
+    (f"redis://r:6379/0#{SECRET}", "fragment"),
+    (f"redis://r:6379/{SECRET}", "the database goes after the host as /N"),
+    (f"redis://r/{SECRET}?db=1", "query parameter 'db' is not one rhymerl passes on"),
+])
+def test_a_credential_in_a_redis_urls_query_fragment_or_path_is_refused_and_never_echoed(url: str, reason: str) -> None:
+    for text, sets in ((REDIS.replace("URL", url), []), (GOOD, ["history.store=redis", f"history.redis_url={url}"])):
+        with pytest.raises(SpecError) as info:
+            parse_job(text, "job.yaml", sets)
+        [problem] = info.value.problems
+        assert problem.path == "spec.history.redis_url" and reason in problem.reason
+        assert SECRET not in str(info.value) and SECRET not in str(info.value.__cause__ or "")
+
+
 def test_a_refused_spec_is_not_echoed_by_pydantic_even_for_a_problem_of_another_block() -> None:
     from pydantic import ValidationError
 

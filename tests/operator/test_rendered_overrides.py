@@ -12,9 +12,11 @@ import kubernetes_validate
 import pytest
 import yaml
 from helm_runner import CHART, REPO, run_helm
+from pydantic import ValidationError
 
 from rhymerl.api import RLJob, load_job
-from rhymerl.api.load import parse_job
+from rhymerl.api.k8s_values import dns1123_label, dns1123_subdomain, label_value, qualified_name
+from rhymerl.api.load import SpecError, parse_job
 from rhymerl.api.pod import (
     OPERATOR_CONTAINERS,
     OPERATOR_ENV,
@@ -22,10 +24,15 @@ from rhymerl.api.pod import (
     OPERATOR_LABELS,
     OPERATOR_MOUNT_PATHS,
     OPERATOR_VOLUMES,
+    mount_path,
 )
 from rhymerl.api.roles import ROLES
+from rhymerl.api.spec import MAX_JOB_NAME, MAX_REPLICAS
+from rhymerl.cli.report import error_lines
 from rhymerl.operator.manifests import desired
+from rhymerl.operator.manifests.builders import ray_token_secret
 from rhymerl.operator.manifests.roles import FETCH_DIR
+from rhymerl.operator.reconcile.validate import parse as parse_stored
 
 EXTRA = {"name": "models", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}}
 POD = {"volumes": [EXTRA], "volume_mounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
@@ -157,3 +164,85 @@ def test_the_cluster_examples_reward_function_is_importable_from_its_mount_on_py
     first = yaml.safe_load((REPO / "examples" / "math-grpo" / "math.jsonl").read_text().splitlines()[0])
     assert fn(first["prompt"], f"... so \\boxed{{{first['answer']}}}", first["answer"]) == 1.0
     assert fn(first["prompt"], "the answer is 0.5", first["answer"]) == 0.0
+
+
+SECRET = "s3cret-value"
+# Every way a spec could carry a credential into what the operator stores and renders.
+CHANNELS: dict[str, dict[str, Any]] = {
+    "a role's env": {"rollout": {"pod": {"env": [{"name": "HF_TOKEN", "value": SECRET}]}}},
+    "an init container's env": {"train": {"pod": {"init_containers": [
+        {"name": "warm", "image": "busybox:1.36", "env": [{"name": "AWS_SECRET_ACCESS_KEY", "value": SECRET}]}]}}},
+    "a URL in an env value": {"reward": {"pod": {"env": [{"name": "DATABASE_URL",
+                                                          "value": f"postgres://app:{SECRET}@db/app"}]}}},
+    "a Redis URL's user-info": {"history": {"store": "redis", "redis_url": f"redis://u:{SECRET}@r:6379/0"}},
+    "a Redis URL's query": {"history": {"store": "redis", "redis_url": f"redis://r:6379/0?password={SECRET}"}},
+    "a Redis URL's fragment": {"history": {"store": "redis", "redis_url": f"redis://r:6379/0#{SECRET}"}},
+    "a Redis URL's path": {"history": {"store": "redis", "redis_url": f"redis://r:6379/{SECRET}"}},
+    "an s3 source's user-info": {"model": {"path": f"s3://AKIAEXAMPLE:{SECRET}@models/qwen"}},
+    "an hf source's token": {"model": {"path": f"hf://{SECRET}@Qwen/Qwen2.5-7B"}},
+    "a presigned s3 source": {"data": {"source": f"s3://sets/math.jsonl?X-Amz-Signature={SECRET}"}},
+}
+
+
+def _set_items(spec: dict[str, Any], prefix: str = "") -> list[str]:
+    """`--set` items that write `spec`: one per scalar, a list as YAML flow."""
+    items = []
+    for key, value in spec.items():
+        if isinstance(value, dict):
+            items += _set_items(value, f"{prefix}{key}.")
+        else:
+            text = value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).strip()
+            items.append(f"{prefix}{key}={text}")
+    return items
+
+
+@pytest.mark.parametrize("channel", list(CHANNELS))
+def test_a_credential_in_every_channel_is_refused_and_no_error_line_or_render_shows_it(channel: str) -> None:
+    spec = CHANNELS[channel]
+    with pytest.raises(ValidationError) as refused:
+        _job(**spec)
+    assert SECRET not in str(refused.value)
+    stored = {"apiVersion": "rhymerl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": "j", "namespace": "ns"},
+              "spec": spec}
+    for text, sets in ((yaml.safe_dump(stored), []), (yaml.safe_dump({**stored, "spec": {}}), _set_items(spec))):
+        with pytest.raises(SpecError) as caught:
+            parse_job(text, "job.yaml", sets)
+        lines = error_lines(caught.value)
+        assert lines and not [line for line in lines if SECRET in line], lines
+        assert SECRET not in str(caught.value.__cause__)
+    parsed = parse_stored(stored)  # the operator: Failed/InvalidSpec with these problems, and nothing rendered
+    assert parsed.job is None and parsed.problems is not None and SECRET not in parsed.problems
+
+
+def test_no_rendered_user_mount_meets_an_operator_mount_in_the_same_container() -> None:
+    mounts = [{"name": "models", "mountPath": p} for p in ("/models", "/opt/code/", "/var/lib/other", "/mnt/m")]
+    job = _job(model={"path": "s3://models/qwen"}, data={"source": "pvc://sets/math.jsonl"},
+               train={"pod": {"volumes": [EXTRA], "volume_mounts": mounts}, "resources": {"gpu": 1}})
+    pod = _pods(job)["train"]["spec"]
+    for container in pod["containers"] + pod["initContainers"]:
+        paths = [(m["name"], mount_path(m["mountPath"])) for m in container["volumeMounts"]]
+        ours = [p for n, p in paths if n != "models"]
+        theirs = [p for n, p in paths if n == "models"]
+        assert len(theirs) == 4 and ours
+        assert not [(a, b) for a in theirs for b in ours if a == b or a.startswith(f"{b}/") or b.startswith(f"{a}/")]
+
+
+def test_every_name_the_operator_derives_from_the_longest_job_name_fits_kubernetes_limits() -> None:
+    job = RLJob.model_validate({"metadata": {"name": "j" * MAX_JOB_NAME, "namespace": "n" * 63}, "spec": {
+        "rollout": {"replicas": MAX_REPLICAS, "max_replicas": MAX_REPLICAS}, "train": {"replicas": MAX_REPLICAS},
+        "reward": {"function": "m:f", "replicas": MAX_REPLICAS}, "history": {"replicas": MAX_REPLICAS}}})
+    objects = [*desired(job, None), ray_token_secret(job, None, "t")]
+    for obj in objects:
+        meta = obj["metadata"]
+        (dns1123_label if obj["kind"] == "Service" else dns1123_subdomain)(meta["name"])
+        for key, value in [*meta.get("labels", {}).items(), *obj.get("spec", {}).get("template", {}).get(
+                "metadata", {}).get("labels", {}).items()]:
+            qualified_name(key)
+            label_value(value)
+        if obj["kind"] == "StatefulSet":
+            label_value(f"{meta['name']}-{'h' * 10}")  # controller-revision-hash: <name>-<hash>
+            pod = f"{meta['name']}-{obj['spec']['replicas'] - 1}"
+            dns1123_label(pod)  # the pod's hostname, and its statefulset.kubernetes.io/pod-name label
+            label_value(pod)
+            for claim in obj["spec"].get("volumeClaimTemplates", []):
+                dns1123_subdomain(f"{claim['metadata']['name']}-{pod}")

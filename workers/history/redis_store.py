@@ -30,7 +30,8 @@ import redis
 from numpy.typing import NDArray
 
 from rhymerl.algorithms.drafting.index import HistoryIndex
-from rhymerl.api.history_keys import REDIS_PASSWORD_ENV, glob_escape, redacted
+from rhymerl.api.credentials import masked
+from rhymerl.api.history_keys import REDIS_PASSWORD_ENV, connect_problem, glob_escape
 from rhymerl.errors import UserError
 from rhymerl.workers.dumps import RolloutRecord
 from rhymerl.workers.history.store import grouped
@@ -43,17 +44,21 @@ class HistoryStoreError(UserError):
 
 
 def _client(url: str, password: str | None, timeout_s: float) -> redis.Redis:
-    return redis.Redis.from_url(url, password=password, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    """A client of `url`; a URL redis-py refuses is a HistoryStoreError (redis-py's ValueError may quote it)."""
+    try:
+        return redis.Redis.from_url(url, password=password, socket_timeout=timeout_s,
+                                    socket_connect_timeout=timeout_s)
+    except ValueError as exc:
+        raise _problem(url, exc, password) from None
 
 
-def _problem(url: str, exc: redis.RedisError, password: str | None) -> HistoryStoreError:
+def _problem(url: str, exc: redis.RedisError | ValueError, password: str | None) -> HistoryStoreError:
     """One line a user can act on, naming the URL without its password."""
     if isinstance(exc, redis.AuthenticationError) or "NOAUTH" in str(exc) or "WRONGPASS" in str(exc):
         why = ("refused the password in " if password else "asks for a password: set ") + REDIS_PASSWORD_ENV
-        return HistoryStoreError(f"history.redis_url {redacted(url)}: Redis {why} (in a cluster pods get it from "
+        return HistoryStoreError(f"history.redis_url {masked(url)}: Redis {why} (in a cluster pods get it from "
                                  "history.redis_password_secret)")
-    return HistoryStoreError(f"history.redis_url {redacted(url)}: {type(exc).__name__}: "
-                             f"{str(exc).splitlines()[0] if str(exc) else 'no answer'}")
+    return HistoryStoreError(f"history.redis_url {masked(url)}: {connect_problem(url, exc)}")
 
 
 def ping(url: str, password: str | None = None, timeout_s: float = PING_TIMEOUT_S) -> None:

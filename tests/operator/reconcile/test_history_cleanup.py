@@ -83,6 +83,17 @@ def test_a_failed_cleanup_names_the_redis_url_without_its_password_and_says_unti
     assert cluster.finalizers == []
 
 
+@pytest.mark.parametrize("where", ["?password={}", "/{}", "/0#{}", "/0?db=1&token={}"])
+def test_a_failed_cleanup_shows_no_credential_a_stored_url_carries_in_its_query_path_or_fragment(where: str) -> None:
+    url = f"redis://127.0.0.1:{free_port()}" + where.format("s3cret-pw")
+    cluster = _Cluster()
+    with pytest.raises((redis.ConnectionError, ValueError, TypeError)):  # the operator retries it with backoff
+        asyncio.run(_finalize(cluster, _body(url), _at(30)))  # type: ignore[arg-type]
+    [event] = cluster.events
+    assert event.startswith("HistoryCleanupFailed: cannot delete") and "s3cret-pw" not in event
+    assert "s3cret-pw" not in str(cluster.status)
+
+
 def test_a_cleanup_still_failing_at_its_deadline_releases_the_finalizer_with_a_warning() -> None:
     cluster = _Cluster()
     body = _body(_unreachable(), snake_case=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import re
 import urllib.request
 from datetime import datetime, timedelta
@@ -280,6 +281,26 @@ async def test_an_invalid_spec_fails_naming_the_field_while_other_jobs_are_serve
         await kube.settle()
     assert status(kube, "broken")["phase"] == "Running"
     assert len(kube.children(NS, "broken")) == 17  # no disruption budget for a single rollout pod
+
+
+async def test_a_job_carrying_credentials_fails_invalid_spec_and_no_child_event_or_condition_shows_one(
+        kube: Kube) -> None:
+    secret = "s3cret-value"
+    spec = {"rollout": {"pod": {"env": [{"name": "HF_TOKEN", "value": secret}]}},
+            "train": {"pod": {"initContainers": [{"name": "warm", "image": "busybox:1.36",
+                                                  "env": [{"name": "WANDB_API_KEY", "value": secret}]}]}},
+            "history": {"store": "redis", "redisUrl": f"redis://r:6379/0?password={secret}"},
+            "model": {"path": f"s3://AKIAEXAMPLE:{secret}@models/qwen"}}
+    async with kube.operator():
+        await kube.create_job(NS, "leaky", spec)
+        await kube.settle()
+    failed = kube.condition(NS, "leaky", "Failed")
+    assert (failed["status"], failed["reason"]) == ("True", "InvalidSpec")
+    assert "spec.rollout.pod.env.0.value: HF_TOKEN holds a credential" in failed["message"]
+    assert kube.children(NS, "leaky") == []
+    shown = [status(kube, "leaky"), *kube.cluster.events(NS, "leaky")]
+    shown += [obj.raw for (res, _, _), obj in kube.server.objects.items() if res.plural != "rljobs"]
+    assert secret not in json.dumps(shown, default=str)
 
 
 async def test_an_operator_restart_recreates_nothing_and_writes_nothing(kube: Kube) -> None:

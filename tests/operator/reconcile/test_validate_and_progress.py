@@ -70,3 +70,10 @@ def test_a_stored_job_with_a_password_in_its_redis_url_is_refused_without_showin
     assert parsed.job is None and parsed.problems is not None
     assert parsed.problems.startswith("spec.history.redisUrl: a password does not go in the URL")
     assert "s3cret-pw" not in parsed.problems
+
+
+def test_a_stored_job_whose_statefulset_etcd_would_refuse_is_invalid_naming_the_overrides() -> None:
+    env = [{"name": f"LONG_{i}", "value": "v" * 30_000} for i in range(26)]
+    parsed = parse(stored({"rollout": {"pod": {"env": env}}}))
+    assert parsed.job is None and parsed.problems is not None
+    assert parsed.problems.startswith("spec.rollout.pod: the role's StatefulSet would be about")
