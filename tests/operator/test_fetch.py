@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -106,9 +107,20 @@ def test_a_second_start_fetches_nothing_and_another_source_replaces_the_folder(a
 def test_a_missing_prefix_or_object_is_a_fetch_error_naming_the_source(aws: str, tmp_path: Path) -> None:
     with pytest.raises(FetchError, match=r"s3://models/nothing-here: no objects under this prefix"):
         fetch_all(tmp_path, "s3://models/nothing-here", None)
-    with pytest.raises(FetchError, match=r"s3://models/data/none.jsonl"):
+    with pytest.raises(FetchError, match=r"^s3://models/data/none.jsonl: NoSuchKey: The specified key does not "
+                                         r"exist. \(http://127.0.0.1:\d+\)$"):
         fetch_all(tmp_path, None, "s3://models/data/none.jsonl")
     assert fetched_source(Path(fetched_model(str(tmp_path)))) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no .partial left
+
+
+def test_an_unknown_bucket_is_one_line_from_rhymerl_fetch_with_exit_2_and_nothing_left(aws: str, tmp_path: Path) -> None:
+    for args in (["--model", "s3://no-such-bucket/tiny-arith"], ["--data", "s3://no-such-bucket/math.jsonl"]):
+        res = subprocess.run([str(Path(sys.executable).with_name("rhymerl")), "fetch", "--into", str(tmp_path), *args],
+                             capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONSAFEPATH": "1"})
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.splitlines() == [f"error: {args[1]}: NoSuchBucket: The specified bucket does not exist ({aws})"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_a_claims_folder_and_file_are_copied_from_where_the_fetch_step_mounts_the_claim(tmp_path: Path) -> None:
