@@ -58,8 +58,8 @@ def step_line(m: StepMetrics) -> str:
             f"{m.response_length_max} | rollout {m.time_rollout_s:.1f}s "
             f"{m.rollout_tokens_per_s:.0f} tok/s spec {m.spec_rate:.2f} "
             f"acc {show(m.spec_acceptance, '.2f')} tok/pass {m.tokens_per_pass:.2f}{replicas} | "
-            f"reward {m.time_reward_s:.2f}s | train {m.time_train_s:.1f}s | "
-            f"kl {show(m.kl, '.4f')} ent {show(m.entropy, '.3f')} gnorm {show(m.grad_norm, '.3f')}")
+            f"scoring {m.time_reward_s:.2f}s | train {m.time_train_s:.1f}s | "
+            f"{'' if m.kl is None else f'kl {m.kl:.4f} '}ent {show(m.entropy, '.3f')} gnorm {show(m.grad_norm, '.3f')}")
 
 
 def epoch_rewards(rows: Sequence[StepMetrics]) -> dict[int, float]:
@@ -221,10 +221,28 @@ def profile_reporter(progress: Progress, console: Console) -> Callable[[int, int
 def _drive(job: RLJob, run: RunDir, resume: bool, console: Console) -> dict[int, float]:
     total = job.spec.algorithm.epochs * len(load_prompts(job.spec.data))
     console.print(f"[bold]rhymerl[/] run {job.metadata.name} -> {escape(str(run.path))}", soft_wrap=True)
+    if resume and run.finished(job.spec.algorithm.epochs):
+        epochs = job.spec.algorithm.epochs
+        console.print(f"finished already (step {run.recorded_steps()}, epoch {epochs} of {epochs}): nothing to run",
+                      highlight=False)
+    else:
+        _run_steps(job, run, resume, console, total, min(total, sum(m.prompts for m in run.step_metrics())))
+    rows = run.step_metrics()
+    plot = plot_metrics(rows, run.path / "plots" / "metrics.png")
+    per_epoch = epoch_rewards(rows)
+    for epoch, reward in per_epoch.items():
+        console.print(f"epoch {epoch}: mean reward {reward:.4f}")
+    console.print(f"run folder {run.path} (plots: {plot}, seed {job.spec.rollout.seed})", markup=False,
+                  highlight=False, soft_wrap=True)
+    return per_epoch
+
+
+def _run_steps(job: RLJob, run: RunDir, resume: bool, console: Console, total: int, done: int) -> None:
+    """The steps under a progress bar of prompts (a resumed run's starts where it stood), a line each."""
     progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                         MofNCompleteColumn(), TextColumn("{task.fields[unit]}"), TimeElapsedColumn(), console=console)
     with progress:
-        task = progress.add_task("rollout+train", total=total, unit="prompts")
+        task = progress.add_task("rollout+train", total=total, completed=done, unit="prompts")
         if job.spec.backend == "ray":
             from rhymerl.workers.runtime.ray_transport import (
                 run_steps_local_ray,  # Ray loads only when asked for
@@ -237,11 +255,3 @@ def _drive(job: RLJob, run: RunDir, resume: bool, console: Console) -> dict[int,
         for row in steps:
             progress.update(task, completed=min(total, sum(m.prompts for m in run.step_metrics())))
             console.print(step_line(row), highlight=False, soft_wrap=True)
-    rows = run.step_metrics()
-    plot = plot_metrics(rows, run.path / "plots" / "metrics.png")
-    per_epoch = epoch_rewards(rows)
-    for epoch, reward in per_epoch.items():
-        console.print(f"epoch {epoch}: mean reward {reward:.4f}")
-    console.print(f"run folder {run.path} (plots: {plot}, seed {job.spec.rollout.seed})", markup=False,
-                  highlight=False, soft_wrap=True)
-    return per_epoch

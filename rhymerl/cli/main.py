@@ -25,6 +25,7 @@ from rhymerl.cli.trace import trace_app
 from rhymerl.errors import UserError, writable_folder
 from rhymerl.tools.pretrain_recipe import DraftConfig, PretrainConfig
 from rhymerl.workers.controller.stopping import TERMINATED, RunStopped, Terminated, stop_signals
+from rhymerl.workers.runtime.fetch_deadline import Limits
 
 INTERRUPTED = 130  # the shell's code for a command stopped by Ctrl-C (128 + SIGINT)
 app = App(help="RL post-training (GRPO, DAPO) made fast by history.", no_args_is_help=True,
@@ -34,6 +35,7 @@ app.add_typer(trace_app, name="trace")
 app.add_typer(model_app, name="model")
 PRETRAIN = PretrainConfig()  # the defaults, defined once
 DRAFT = DraftConfig()
+FETCH = Limits()
 
 
 def _print_version(value: bool) -> None:
@@ -139,7 +141,8 @@ def run(
     set_: Annotated[list[str] | None, typer.Option("--set", help="override key.path=value")] = None,
     out: Annotated[Path | None, typer.Option(help="run folder (default runs/<name>-<time>)")] = None,
     resume: Annotated[Path | None, typer.Option(help="continue the run in this folder")] = None,
-    accept_spec_change: Annotated[bool, typer.Option(help="with --resume: go on although the folder's spec.yaml "
+    accept_spec_change: Annotated[bool, typer.Option("--accept-spec-change",
+                                                     help="with --resume: go on although the folder's spec.yaml "
                                                      "differs from the one its checkpoint was written under")] = False,
 ) -> None:
     """Run an RLJob on this machine (the local backend)."""
@@ -213,20 +216,34 @@ def worker(
 
 @app.command(epilog="A pod's fetch step (the operator's init container) runs it with the job's sources; by hand it "
              "fetches a cluster job's model and data to this machine. s3:// reads AWS_ENDPOINT_URL and the AWS "
-             "credentials from the environment, hf:// HF_TOKEN and HF_ENDPOINT.")
+             "credentials from the environment, hf:// HF_TOKEN and HF_ENDPOINT. Each timeout is the option, else "
+             "its environment variable (FETCH_CONNECT_TIMEOUT_S, FETCH_READ_TIMEOUT_S, FETCH_DEADLINE_S, "
+             "FETCH_S3_INSTANCE_CREDENTIALS), else the default; a fetch that fails or runs out of time says why on "
+             "one line, exits 2 and leaves no .partial folder.")
 def fetch(
     into: Annotated[Path, typer.Option("--into", help="folder: the model goes to INTO/model, data to INTO/data/FILE")],
     model: Annotated[str | None, typer.Option("--model", help="s3://BUCKET/PREFIX, hf://ORG/NAME (or "
                                               "ORG/NAME@REVISION) or pvc://CLAIM/PATH")] = None,
     data: Annotated[str | None, typer.Option("--data", help="s3://BUCKET/KEY, hf://datasets/ORG/NAME/FILE "
                                              "(or ORG/NAME@REVISION/FILE) or pvc://CLAIM/PATH")] = None,
+    connect_timeout: Annotated[float | None, typer.Option(
+        "--connect-timeout", help=f"seconds to open a connection (default {FETCH.connect_s:g})")] = None,
+    read_timeout: Annotated[float | None, typer.Option(
+        "--read-timeout", help=f"seconds to wait for an answer's first byte, and between bytes (default "
+                               f"{FETCH.read_s:g})")] = None,
+    deadline: Annotated[float | None, typer.Option(
+        "--deadline", help=f"seconds for the whole fetch, retries included (default {FETCH.deadline_s:g})")] = None,
+    s3_instance_credentials: Annotated[bool, typer.Option(
+        "--s3-instance-credentials", help="without S3 credentials in the environment, ask the instance metadata "
+                                          "service (the node's role)")] = False,
 ) -> None:
     """Fetch a job's model and data once (a marker records the source; a second run skips what is there)."""
     from rhymerl.workers.runtime.fetch import fetch_all
 
     if model is None and data is None:
         raise UserError("give --model, --data or both")
-    for line in fetch_all(into, model, data):
+    limits = Limits.from_env().overridden(connect_timeout, read_timeout, deadline, s3_instance_credentials)
+    for line in fetch_all(into, model, data, limits=limits):
         typer.echo(line)
 
 

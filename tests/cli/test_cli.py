@@ -6,9 +6,12 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import typer
 import yaml
 from cli_runner import rhymerl
+from typer.testing import CliRunner
 
 from rhymerl.api.crd import crd_yaml
 
@@ -85,6 +88,8 @@ def test_a_one_step_run_of_the_embedded_model_then_resume(repo: Path, tmp_path: 
     # the job is finished: resuming runs no step and keeps the single metrics line
     res = rhymerl("run", "--resume", str(out))
     assert res.returncode == 0, res.stderr
+    assert "finished already (step 1, epoch 1 of 1): nothing to run" in res.stdout
+    assert "verify cost" not in res.stdout  # no worker started
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
 
 
@@ -103,3 +108,26 @@ def test_the_package_never_shadows_the_standard_library_operator(repo: Path) -> 
     stdlib, ours = res.stdout.split()
     assert "site-packages" not in stdlib and not stdlib.startswith(str(repo))
     assert ours == str(repo / "operator" / "__init__.py")
+
+
+def _commands(group: Any, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    """Every leaf command under a typer group (typer vendors its click: groups are told by `commands`)."""
+    found: list[tuple[tuple[str, ...], Any]] = []
+    for name, command in group.commands.items():
+        found += _commands(command, (*prefix, name)) if hasattr(command, "commands") else [((*prefix, name), command)]
+    return found
+
+
+def test_every_commands_help_shows_each_option_name_whole_in_80_columns() -> None:
+    from rhymerl.cli.main import app
+
+    commands = _commands(typer.main.get_command(app))
+    assert len(commands) > 15
+    runner = CliRunner()
+    for path, command in commands:
+        res = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "80", "TERM": "dumb"}, terminal_width=80)
+        assert res.exit_code == 0, (path, res.output)
+        for param in command.params:
+            for name in [*param.opts, *param.secondary_opts]:
+                if name.startswith("--"):
+                    assert name in res.output, f"rhymerl {' '.join(path)} --help cuts {name} at 80 columns"

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from rhymerl.workers.run_folder.plots import trailing_mean
 from rhymerl.workers.run_folder.run_dir import RunDir
 from rhymerl.workers.run_folder.step_metrics import StepMetrics
 
@@ -44,3 +45,11 @@ def test_the_run_folder_reads_its_lines_back_typed(tmp_path: Path) -> None:
     assert line["loss"] is None  # nan is written as null
     back = run.step_metrics()
     assert [m.step for m in back] == [1] and back[0].loss is None and back[0].reward_mean == 0.5469
+
+
+def test_the_plots_noisy_panels_average_each_step_with_up_to_an_epoch_of_steps_before_it() -> None:
+    nan = float("nan")
+    assert trailing_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    assert trailing_mean([2.0, nan, 4.0], 3) == [2.0, 2.0, 3.0]  # a step without the value is left out
+    smoothed = trailing_mean([nan, 1.0], 1)
+    assert smoothed[0] != smoothed[0] and smoothed[1] == 1.0

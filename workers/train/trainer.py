@@ -207,8 +207,9 @@ class Trainer:
             "grad_norm": norms / max(updates, 1),
             "pg_clipfrac": sums["pg_clipfrac"] / tokens_seen,
             "entropy": sums["entropy"] / tokens_seen,
-            "kl": sums["kl"] / tokens_seen,
         }
+        if self.ref is not None:  # without a KL term (kl_coef 0) there is no reference policy to compare with
+            out["kl"] = sums["kl"] / tokens_seen
         out |= ratios.over(ranks).summary()
         if self.skipped_samples or self.skipped_updates:
             out |= {"skipped_samples": float(len(self.skipped_samples)), "skipped_updates": float(self.skipped_updates)}
