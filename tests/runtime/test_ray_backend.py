@@ -126,6 +126,9 @@ def assert_same_run(out: Path, reference: Path) -> None:
     A sample lost, doubled or trained at another version shifts an Adam step (up to lr = 2e-4 a weight)
     by far more than 2e-5."""
     assert samples(out) == samples(reference)
+    # a resumed run's workers load the restored in-flight version from the object store at once: a
+    # broadcast of a version the train worker never published would hold them STAGED_WAIT_S
+    assert [m["weight_fallbacks"] for m in metrics(out)] == [0] * len(metrics(out))
     assert [(r.step, r.policy_version) for r in dumps.read_run(out)] == \
         [(r.step, r.policy_version) for r in dumps.read_run(reference)]
     ours, theirs = (load_file(str(p / "checkpoints" / "step_000004" / "model.safetensors")) for p in (out, reference))

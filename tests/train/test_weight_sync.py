@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 
+from rhymerl.workers.controller.weight_broadcast import WeightBroadcast
 from rhymerl.workers.roles import weight_sync
 from rhymerl.workers.roles.weight_sync import Group, Layout, WeightReceiver, WeightSender
 
@@ -81,6 +82,46 @@ def test_a_transfer_that_fails_wakes_the_load_waiting_for_it_and_a_late_one_is_n
     assert a.take(1, timeout=0.01) is None
 
 
+def test_a_worker_that_went_back_to_an_older_version_takes_a_newer_one_sent_again() -> None:
+    """A resumed run at off-policy 1: the worker loads the current version (2) by broadcast, the
+    restored in-flight round's version (1) from the object store, then 2 again for the next round,
+    which the fleet sends again: it must be staged, not dropped as one the worker moved past."""
+    sender, a = WeightSender(), WeightReceiver()
+    _transfer(sender, [a], Group(sender.host, sender.port, "one-1", 2), 2, _weights(2))
+    assert a.take(2, timeout=1) is not None
+    a.loaded(1)
+    _transfer(sender, [a], Group(sender.host, sender.port, "one-2", 2), 2, _weights(2))
+    again = a.take(2, timeout=0.01)
+    assert again is not None and torch.equal(again["layer.0.w"], _weights(2)["layer.0.w"])
+
+
 def _swallow(fn: object, *args: object) -> None:
     with contextlib.suppress(RuntimeError):
         fn(*args)  # type: ignore[operator]
+
+
+class _Recording:
+    """A transport that records the calls and tells it is asked to make."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, object]] = []
+
+    def call(self, handle: object, method: str, *args: object) -> object:
+        self.sent.append((method, args[0]))
+        return object()
+
+    def tell(self, handle: object, method: str, *args: object) -> None:
+        self.sent.append((method, args[0]))
+
+
+def test_a_version_the_train_worker_never_published_goes_by_the_object_store_not_a_broadcast() -> None:
+    """A resumed run publishes its current version; the in-flight versions its checkpoint restored
+    were never handed to the sender, so a broadcast of one would hold its receiver for nothing."""
+    t = _Recording()
+    broadcast = WeightBroadcast(t, object(), ("127.0.0.1", 1, Layout.of(_weights(0))))  # type: ignore[arg-type]
+    broadcast.publish(5, [])
+    assert broadcast.carries(5) and not broadcast.carries(4)
+    broadcast.publish(6, [(1, "w1")])
+    broadcast.publish(7, [(1, "w1")])
+    assert [v for v in range(3, 9) if broadcast.carries(v)] == [6, 7]  # the train worker keeps two
+    assert t.sent == [("send_weights", 6), ("receive_weights", 6), ("send_weights", 7), ("receive_weights", 7)]

@@ -7,7 +7,9 @@ version it was not sent, or no longer holds (it joined, or a call of its starts 
 version than it loaded last), gets it through a group of its own before it loads. The object store keeps every version as before, and a worker
 loads its copy where a broadcast failed (after RolloutWorker.STAGED_WAIT_S): a lost transfer
 costs time, never a wrong or a missing version. Versions older than the train worker keeps
-(TrainWorker.KEEP_VERSIONS) go through the object store.
+(TrainWorker.KEEP_VERSIONS), and versions it never published (a resumed run's in-flight versions,
+restored from its checkpoint), go through the object store at once: a broadcast of a version the
+sender does not hold would keep its receivers waiting out STAGED_WAIT_S for nothing.
 
 Every call here is made from the step loop's one thread, so the train worker and each receiver
 see their transfers in the same order: no two wait on each other.
@@ -32,6 +34,7 @@ class WeightBroadcast:
         self.host, self.port, self.layout = channel
         self.ids = itertools.count(1)
         self.latest = -1
+        self.published: set[int] = set()  # versions the train worker handed out to send (those it keeps)
         self.sent: dict[int, set[int]] = defaultdict(set)  # worker id -> versions sent its way
         self.sends: list[Any] = []  # the train worker's results of transfers not read yet
         self.failed = 0  # transfers whose sender failed (their receivers loaded the object store's copy)
@@ -39,13 +42,14 @@ class WeightBroadcast:
     def publish(self, version: int, workers: Sequence[tuple[int, Any]]) -> None:
         """A new version to every live worker (id, handle) at once, in one group."""
         self.latest = max(self.latest, version)
+        self.published = {v for v in self.published | {version} if v > self.latest - TrainWorker.KEEP_VERSIONS}
         if workers:
             group = Group(self.host, self.port, f"fleet-{next(self.ids)}", len(workers) + 1)
             self._send(version, group, [(rank + 1, w, h) for rank, (w, h) in enumerate(workers)])
 
     def carries(self, version: int) -> bool:
-        """Whether `version` goes by broadcast (the train worker still keeps it)."""
-        return version > self.latest - TrainWorker.KEEP_VERSIONS
+        """Whether `version` goes by broadcast: published through here, and still kept by the train worker."""
+        return version in self.published
 
     def ensure(self, version: int, worker: int, handle: Any) -> None:
         """Before a worker loads `version`: sent to it alone, unless already on its way. The load

@@ -218,6 +218,8 @@ class RolloutWorker:
             staged = self.receiver.take(version, STAGED_WAIT_S)
             fell_back = staged is None
             weights = staged if staged is not None else weights.get()
+        else:
+            self.receiver.loaded(version)
         if self.vllm is not None:
             self.vllm.load_weights(weights)
         else:

@@ -147,7 +147,7 @@ class WeightReceiver:
         self._groups = _Groups()
         self._staged: dict[int, dict[str, Tensor] | None] = {}  # None: the transfer failed
         self._arrived: dict[int, threading.Event] = {}
-        self._taken = -1  # the newest version a load took
+        self._holds = -1  # the version the worker loaded last (the fleet's `Member.version`)
         self._lock = threading.Lock()
 
     def _event_locked(self, version: int) -> threading.Event:
@@ -165,7 +165,7 @@ class WeightReceiver:
             out = self._receive(group, rank, layout)
         finally:
             with self._lock:
-                if version > self._taken:  # else the worker moved past it: nothing waits for it
+                if version > self._holds:  # else the fleet sends it again if the worker needs it again
                     if out is not None or version not in self._staged:
                         self._staged[version] = out
                     self._event_locked(version).set()
@@ -189,14 +189,24 @@ class WeightReceiver:
 
     def take(self, version: int, timeout: float) -> dict[str, Tensor] | None:
         """The staged weights of `version` once they arrived (None if their transfer failed, or
-        nothing came within `timeout`); staged versions up to it are dropped (a version that comes
-        after is a new transfer)."""
+        nothing came within `timeout`); the worker holds `version` from now on (`loaded`)."""
         arrived = self._event(version).wait(timeout)
         with self._lock:
             weights = self._staged.get(version) if arrived else None
-            self._taken = max(self._taken, version)
-            for v in [v for v in self._staged if v <= version]:
-                del self._staged[v]
-            for v in [v for v in self._arrived if v <= version]:
-                del self._arrived[v]
+            self._loaded_locked(version)
             return weights
+
+    def loaded(self, version: int) -> None:
+        """The worker loaded `version` from elsewhere (the object store). It may be older than the
+        one it held (a resumed or deferred round's): a transfer of a newer version is then wanted
+        again, as the fleet sends one whenever the worker moves forward (WeightBroadcast.ensure)."""
+        with self._lock:
+            self._loaded_locked(version)
+
+    def _loaded_locked(self, version: int) -> None:
+        """Staged versions up to `version` are dropped (one that comes after is a new transfer)."""
+        self._holds = version
+        for v in [v for v in self._staged if v <= version]:
+            del self._staged[v]
+        for v in [v for v in self._arrived if v <= version]:
+            del self._arrived[v]
