@@ -61,7 +61,7 @@ def test_the_kv_cached_path_computes_the_full_forwards_logits_with_grouped_heads
     counts = torch.tensor([5, 2, 1])
     cache = KVCache(model.cfg, 3, 32, torch.float64, torch.device("cpu"))
     with torch.inference_mode():
-        model.prefill(prompt, torch.arange(3), cache)
+        model.prefill(prompt, torch.full((3,), 9), torch.arange(3), cache)
         cached = model.forward_cached(block, torch.full((3,), 9), cache, counts)
         full = model(torch.cat([prompt, block], dim=1))
     for row, n in enumerate(counts.tolist()):
@@ -78,7 +78,7 @@ def test_the_native_kernel_and_torch_attention_agree_on_a_grouped_query_model(
         cache = KVCache(model.cfg, 3, 40, torch.float32, torch.device("cpu"))
         assert cache.native is native and cache.v.shape[2] == 2  # one cached head per group
         with torch.inference_mode():
-            model.prefill(prompt, torch.arange(3), cache)
+            model.prefill(prompt, torch.full((3,), 7), torch.arange(3), cache)
             logits[native] = model.forward_cached(block, torch.full((3,), 7), cache, torch.tensor([5, 3, 0]))
     torch.testing.assert_close(logits[True], logits[False], rtol=1e-5, atol=1e-5)
 

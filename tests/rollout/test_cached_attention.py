@@ -114,6 +114,6 @@ def test_the_model_computes_the_same_logits_with_the_kernel_and_with_torch_atten
         cache = KVCache(model.cfg, 3, 40, torch.float32, torch.device("cpu"))
         assert cache.native is native
         with torch.inference_mode():
-            model.prefill(prompts, torch.arange(3), cache)
+            model.prefill(prompts, torch.full((3,), 7), torch.arange(3), cache)
             logits[native] = model.forward_cached(block, torch.full((3,), 7), cache, counts)
     torch.testing.assert_close(logits[True], logits[False], rtol=1e-5, atol=1e-5)

@@ -206,6 +206,25 @@ def test_speculative_generation_emits_exactly_the_plain_tokens(
         assert accepted == sum(r.drafted for r in spec)
 
 
+@pytest.mark.parametrize("batch", [1, 5, 16])
+def test_in_float32_speculation_and_batch_mates_change_no_token_and_no_logprob_bit(
+        tiny_model: TinyLlama, batch: int) -> None:
+    """On the native kernel every pass computes a token as every other pass would (batch
+    invariance): drafts of any length and quality, and whoever shares the batch, leave the tokens
+    and the behaviour log-probabilities the trainer corrects with exactly those of plain decoding."""
+    model = tiny_model.float()
+    reqs = _requests(10, seed=11)
+    params = SamplingParams(temperature=1.0, top_p=0.95, seed=12, max_response_length=40)
+    engine = TorchEngine(model, EOS, max_batch_size=batch)
+    plain = engine.generate(reqs, params)
+    alone = [TorchEngine(model, EOS, max_batch_size=1).generate([r], params)[0] for r in reqs[:3]]
+    truth = {r.sample_id: res.response_ids for r, res in zip(reqs, plain, strict=True)}
+    spec = engine.generate(reqs, params, OracleDrafts(truth, 5, corrupt_every=3))
+    assert sum(r.accepted for r in spec) > 0
+    assert [(r.response_ids, r.logprobs) for r in spec] == [(r.response_ids, r.logprobs) for r in plain]
+    assert [(r.response_ids, r.logprobs) for r in alone] == [(r.response_ids, r.logprobs) for r in plain[:3]]
+
+
 def test_wrong_drafts_cost_passes_but_never_change_tokens(tiny_model: TinyLlama) -> None:
     reqs = _requests(6, seed=1)
     params = SamplingParams(temperature=1.0, seed=2, max_response_length=30)

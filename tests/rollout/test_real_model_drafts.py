@@ -1,8 +1,9 @@
 """On a real pretrained model (SmolLM2-135M-Instruct: grouped-query attention, a 49K-token vocabulary, its
 chat template) the torch engine's speculation keeps plain decoding's tokens for every draft source: the
 job's history, the history with the group, n-gram, a draft model, Fastest-of-N over them and a drafter
-on a freed worker. float64, as the toy's tests: there logits do not depend on how many tokens a pass
-appends."""
+on a freed worker, with the same log-probabilities. float32, what rollout runs: on the native
+attention kernel a token's logits do not depend on how many tokens its pass appends or who shares
+it (workers/model/cached_attention.py)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ SOURCES = ("history", "history-and-group", "ngram", "draft-model", "fastest-of-n
 
 @pytest.fixture(scope="module")
 def policy(smollm2_folder: Path) -> TinyLlama:
-    return load_model(smollm2_folder, torch.float64)
+    return load_model(smollm2_folder, torch.float32)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,7 @@ def draft(smollm2_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Tin
                  folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": DRAFT_LAYERS}))
     (folder / "tokenizer.json").write_bytes((smollm2_folder / "tokenizer.json").read_bytes())
-    return load_draft_model(str(folder), smollm2_folder, torch.float64)
+    return load_draft_model(str(folder), smollm2_folder, torch.float32)
 
 
 def _requests(folder: Path, epoch: int) -> list[GenRequest]:
@@ -107,7 +108,7 @@ def test_every_draft_source_keeps_plain_decodings_tokens_on_a_real_model(
         epochs: tuple[TorchEngine, dict[str, HistoryIndex], list[GenResult]]) -> None:
     engine, indexes, plain = epochs
     spec = engine.generate(_requests(smollm2_folder, 2), PARAMS, _source(name, indexes, draft))
-    assert [r.response_ids for r in spec] == [r.response_ids for r in plain]
+    assert [(r.response_ids, r.logprobs) for r in spec] == [(r.response_ids, r.logprobs) for r in plain]
     assert len({tuple(r.response_ids) for r in plain}) == len(plain)  # real sampled text, not one answer
     assert sum(r.drafted for r in spec) > 0  # the source drafted: its drafts were verified, not skipped
     assert sum(r.accepted for r in spec) > 0

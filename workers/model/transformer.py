@@ -6,9 +6,11 @@ layer, Llama 3's RoPE scaling), so the torch engine's bit-exact decoding and eve
 on a real pretrained model as they do on the embedded one.
 
 `forward` scores whole right-padded sequences (training, log-probs). `forward_cached` appends a
-ragged block of tokens per KV-cache slot and returns their logits: prefill, one-token decode and
-multi-token draft verification are the same call, and rolling back a rejected draft is only a
-matter of the caller's slot lengths (entries past a slot's length are never attended to).
+ragged block of tokens per KV-cache slot and returns their logits: prefill (on the native kernel;
+elsewhere torch's attention over the whole rows), one-token decode and multi-token draft
+verification are the same call, so a token gets the same bits in each (cached_attention.py), and
+rolling back a rejected draft is only a matter of the caller's slot lengths (entries past a slot's
+length are never attended to).
 
 Parameter names follow Hugging Face's LlamaForCausalLM so a checkpoint maps onto it one to one.
 """
@@ -201,7 +203,7 @@ class Attention(nn.Module):
         qs = _rotate(self.q_proj(x).view(t, self.h, self.hd), cos, sin)
         ks = _rotate(self.k_proj(x).view(t, self.kv, self.hd), cos, sin)
         vs = self.v_proj(x).view(t, self.kv, self.hd)
-        if cache.native and cells.shape[1] > 1:  # verify passes; the kernel stores keys and values itself
+        if cache.native:  # every pass, one token or many: a token's bits never depend on its pass (module docstring)
             out = cached_attention.attend(qs, ks, vs, cache.k[layer, :slots], cache.v[layer, :slots], cells.start,
                                           cells.counts)
             result: Tensor = self.o_proj(out.reshape(t, -1))
@@ -319,9 +321,32 @@ class TinyLlama(PolicyModel):
             x = checkpoint(layer, x, cos, sin, use_reentrant=False) if recompute else layer(x, cos, sin)
         return self._logits(x if at is None else at_positions(x, at))
 
-    def prefill(self, tokens: Tensor, slots: Tensor, cache: KVCache, rows: Tensor | None = None) -> Tensor:
-        """Score right-padded prompts [n, L] from position 0 and store their keys/values in `slots`;
-        with `rows`, slot i gets prompt rows[i], so a prompt shared by several slots is scored once."""
+    def prefill(self, tokens: Tensor, lengths: Tensor, slots: Tensor, cache: KVCache,
+                rows: Tensor | None = None) -> Tensor:
+        """Score right-padded sequences tokens [n, L] (row i's first lengths[i] tokens) from position 0
+        into cache `slots`, and return the logits of each row's last token [n, V]; with `rows`, slot
+        i gets sequence rows[i], so a prompt shared by several slots is scored once.
+
+        Where the cache runs the native kernel, the rows go through `forward_cached` as one ragged
+        block: a sequence's bits are then those its tokens would get decoded one by one, whatever
+        rows it is scored beside (a resumed or moved sample continues exactly)."""
+        rows = torch.arange(tokens.shape[0], device=tokens.device) if rows is None else rows
+        if not cache.native:
+            return self._prefill_whole(tokens, slots, cache, rows)[torch.arange(tokens.shape[0]), lengths - 1]
+        first = torch.full((tokens.shape[0],), -1, dtype=torch.int64)
+        for slot, row in zip(slots.tolist(), rows.tolist(), strict=True):
+            first[row] = slot if first[row] < 0 else first[row]
+        block = torch.zeros(int(first.max()) + 1, tokens.shape[1], dtype=tokens.dtype, device=tokens.device)
+        counts = torch.zeros(block.shape[0], dtype=torch.int64, device=tokens.device)
+        block[first], counts[first] = tokens, lengths
+        last = self.forward_cached(block, torch.zeros_like(counts), cache, counts, last=True)
+        copies = first[rows] != slots
+        if bool(copies.any()):
+            cache.move(first[rows][copies], slots[copies], int(lengths.max()))
+        return last[first]
+
+    def _prefill_whole(self, tokens: Tensor, slots: Tensor, cache: KVCache, rows: Tensor) -> Tensor:
+        """`prefill` by torch's attention over the whole padded rows (a cache without the native kernel)."""
         x = self.embed_tokens(tokens)
         cos, sin = self._rope(torch.arange(tokens.shape[1], device=tokens.device), x.dtype)
         for i, layer in enumerate(self.blocks):
@@ -329,8 +354,10 @@ class TinyLlama(PolicyModel):
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self._logits(x)
 
-    def forward_cached(self, tokens: Tensor, start: Tensor, cache: KVCache, counts: Tensor | None = None) -> Tensor:
-        """Append `tokens` [S, W] to cache slots 0..S-1 at positions start[s]..; logits [S, W, V].
+    def forward_cached(self, tokens: Tensor, start: Tensor, cache: KVCache, counts: Tensor | None = None,
+                       last: bool = False) -> Tensor:
+        """Append `tokens` [S, W] to cache slots 0..S-1 at positions start[s]..; logits [S, W, V], or
+        with `last` only each slot's last real token's [S, V] (zeros for a slot given none).
 
         `counts[s]` (default W) is how many of row s's tokens are real: only those are computed and
         cached, the rest of the row is padding whose logits come back as zeros. Projections and the
@@ -345,7 +372,13 @@ class TinyLlama(PolicyModel):
         for i, layer in enumerate(self.blocks):
             x = x + layer.self_attn.forward_cached(layer.input_layernorm(x), cos, sin, cache, i, cells)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return cells.pad(self._logits(x))
+        if not last:
+            return cells.pad(self._logits(x))
+        ends = torch.cumsum(cells.counts, 0) - 1
+        real = cells.counts > 0
+        out: Tensor = x.new_zeros(cells.shape[0], self.cfg.vocab_size)
+        out[real] = self._logits(x[ends[real]])
+        return out
 
 
 def rope_frequencies(cfg: ModelConfig) -> Tensor:

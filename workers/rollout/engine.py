@@ -418,9 +418,9 @@ class EngineSession:
         b, device, params, drafts = self._b, self.engine.device, self.params, self.drafts
         taken = [(slot, self._queue.popleft()) for slot in free[: len(self._queue)]]
         # a GRPO group's samples share their prompt: each distinct sequence is scored once and its
-        # keys/values written to every slot that holds it. With torch's CPU kernels a row gets the
-        # same bits whatever rows are scored beside it (tests/rollout/test_ragged_forward.py); no
-        # library promises that, but speculative and plain decoding share this path either way
+        # keys/values written to every slot that holds it. On the native kernel a row gets the bits
+        # its tokens would get decoded one by one, whatever rows are scored beside it
+        # (tests/rollout/test_ragged_forward.py): a moved or resumed sample continues exactly
         distinct: dict[tuple[int, ...], int] = {}
         row_of = [distinct.setdefault(tuple(self._requests[k].prompt_ids + self._results[k].response_ids),
                                       len(distinct)) for _, k in taken]
@@ -431,7 +431,7 @@ class EngineSession:
         slots = torch.tensor([s for s, _ in taken], device=device)
         rows = torch.tensor(row_of, device=device)
         ends = torch.tensor([len(ids) - 1 for ids in distinct], device=device)
-        logits = self.engine.model.prefill(tokens, slots, self._cache, rows)[torch.arange(len(distinct)), ends][rows]
+        logits = self.engine.model.prefill(tokens, ends + 1, slots, self._cache, rows)[rows]
         ends = ends[rows]
         sids = torch.tensor([self._requests[k].sample_id for _, k in taken], device=device)
         positions = torch.tensor([len(self._results[k].response_ids) for _, k in taken], device=device)

@@ -225,7 +225,8 @@ def measure_prefill(model: TinyLlama, tokens: int, repeats: int = 5) -> float:
     cache = KVCache(model.cfg, 1, tokens, param.dtype, param.device)
     ids = torch.randint(3, model.cfg.vocab_size, (1, tokens), device=param.device)
     slots = torch.zeros(1, dtype=torch.int64, device=param.device)
-    return _timer(model, repeats)(model.prefill, ids, slots, cache) / tokens
+    lengths = torch.full((1,), tokens, dtype=torch.int64, device=param.device)
+    return _timer(model, repeats)(model.prefill, ids, lengths, slots, cache) / tokens
 
 
 MAX_AGE_S = 7 * 24 * 3600.0
