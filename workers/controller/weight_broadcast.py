@@ -11,8 +11,10 @@ costs time, never a wrong or a missing version. Versions older than the train wo
 restored from its checkpoint), go through the object store at once: a broadcast of a version the
 sender does not hold would keep its receivers waiting out STAGED_WAIT_S for nothing.
 
-Every call here is made from the step loop's one thread, so the train worker and each receiver
-see their transfers in the same order: no two wait on each other.
+Every call here is made from the step loop's one thread, so each receiver takes its transfers in
+the order they were made, one at a time; the train worker sends them side by side
+(TrainWorker.CONCURRENCY_GROUPS), so no transfer waits on another, and one held by a receiver that
+died holds no other (a replacement worker loads the current version at once).
 """
 
 from __future__ import annotations

@@ -41,7 +41,9 @@ class TrainWorker:
     broadcast (`weight_channel`, `send_weights`: workers/roles/weight_sync.py), beside its other
     calls on Ray (the `weights` concurrency group), from a copy no update touches."""
 
-    CONCURRENCY_GROUPS: ClassVar[dict[str, int]] = {"weights": 1}
+    CONCURRENCY_GROUPS: ClassVar[dict[str, int]] = {"weights": 4}
+    """Sends run side by side: one whose receiver died holds its thread until the group's timeout
+    (weight_sync.TIMEOUT), not the transfers to the worker that replaces it."""
     WEIGHTS: ClassVar[frozenset[str]] = frozenset({"weight_channel", "send_weights"})
     KEEP_VERSIONS = 2  # published versions the step loop may ask to send (a joiner may start on the one before)
     PUBLISH_WAIT_S = 60.0  # how long a send waits for its version to be handed out (start-up: `weights` runs beside)

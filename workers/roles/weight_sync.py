@@ -132,7 +132,11 @@ class WeightSender:
         return int(self.store.port)
 
     def send(self, group: Group, weights: Mapping[str, Tensor]) -> None:
-        pg = self._groups.open(group, 0, self.store)
+        """Broadcast `weights` to `group`'s receivers. Each transfer meets them over a connection of its
+        own to the store: a store client serves one request at a time, so a rendezvous waiting for a
+        receiver that died would hold every other transfer's (those run on other threads) until
+        TIMEOUT."""
+        pg = self._groups.open(group, 0, TCPStore(self.host, self.port, is_master=False, timeout=TIMEOUT))
         layout = Layout.of(weights)
         tensors = [weights[name] for name, _, _ in layout.tensors]
         for bucket in layout.buckets():
