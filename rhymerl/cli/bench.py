@@ -16,7 +16,10 @@ from rhymerl.errors import OptionError, writable_folder
 bench_app = App(help="Benchmarks: tables and plots, measured side by side in one run.", no_args_is_help=True)
 
 
-@bench_app.command("schedule")
+@bench_app.command("schedule", epilog="Progress (rows simulated of all policies' rows, rows/s) goes to stderr. "
+                   "Time is linear in the trace's rows: about 16,000 rows/s over the 10 policies on a 2-core VM, so "
+                   "2M rows take about 21 minutes (--policy or --steps for less); docs/scheduling.md, 'Large "
+                   "traces'.")
 def schedule(
     trace: Annotated[str, typer.Option("--trace", help="trace CSV (step,prompt_id,input_len,output_len) "
                                        "or synthetic:NAME (math, code; held-out class: dapo-math, vl-video, code-14b, "

@@ -203,9 +203,12 @@ class Scheduler:
         if not unfinished:
             return []
         moves = self._steal(worker, round_no, unfinished)
+        offers: dict[int, dict[SampleId, int]] = {}  # per source, built once: a steal may take thousands
         for m in moves:
             st = self._state(m.sid)
-            offered = dict(unfinished.get(m.src, ()))
+            if m.src not in offers:
+                offers[m.src] = dict(unfinished.get(m.src, ()))
+            offered = offers[m.src]
             if st.done or st.round_no != round_no or st.worker != m.src or m.dst != worker or m.sid not in offered:
                 raise SchedulingError(f"sample {m.sid}: cannot be stolen by worker {worker} for round {round_no}")
         return moves

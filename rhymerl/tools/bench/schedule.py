@@ -3,20 +3,23 @@
 Each policy is the production scheduler object (rhymerl.algorithms.scheduling) driven by the
 trace-driven simulator (rhymerl.tools.sim). Output: a table (policy x time per step, bubbles,
 samples/s, speedup over the equal split, % migrated, gap to the lower bound), one Gantt PNG per
-policy, and a JSON with everything.
+policy, and a JSON with everything. While it runs, the rows simulated so far (over all policies) and
+their rate go to stderr; time is linear in the trace's rows (docs/scheduling.md, "Large traces").
 """
 
 from __future__ import annotations
 
+import gc
 import shlex
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from rhymerl.algorithms.scheduling import POLICIES, SpeculationSpeedup, make_scheduler
@@ -27,10 +30,11 @@ from rhymerl.errors import OptionError, user_paths
 from rhymerl.tools.bench.report import machine, write_json, write_text
 from rhymerl.tools.bench.tables import print_table
 from rhymerl.tools.sim import SimConfig, SimResult, simulate
+from rhymerl.tools.sim.engine import Simulator
 from rhymerl.tools.sim.gantt import plot_gantt
 from rhymerl.tools.sim.iteration_profile_file import resolve_profile
 from rhymerl.tools.traces import Trace, load_trace
-from rhymerl.tools.traces.progress import reading_bar
+from rhymerl.tools.traces.progress import Ticker, reading_bar, rows_bar
 from rhymerl.tools.traces.synthetic import parse_overrides
 
 
@@ -96,6 +100,13 @@ class BenchReport:
     results: list[tuple[Variant, SimResult]]
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    rows: int = 0
+    """Trace rows each policy's run simulated."""
+
+    @property
+    def rows_per_s(self) -> float:
+        """Rows simulated over all policies per second of the whole command (reading, simulating, results)."""
+        return self.rows * len(self.results) / self.seconds if self.seconds > 0 else 0.0
 
     @property
     def base(self) -> SimResult:
@@ -146,24 +157,10 @@ def run_bench(cfg: BenchConfig, console: Console | None = None) -> BenchReport:
         notes.append(
             f"the first {warmup} step(s) seed history and are not simulated (one epoch: steps before a prompt recurs)"
         )
-    results: list[tuple[Variant, SimResult]] = []
-    progress = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(), console=console, transient=True, disable=console is None,
-    )
-    with progress:
-        task = progress.add_task("simulating", total=len(chosen))
-        for v in chosen:
-            progress.update(task, description=f"simulating {v.key}")
-            sched = make_scheduler(
-                v.spec, cfg.workers, profile=profile, speculation=spec, max_off_policy=cfg.max_off_policy, seed=cfg.seed,
-                placement=v.placement,
-            )
-            if isinstance(sched, HistoPipe):
-                sched.work_stealing = v.work_stealing
-            results.append((v, simulate(trace, sched, sim_cfg, warmup_steps=warmup, steps=cfg.steps)))
-            progress.advance(task)
-    report = BenchReport(config=cfg, trace=trace, warmup=warmup, results=results, notes=notes)
+    with rows_bar("simulating", enabled=console is not None) as tick:
+        results = simulate_all(trace, chosen, cfg, sim_cfg, warmup, tick)
+    report = BenchReport(config=cfg, trace=trace, warmup=warmup, results=results, notes=notes,
+                         rows=simulated_rows(trace, warmup, cfg.steps))
     for v, r in results:
         fallback = sorted({src for src in r.rankings.values() if src in ("prompt-length", "random")})
         if v.spec.policy in ("histopipe", "skew-aware") and fallback:
@@ -181,6 +178,72 @@ def run_bench(cfg: BenchConfig, console: Console | None = None) -> BenchReport:
         )
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def simulated_rows(trace: Trace, warmup: int, steps: int | None) -> int:
+    """Rows of the steps one policy's run simulates: those after `warmup`, at most `steps` of them."""
+    last = trace.num_steps if steps is None else min(trace.num_steps, warmup + steps)
+    return int(np.count_nonzero((trace.step > warmup) & (trace.step <= last)))
+
+
+def simulate_all(trace: Trace, chosen: list[Variant], cfg: BenchConfig, sim_cfg: SimConfig, warmup: int,
+                 tick: Ticker | None = None) -> list[tuple[Variant, SimResult]]:
+    """Every chosen policy's run, one after another; `tick` hears the rows done over all of them."""
+    each = simulated_rows(trace, warmup, cfg.steps)
+    total = each * len(chosen)
+    results: list[tuple[Variant, SimResult]] = []
+    for i, v in enumerate(chosen):
+        sched = make_scheduler(
+            v.spec, cfg.workers, profile=sim_cfg.profile, speculation=sim_cfg.speculation,
+            max_off_policy=cfg.max_off_policy, seed=cfg.seed, placement=v.placement,
+        )
+        if isinstance(sched, HistoPipe):
+            sched.work_stealing = v.work_stealing
+        on_event = None
+        if tick is not None:
+            tick.describe(f"simulating {v.key} ({i + 1}/{len(chosen)})")
+            tick(i * each, total)
+            on_event = _reporting(tick, i * each, total)
+        with _collector_paused():
+            result = simulate(trace, sched, sim_cfg, warmup_steps=warmup, steps=cfg.steps, on_event=on_event)
+        results.append((v, result))
+    if tick is not None:
+        tick(total, total)
+    return results
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a policy runs, then a full collection. A run makes
+    no cyclic garbage, but every collection walks the millions of objects a large trace's run holds:
+    10-20% of the time. The collection afterwards frees the run's simulator (its objects refer to one
+    another) before the next policy's is built."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+        gc.collect()
+
+
+EVENTS_PER_TICK = 2048
+"""Simulator events between two progress reports (thousands of rows a second: a few reports a second)."""
+
+
+def _reporting(tick: Ticker, before: int, total: int) -> Callable[[Simulator], None]:
+    """An `on_event` for the simulator: every EVENTS_PER_TICK events, the rows done so far (`before`
+    those of the policies already run) out of `total`."""
+    events = 0
+
+    def on_event(sim: Simulator) -> None:
+        nonlocal events
+        events += 1
+        if events % EVENTS_PER_TICK == 0:
+            tick(before + len(sim.finished), total)
+
+    return on_event
 
 
 def _ranking(r: SimResult) -> str:
@@ -290,4 +353,5 @@ def main(cfg: BenchConfig, out: Path | None, console: Console) -> None:
         command = "rhymerl " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         written = write_outputs(report, out, command)
         console.print(f"wrote {len(written)} files to {out}/ (results.json, table.md, gantt_*.png)")
-    console.print(f"[dim]{report.seconds:.1f} s[/dim]")
+    console.print(f"[dim]{report.seconds:.1f} s: {len(report.results)} policies x {report.rows:,} rows, "
+                  f"{report.rows_per_s:,.0f} rows/s[/dim]")

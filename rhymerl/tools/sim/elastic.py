@@ -107,6 +107,7 @@ def compact(sim: Simulator, keep: list[int]) -> None:
     fresh = max((w.version for w in sim.workers), default=0) + 1  # events of the old numbering go stale
     for idx, w in enumerate(workers):
         w.idx = idx
+        w.waiting.owner = idx
         w.version = fresh
     sim.workers = workers
     sim.gone = set()
@@ -125,7 +126,7 @@ def join(sim: Simulator) -> int:
         idx = sim.sched.add_worker()
     if idx != len(sim.workers):
         raise SimulationError(f"join: the scheduler numbered the new worker {idx}, the simulator has {len(sim.workers)}")
-    w = SimWorker(idx, max(sim.plans, default=sim.first_step - 1), sim.alpha)
+    w = SimWorker(idx, sim.last_plan, sim.alpha)
     w.clock = sim.now
     w.version = max((v.version for v in sim.workers), default=0) + 1
     sim.workers.append(w)

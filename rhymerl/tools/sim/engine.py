@@ -57,13 +57,13 @@ from rhymerl.algorithms.scheduling.freed_drafters import (
     consolidation,
     drafted_pass_seconds,
 )
-from rhymerl.algorithms.scheduling.types import Move, RoundPlan, Sample, SampleId
+from rhymerl.algorithms.scheduling.types import Move, RoundPlan, SampleId
 from rhymerl.tools.traces.model import Trace
 
 from .drafting import DraftSpan, StepDrafting, step_drafting
 from .metrics import SimResult
 from .results import collect_result
-from .state import SimSeq, SimWorker
+from .state import SeqQueue, SimSeq, SimWorker, trace_seqs
 
 
 class SimulationError(RuntimeError):
@@ -121,19 +121,7 @@ class Simulator:
         self.first_step = warmup_steps + 1
         self.last_step = last
         self._prime(rows[:warmup_steps])
-        self.step_samples: dict[int, list[Sample]] = {}
-        self.seqs: dict[int, SimSeq] = {}
-        for s in range(self.first_step, last + 1):
-            batch = []
-            for i in rows[s - 1].tolist():
-                inp, out = int(trace.input_len[i]), int(trace.output_len[i])
-                batch.append(Sample(sid=i, prompt_id=trace.prompt_id[i], input_len=inp, oracle_len=out))
-                self.seqs[i] = SimSeq(sid=i, input_len=inp, target=out, step=s, origin=s)
-                if trace.turns is not None:
-                    tokens, tool_s = trace.turns.of_row(i)
-                    self.seqs[i].turn_ends = tuple(np.cumsum(tokens[:-1]).tolist())
-                    self.seqs[i].tool_s = tuple(tool_s[:-1])
-            self.step_samples[s] = batch
+        self.step_samples, self.seqs = trace_seqs(trace, rows, self.first_step, last)
         self.sched.final_round = last
         n = config.workers
         self.workers = [SimWorker(w, self.first_step - 1, self.alpha) for w in range(n)]
@@ -146,7 +134,8 @@ class Simulator:
         self.events: list[tuple[float, int, int, int]] = []  # (time, seq, kind, arg)
         self._counter = 0
         self.plans: dict[int, RoundPlan] = {}
-        self.pending: dict[int, list[deque[SimSeq]]] = {}
+        self.last_plan = self.first_step - 1  # the latest step planned (max of `plans`)
+        self.pending: dict[int, list[SeqQueue]] = {}
         """Per step, per worker: planned samples the worker has not taken up yet (it is on an earlier step)."""
         self.round_left: dict[int, int] = {}
         self.completed: dict[int, float] = {}
@@ -155,7 +144,7 @@ class Simulator:
         self.train_end = 0.0
         self.step_start: dict[int, float] = {}
         self.idle: set[int] = set(range(n))
-        self.shared: deque[SimSeq] = deque()
+        self.shared = SeqQueue(-1)
         self.limbo: set[int] = set()
         self.at_tool: dict[int, int] = {}
         """Multi-turn samples out at a tool call: the worker whose queue they return to (per-worker pipelines)."""
@@ -362,6 +351,7 @@ class Simulator:
             q.running = True
             q.recompute = True
             w.running[q.sid] = q
+            w.admitted(q)
             w.c0 += q.input_len + q.generated - q.start_it * w.alpha
             heapq.heappush(w.fin, (q.start_it + self._passes(q.stop - q.generated, w.alpha), q.sid))
             if q.watch is not None:
@@ -389,11 +379,11 @@ class Simulator:
         runs alone."""
         return admits(kv, q.input_len, q.generated, len(w.running) + admitting + 1, w.alpha, self.kv_cap)
 
-    def _take(self, w: SimWorker, queue: deque[SimSeq], batch: list[SimSeq], kv: float, most: int | None = None) -> float:
+    def _take(self, w: SimWorker, queue: SeqQueue, batch: list[SimSeq], kv: float, most: int | None = None) -> float:
         """Move sequences from the front of `queue` into `batch` while a slot is free and their KV
         cache fits next to `kv` tokens (at most `most` of them); returns the KV tokens with them."""
         room = min(self.cap - len(w.running), len(batch) + (most if most is not None else self.cap))
-        while queue and len(batch) < room and self._fits(w, kv, queue[0], len(batch)):
+        while queue and len(batch) < room and self._fits(w, kv, queue.first(), len(batch)):
             q = queue.popleft()
             batch.append(q)
             kv += q.input_len + q.generated
@@ -428,6 +418,7 @@ class Simulator:
     def _plan(self, step: int) -> RoundPlan:
         plan = self.sched.plan_round(step, self.step_samples.pop(step))
         self.plans[step] = plan
+        self.last_plan = max(self.last_plan, step)
         self.plan_time[step] = self.now
         sids = plan.all_samples()
         self.round_left[step] = len(sids)
@@ -437,7 +428,7 @@ class Simulator:
         if self.sched.pipeline == "shared":
             self.shared.extend(self.seqs[sid] for sid in plan.shared)
         else:
-            self.pending[step] = [deque(self.seqs[sid] for sid in q) for q in plan.queues]
+            self.pending[step] = [SeqQueue(i, (self.seqs[sid] for sid in q)) for i, q in enumerate(plan.queues)]
         if not sids:
             self._complete(step)
         return plan
@@ -458,12 +449,11 @@ class Simulator:
             if queue:
                 self.idle.discard(w.idx)
                 self._await_indexes(w, step, queue)
-                w.waiting.extend(queue)
-                queue.clear()
+                w.waiting.extend(queue.drain())
                 self._refill(w)
                 return
 
-    def _await_indexes(self, w: SimWorker, step: int, queue: deque[SimSeq]) -> None:
+    def _await_indexes(self, w: SimWorker, step: int, queue: SeqQueue) -> None:
         """Hold the worker until the history indexes of its share's prompts have arrived."""
         if self.cfg.index_bytes_per_token <= 0 or self.cfg.bandwidth_bytes_per_s == math.inf:
             return
@@ -645,7 +635,7 @@ class Simulator:
         keeping their tokens, and are recomputed when readmitted (vLLM's recompute preemption).
         The scheduler is not told: the sample stays on its worker."""
         while len(w.running) > 1 and self.kv_cap < math.inf and self._kv_last_it(w) <= w.it:
-            q = max(w.running.values(), key=lambda r: r.admitted)
+            q = w.last_admitted()
             self._remove(w, q)
             q.recompute = True
             w.waiting.appendleft(q)
@@ -666,7 +656,7 @@ class Simulator:
                         w.clock += self.profile.prefill_time(tokens)
                         self._schedule(w)
         if self.sched.pipeline == "shared":
-            step = max(self.plans, default=self.first_step - 1) + 1
+            step = self.last_plan + 1
             while step in self.step_samples and self._gate(step):
                 self._plan(step)
                 step += 1
@@ -786,16 +776,11 @@ class Simulator:
             self._advance(w, self.now)
             self._remove(w, q)
             return w.idx
-        for w in self.workers:
-            if q in w.waiting:
-                w.waiting.remove(q)
-                return w.idx
-        for queues in self.pending.values():
-            for idx, queue in enumerate(queues):
-                if q in queue:
-                    queue.remove(q)
-                    return idx
-        raise AssertionError(f"sample {q.sid}: not on any worker")
+        queue = q.queue  # a worker's waiting samples or its planned share of a step not taken up yet
+        if queue is None or queue is self.shared:
+            raise AssertionError(f"sample {q.sid}: not on any worker")
+        queue.remove(q)
+        return queue.owner
 
     def unfinished(self, worker: int, step: int) -> list[tuple[SampleId, int]]:
         """A worker still on an earlier step has not taken up its planned samples of `step` yet."""
@@ -863,6 +848,8 @@ def simulate(
     *,
     warmup_steps: int = 0,
     steps: int | None = None,
+    on_event: Callable[[Simulator], None] | None = None,
 ) -> SimResult:
-    """Run `scheduler` over the trace's steps after `warmup_steps` (whose lengths seed history)."""
-    return Simulator(trace, scheduler, config, warmup_steps=warmup_steps, steps=steps).run()
+    """Run `scheduler` over the trace's steps after `warmup_steps` (whose lengths seed history);
+    `on_event` is called after every event (e.g. to report progress: `len(sim.finished)` samples done)."""
+    return Simulator(trace, scheduler, config, warmup_steps=warmup_steps, steps=steps).run(on_event)

@@ -14,6 +14,7 @@ holds the prefill of its context at each later turn, and its time the seconds of
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -58,7 +59,13 @@ class StepRecord:
 def window_bubbles(
     segments: list[tuple[int, float, float, int]], workers: int, windows: list[tuple[float, float]]
 ) -> list[float]:
-    """Idle share of worker-time inside each (start, end) window, from busy segments."""
+    """Idle share of worker-time inside each (start, end) window, from busy segments.
+
+    Each worker's segments are merged into disjoint spans in time order; a window sums, worker by
+    worker, the overlap of the spans that reach into it (found by bisection: a run of thousands of
+    steps has thousands of windows and spans, and scanning every span for every window was
+    quadratic). Spans outside a window add 0.0, so the sum is the one a full scan gives, bit for bit.
+    """
     by_worker: dict[int, list[tuple[float, float]]] = {}
     for w, s, e, _ in segments:
         by_worker.setdefault(w, []).append((s, e))
@@ -72,14 +79,29 @@ def window_bubbles(
             else:
                 out.append((s, e))
         merged.append(out)
+    ends = [[e for _, e in spans] for spans in merged]  # increasing: the spans are disjoint and sorted
     result = []
     for lo, hi in windows:
         if hi <= lo:
             result.append(0.0)
             continue
-        busy = sum(max(0.0, min(e, hi) - max(s, lo)) for spans in merged for s, e in spans)
+        busy = sum(
+            max(0.0, min(e, hi) - max(s, lo))
+            for spans, end in zip(merged, ends, strict=True)
+            for s, e in _reaching(spans, end, lo, hi)
+        )
         result.append(min(1.0, max(0.0, 1.0 - busy / (workers * (hi - lo)))))
     return result
+
+
+def _reaching(spans: list[tuple[float, float]], ends: list[float], lo: float, hi: float) -> list[tuple[float, float]]:
+    """The disjoint, time-ordered `spans` (their ends `ends`) that may overlap [lo, hi]: from the
+    first ending after `lo` to the last starting before `hi`."""
+    first = bisect.bisect_right(ends, lo)
+    last = first
+    while last < len(spans) and spans[last][0] < hi:
+        last += 1
+    return spans[first:last]
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,12 @@ def collect_result(self: Simulator, total: int) -> SimResult:
     bubbles = window_bubbles(self.segments, n, windows)
     rows = np.array(sorted(self.seqs), dtype=np.int64)
     step_of = np.array([self.seqs[i].origin for i in rows.tolist()], dtype=np.int64)
+    by_step = rows[np.argsort(step_of, kind="stable")]  # each step's rows together, in row order
+    bounds = np.searchsorted(np.sort(step_of), [step_ids.start, *(s + 1 for s in step_ids)])
     step_lb = {}
     turns = self.trace.turns
-    for s in step_ids:
-        r = rows[step_of == s]
+    for i, s in enumerate(step_ids):
+        r = by_step[bounds[i]:bounds[i + 1]]
         step_lb[s] = lower_bound(
             self.trace.input_len[r], self.trace.output_len[r], n, self.bound_batch, self.profile, self.cfg.speculation,
             turns.take(r) if turns is not None else None,
