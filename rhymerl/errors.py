@@ -12,11 +12,20 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import ClassVar
+
+_TERMINAL_CODES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+
+
+def plain(text: str) -> str:
+    """`text` without terminal control sequences (colours, cursor moves: Ray colours its workers'
+    errors), for what is written to a file or compared as text."""
+    return _TERMINAL_CODES.sub("", text)
 
 
 class UserError(Exception):

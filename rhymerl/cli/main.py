@@ -178,9 +178,19 @@ def scale(
     """Set how many rollout workers a run on this machine uses."""
     from rhymerl.workers.controller.scale import request_scale
     from rhymerl.workers.run_folder.run_dir import RunDir
+    from rhymerl.workers.run_folder.run_lock import RunLocked
 
-    request_scale(run_dir, RunDir(run_dir).load_job(), rollout)
-    typer.echo(f"{run_dir}: {rollout} rollout workers wanted")
+    run, job = RunDir(run_dir), RunDir(run_dir).load_job()
+    if run.finished(job.spec.algorithm.epochs):
+        raise UserError(f"{run_dir}: the run finished (step {run.recorded_steps()}): there is nothing to scale")
+    try:
+        with run.lock:
+            live = False
+    except RunLocked:
+        live = True
+    request_scale(run_dir, job, rollout)
+    typer.echo(f"{run_dir}: {rollout} rollout workers wanted; "
+               + ("the running run follows" if live else "the run is not running: it starts with them when resumed"))
 
 
 @app.command("eval", epilog="Held-out prompts: --set data.source=FILE (or, for builtin:word-problems, --set "

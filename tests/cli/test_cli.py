@@ -91,6 +91,9 @@ def test_a_one_step_run_of_the_embedded_model_then_resume(repo: Path, tmp_path: 
     assert "finished already (step 1, epoch 1 of 1): nothing to run" in res.stdout
     assert "verify cost" not in res.stdout  # no worker started
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
+    res = rhymerl("scale", str(out), "--rollout", "1")
+    assert res.returncode == 2 and "the run finished (step 1): there is nothing to scale" in res.stderr
+    assert not (out / "fleet.json").exists()
 
 
 def test_a_vllm_job_with_several_replicas_is_refused_locally_before_anything_is_written(repo: Path,
@@ -131,3 +134,18 @@ def test_every_commands_help_shows_each_option_name_whole_in_80_columns() -> Non
             for name in [*param.opts, *param.secondary_opts]:
                 if name.startswith("--"):
                     assert name in res.output, f"rhymerl {' '.join(path)} --help cuts {name} at 80 columns"
+
+
+def test_scale_says_whether_the_run_is_running_to_follow_it_or_takes_it_up_when_resumed(tmp_path: Path) -> None:
+    from rhymerl.api import RLJob
+    from rhymerl.cli.main import app
+    from rhymerl.workers.run_folder.run_dir import RunDir
+
+    run = RunDir(tmp_path / "run")
+    run.create(RLJob())  # holds the run's lock, as a running `rhymerl run` does
+    res = CliRunner().invoke(app, ["scale", str(run.path), "--rollout", "1"])
+    assert res.exit_code == 0 and "1 rollout workers wanted; the running run follows" in res.output
+    run.close()
+    res = CliRunner().invoke(app, ["scale", str(run.path), "--rollout", "1"])
+    assert res.exit_code == 0 and "the run is not running: it starts with them when resumed" in res.output
+    assert json.loads((run.path / "fleet.json").read_text()) == {"rollout": 1}

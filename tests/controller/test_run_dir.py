@@ -253,3 +253,13 @@ def test_a_spec_changed_since_the_checkpoint_is_refused_with_the_difference_unle
     assert not [line for line in lines if line.startswith(("-  ", "+  ")) and "lr:" not in line]
     check_spec_change(run, changed, accept=True)
     assert "--accept-spec-change" in (run.path / EVENTS).read_text()
+
+
+def test_events_are_written_as_plain_text_without_the_colours_ray_puts_in_its_errors(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    heard: list[str] = []
+    run.listeners.append(heard.append)
+    run.note("lost a Ray worker (\x1b[36m(RolloutWorker pid=7)\x1b[0m \x1b[1;31mRuntimeError\x1b[0m: boom)")
+    text = (run.path / EVENTS).read_text()
+    assert "\x1b" not in text and text.endswith(" lost a Ray worker ((RolloutWorker pid=7) RuntimeError: boom)\n")
+    assert heard == ["lost a Ray worker ((RolloutWorker pid=7) RuntimeError: boom)"]

@@ -34,7 +34,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from rhymerl.api import RLJob, dump_job, parse_job
-from rhymerl.errors import UserError, disk_full, is_disk_full
+from rhymerl.errors import UserError, disk_full, is_disk_full, plain
 from rhymerl.workers import atomic, dumps
 from rhymerl.workers.model.policy import PolicyModel, read_weights, save_model, save_weights
 from rhymerl.workers.run_folder import checkpoints
@@ -162,7 +162,8 @@ class RunDir:
     # ---- events -------------------------------------------------------------------------------
 
     def note(self, message: str) -> None:
-        """Record something a user should know about the run (and tell the listeners)."""
+        """Record something a user should know about the run (and tell the listeners), as plain text."""
+        message = plain(message)
         try:
             with (self.path / EVENTS).open("a") as f:
                 f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} {message}\n")

@@ -24,7 +24,7 @@ import torch
 
 from rhymerl.api import RLJob
 from rhymerl.api.roles import Role
-from rhymerl.errors import DiskFull, RunFailed, UserError, disk_full, is_disk_full
+from rhymerl.errors import DiskFull, RunFailed, UserError, disk_full, is_disk_full, plain
 from rhymerl.workers.controller.fleet import WorkerLost
 from rhymerl.workers.controller.loop import Backend, run_steps
 from rhymerl.workers.controller.scale import ScaleFile
@@ -165,7 +165,6 @@ class _Deferred:
         return ray.get(self.ref)
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @contextlib.contextmanager
@@ -188,8 +187,8 @@ def why(exc: BaseException) -> str:
     """One line on what went wrong in a worker: the error it raised, not Ray's wrapping of it."""
     cause = getattr(exc, "cause", None)
     if isinstance(cause, BaseException) and not isinstance(cause, ray.exceptions.RayError):
-        return f"{type(cause).__name__}: {cause}".splitlines()[0]
-    lines = [ln.strip() for ln in _ANSI.sub("", str(exc)).splitlines() if ln.strip()]
+        return plain(f"{type(cause).__name__}: {cause}").splitlines()[0]
+    lines = [ln.strip() for ln in plain(str(exc)).splitlines() if ln.strip()]
     errors = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception)\b.*:", ln)]
     return (errors[-1] if errors else lines[0] if lines else type(exc).__name__)[:300]
 
@@ -267,7 +266,7 @@ def lost(exc: BaseException) -> str:
     while e is not None and e not in chain:
         chain.append(e)
         e = e.__cause__ or e.__context__
-    text = " ".join(_ANSI.sub("", str(c)) for c in chain)
+    text = " ".join(plain(str(c)) for c in chain)
     named = re.search(r"class_name: (\w+)", text)
     who = _ROLE_OF_CLASS.get(named.group(1), f"a {named.group(1)}") if named else None
     if who is None and isinstance(exc, WorkerLost):
