@@ -199,8 +199,11 @@ class Trainer:
                 norms += norm
                 updates += 1
         self.model.eval()
-        sums = ranks.sums(sums)
         self.skipped_samples += ranks.gathered(left_out)
+        return self._statistics(ranks.sums(sums), norms, updates) | ratios.over(ranks).summary()
+
+    def _statistics(self, sums: dict[str, float], norms: float, updates: int) -> dict[str, float]:
+        """The step's means over its updates and tokens (every rank's sums), and what it skipped."""
         tokens_seen = max(sums["tokens"], 1.0)
         out = {
             "loss": sums["loss"] / max(updates, 1),
@@ -210,7 +213,6 @@ class Trainer:
         }
         if self.ref is not None:  # without a KL term (kl_coef 0) there is no reference policy to compare with
             out["kl"] = sums["kl"] / tokens_seen
-        out |= ratios.over(ranks).summary()
         if self.skipped_samples or self.skipped_updates:
             out |= {"skipped_samples": float(len(self.skipped_samples)), "skipped_updates": float(self.skipped_updates)}
         return out
