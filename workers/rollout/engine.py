@@ -12,7 +12,7 @@ When the queue is empty and at most half the slots still run (the long tail), ru
 are packed into the lowest slots so later passes only touch live rows.
 
 `EngineSession` exposes this loop pass by pass, so a scheduler can drive several engines
-(workers/controller/rollout_pool.py): requests are added and taken out between passes, and a
+(the rollout fleet, workers/controller/fleet.py): requests are added and taken out between passes, and a
 request can resume from tokens generated elsewhere. A resumed sample is prefilled with prompt +
 generated tokens and continues at position len(generated); because a token depends only on the
 logits and (seed, sample id, position), it continues exactly as it would have where it started.

@@ -3,7 +3,7 @@
 
 Each keeps per-slot drafting state in step with what the engine emitted, and asks one shared
 `DraftCapController` for the pass's draft cap, so the AIMD window of each sequence (RhymeRL §5.4)
-runs underneath the cost-model cap (adaptive.py). Without a controller a source offers its drafts
+runs underneath the cost-model cap (rhymerl/algorithms/drafting/adaptive_cap.py). Without a controller a source offers its drafts
 at each sequence's own window and whoever combines sources caps them (fastest_of_n.py).
 """
 

@@ -48,7 +48,7 @@ class SimSeq:
     tool_s: tuple[float, ...] = ()
     """Seconds of the tool call at each of `turn_ends`."""
     queue: SeqQueue | None = field(default=None, repr=False, compare=False)
-    """The queue it waits in (queues.py keeps it), None while it runs, is out or is done."""
+    """The queue it waits in (a SeqQueue keeps it), None while it runs, is out or is done."""
 
     @property
     def stop(self) -> int:
