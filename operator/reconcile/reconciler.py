@@ -22,7 +22,13 @@ from kubernetes.aio.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from rhymerl.api.credentials import masked
-from rhymerl.api.history_keys import REDIS_PASSWORD_ENV, connect_problem, history_key_prefix
+from rhymerl.api.history_keys import (
+    REDIS_ENDPOINTS_ENV,
+    REDIS_PASSWORD_ENV,
+    connect_problem,
+    history_key_prefix,
+    serves,
+)
 from rhymerl.api.spec import KIND, Condition, FailurePolicySpec, Failures, HistorySpec, RLJob, RLJobSpec
 from rhymerl.operator.manifests import Owner, desired, replicas, selector_string
 from rhymerl.operator.manifests.builders import ray_token_secret, stop_grace_s
@@ -99,19 +105,27 @@ def _finalizers(body: Mapping[str, Any]) -> list[str]:
     return list(body.get("metadata", {}).get("finalizers") or [])
 
 
-async def _redis_password(cluster: Cluster, namespace: str, ref: Mapping[str, Any]) -> tuple[str | None, str | None]:
+async def _redis_password(cluster: Cluster, namespace: str, ref: Mapping[str, Any],
+                          url: str) -> tuple[str | None, str | None]:
     """The Redis password of the job's history.redisPasswordSecret `ref`: the Secret's, when the operator
-    may read it, else RHYMERL_REDIS_PASSWORD of the operator's own environment. Second: why there is
-    none although the job names a Secret (None: no password needed, or one was found)."""
+    may read it, else the operator's own (REDIS_PASSWORD_ENV), but only for a `url` that names the Redis
+    that password is for (REDIS_ENDPOINTS_ENV): a job cannot have it sent to a host it names. Second:
+    why there is none although the job names a Secret (None: no password needed, or one was found)."""
     if not ref.get("name"):
         return None, None
     key = ref.get("key", "redis-password")
-    found = await cluster.read_secret(namespace, ref["name"], key) or os.environ.get(REDIS_PASSWORD_ENV) or None
-    if found is not None:
+    found = await cluster.read_secret(namespace, ref["name"], key)
+    if found:
         return found, None
+    own = os.environ.get(REDIS_PASSWORD_ENV)
+    endpoints = os.environ.get(REDIS_ENDPOINTS_ENV, "")
+    if own and serves(endpoints, url, namespace):
+        return own, None
+    theirs = (f"{REDIS_PASSWORD_ENV} is for {endpoints or 'no Redis named in ' + REDIS_ENDPOINTS_ENV}, not "
+              f"{masked(url)}") if own else f"{REDIS_PASSWORD_ENV} is not set in the operator's environment"
     return None, (f"no Redis password: the Secret {namespace}/{ref['name']} (key {key}) is missing or the operator "
-                  f"may not read it, and {REDIS_PASSWORD_ENV} is not set in the operator's environment (grant the "
-                  "operator get on that Secret, or give it the password: docs/operations.md, \"Deleting a job\")")
+                  f"may not read it, and {theirs} (grant the operator get on that Secret, or give it the password "
+                  "and the Redis it is for: docs/operations.md, \"Deleting a job\")")
 
 
 def _with_degraded(previous: Mapping[str, Any], reason: str, message: str, now: str) -> list[dict[str, Any]]:
@@ -147,7 +161,8 @@ async def _finalize(cluster: Cluster, body: dict[str, Any], now: str) -> float |
                     await cluster.scale_to_zero(namespace, sts["metadata"]["name"])
             if elapsed < STOP_WAIT_S:
                 return float(min(REQUEUE_S, STOP_WAIT_S - elapsed))
-        password, missing = await _redis_password(cluster, namespace, HistorySpec.written(history, "redis_password_secret") or {})
+        password, missing = await _redis_password(cluster, namespace,
+                                                  HistorySpec.written(history, "redis_password_secret") or {}, url)
         prefix = history_key_prefix(namespace, name)
         try:
             if missing is not None:

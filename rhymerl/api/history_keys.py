@@ -22,6 +22,13 @@ REDIS_PASSWORD_ENV = "RHYMERL_REDIS_PASSWORD"
 """The Redis password, given to pods from `history.redis_password_secret` (never in the URL: the
 spec is stored in a ConfigMap)."""
 
+REDIS_ENDPOINTS_ENV = "RHYMERL_REDIS_ENDPOINTS"
+"""The operator's: `host:port,...` of the Redis its own REDIS_PASSWORD_ENV is for (the chart sets
+both). A job's URL that names another Redis never gets that password (`serves`)."""
+
+CLUSTER_DOMAIN = "cluster.local"
+"""The cluster's DNS domain a service name is qualified with (Kubernetes' default)."""
+
 LOCAL_NAMESPACE = "local"
 """The namespace of a job run by `rhymerl run` whose metadata names none."""
 
@@ -106,6 +113,41 @@ def parse_redis_url(url: str) -> RedisUrl:
     if path not in ("", "/") and not re.fullmatch(r"/[0-9]+", path):
         raise ValueError("the database goes after the host as /N, N a non-negative integer (e.g. /0)")
     return RedisUrl(scheme, name, port, None, _db(path.strip("/") or "0"))
+
+
+def endpoint(host: str, port: int, namespace: str) -> tuple[str, int]:
+    """`host:port` as a pod in `namespace` reaches it, a service name qualified the way cluster DNS
+    resolves it from there (`redis` -> `redis.<namespace>.svc.cluster.local`, `redis.team` ->
+    `redis.team.svc.cluster.local`); an address or another name as written, lowercase."""
+    host = host.lower().rstrip(".")
+    labels = host.split(".")
+    if re.fullmatch(r"[0-9.]+|\[[0-9a-f:.]+\]", host):
+        return host, port
+    if len(labels) == 1:
+        host = f"{host}.{namespace}.svc.{CLUSTER_DOMAIN}"
+    elif len(labels) == 2:
+        host = f"{host}.svc.{CLUSTER_DOMAIN}"
+    elif labels[-1] == "svc":
+        host = f"{host}.{CLUSTER_DOMAIN}"
+    return host, port
+
+
+def serves(endpoints: str, url: str, namespace: str) -> bool:
+    """Whether the job's history `url`, seen from `namespace`, names one of `endpoints` (REDIS_ENDPOINTS_ENV:
+    `host:port,...`, fully qualified or relative to no namespace): where the operator's own Redis
+    password may go. A unix socket or a URL that does not parse never does."""
+    try:
+        parsed = parse_redis_url(url)
+    except ValueError:
+        return False
+    if parsed.host is None or parsed.port is None:
+        return False
+    known = set()
+    for item in filter(None, (e.strip() for e in endpoints.split(","))):
+        host, _, port = item.rpartition(":")
+        if host and port.isdigit():
+            known.add(endpoint(host, int(port), "default"))
+    return endpoint(parsed.host, parsed.port, namespace) in known
 
 
 def connect_problem(url: str, exc: BaseException) -> str:

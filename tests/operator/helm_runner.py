@@ -18,7 +18,8 @@ VARIANTS: dict[str, list[str]] = {
     "existing-secret": ["--set", "redis.enabled=true", "--set", "redis.auth.existingSecret=team-redis",
                         "--set", "redis.auth.existingSecretPasswordKey=password"],
     "external-redis": ["--set", "operator.redisPasswordSecret.name=ext-redis",
-                       "--set", "operator.redisPasswordSecret.key=pw"],
+                       "--set", "operator.redisPasswordSecret.key=pw",
+                       "--set", "operator.redisPasswordSecret.endpoints={redis.data.svc.cluster.local:6379}"],
 }
 
 

@@ -166,6 +166,11 @@ def test_the_operator_gets_the_password_of_a_redis_outside_the_chart_from_a_secr
     operator = _one(chart["external-redis"], "Deployment")
     env = {e["name"]: e.get("valueFrom") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["RHYMERL_REDIS_PASSWORD"] == {"secretKeyRef": {"name": "ext-redis", "key": "pw"}}
+    values = {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert values["RHYMERL_REDIS_ENDPOINTS"] == "redis.data.svc.cluster.local:6379"  # the Redis it is for, alone
+    ours = next(d for d in chart["full"] if d["kind"] == "Deployment" and "redis" not in d["metadata"]["name"])
+    values = {e["name"]: e.get("value") for e in ours["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert values["RHYMERL_REDIS_ENDPOINTS"] == f"rl-operator-redis.{NAMESPACE}.svc.cluster.local:6379"
     default = _one([d for d in chart["default"] if d["kind"] == "Deployment"], "Deployment")
     assert "RHYMERL_REDIS_PASSWORD" not in {e["name"] for e in default["spec"]["template"]["spec"]["containers"][0]["env"]}
 

@@ -12,7 +12,8 @@ import pytest
 import redis
 from local_servers import free_port
 
-from rhymerl.api.history_keys import REDIS_PASSWORD_ENV
+from rhymerl.api.history_keys import REDIS_ENDPOINTS_ENV, REDIS_PASSWORD_ENV, serves
+from rhymerl.operator.reconcile import reconciler
 from rhymerl.operator.reconcile.history import CLEANUP_DEADLINE_S, FINALIZER, STOP_WAIT_S
 from rhymerl.operator.reconcile.reconciler import _finalize
 
@@ -129,6 +130,45 @@ def test_a_password_neither_in_a_readable_secret_nor_in_the_operators_environmen
     assert cluster.events[0].startswith("HistoryCleanupFailed: cannot delete the job's history keys")
     assert "the Secret team/redis-auth (key pw) is missing or the operator may not read it" in cluster.events[0]
     monkeypatch.setenv(REDIS_PASSWORD_ENV, password)  # the chart's way: the operator's own environment
+    host, port = url.removeprefix("redis://").split("/")[0].split(":")
+    monkeypatch.setenv(REDIS_ENDPOINTS_ENV, f"{host}:{port}")  # ... with the Redis it is for
     cluster = _Cluster(secret=None)
     asyncio.run(_finalize(cluster, body, _at(0)))  # type: ignore[arg-type]
     assert cluster.events == ["HistoryDeleted: deleted 0 history keys from Redis"] and cluster.finalizers == [[]]
+
+
+def test_the_operators_own_redis_password_goes_only_to_the_redis_it_is_for(
+        monkeypatch: pytest.MonkeyPatch, redis_with_password: tuple[str, str]) -> None:
+    """A job names a Redis the operator's password is not for (a host it controls, here the test's Redis
+    under another name): the cleanup fails saying so, and the password never left the operator."""
+    url, password = redis_with_password
+    monkeypatch.setenv(REDIS_PASSWORD_ENV, password)
+    monkeypatch.setenv(REDIS_ENDPOINTS_ENV, "rl-operator-redis.rhymerl.svc.cluster.local:6379")
+    sent: list[str | None] = []
+
+    async def recording(url: str, namespace: str, job: str, password: str | None = None) -> int:
+        sent.append(password)
+        return 0
+
+    monkeypatch.setattr(reconciler, "delete_history", recording)
+    cluster = _Cluster(secret=None)
+    with pytest.raises(PermissionError):
+        asyncio.run(_finalize(cluster, _body(url, {"name": "redis-auth", "key": "pw"}), _at(0)))  # type: ignore[arg-type]
+    assert sent == [] and password not in cluster.events[0]
+    assert f"{REDIS_PASSWORD_ENV} is for rl-operator-redis.rhymerl.svc.cluster.local:6379, not " in cluster.events[0]
+
+
+@pytest.mark.parametrize(("endpoints", "url", "namespace", "serves_it"), [
+    ("rl-redis.rhymerl.svc.cluster.local:6379", "redis://rl-redis.rhymerl:6379/0", "team", True),
+    ("rl-redis.rhymerl.svc.cluster.local:6379", "redis://rl-redis:6379/0", "rhymerl", True),  # the short name, there
+    ("rl-redis.rhymerl.svc.cluster.local:6379", "redis://rl-redis:6379/0", "team", False),  # team's own rl-redis
+    ("rl-redis.rhymerl.svc.cluster.local:6379", "redis://rl-redis.rhymerl.svc:6380/0", "team", False),  # a port
+    ("rl-redis.rhymerl.svc.cluster.local:6379", "redis://RL-Redis.rhymerl.svc.cluster.local/1", "x", True),
+    ("rl-redis.rhymerl.svc.cluster.local:6379", "redis://attacker.example.com:6379/0", "team", False),
+    ("10.0.0.7:6379, redis.data.svc.cluster.local:6379", "redis://10.0.0.7/0", "team", True),
+    ("", "redis://rl-redis.rhymerl:6379/0", "team", False),
+    ("rl-redis.rhymerl.svc.cluster.local:6379", "unix:///run/redis.sock", "team", False),
+])
+def test_a_jobs_redis_url_is_the_operators_redis_only_as_cluster_dns_resolves_it_from_the_jobs_namespace(
+        endpoints: str, url: str, namespace: str, serves_it: bool) -> None:
+    assert serves(endpoints, url, namespace) is serves_it
