@@ -18,6 +18,7 @@ import yaml
 
 from rhymerl.api.crd import PLURAL
 from rhymerl.api.history_keys import REDIS_PASSWORD_ENV
+from rhymerl.api.k8s_values import quantity_value
 from rhymerl.api.load import dump_job
 from rhymerl.api.roles import ROLES, Role
 from rhymerl.api.sources import PVC_ROOT, Fetches, fetched_data, fetched_model, fetches
@@ -62,12 +63,20 @@ from rhymerl.operator.manifests.roles import (
     environment,
     fetch_argv,
 )
-from rhymerl.workers.runtime.ray_network import POD_PORTS, TOKEN_DIR, TOKEN_KEY
+from rhymerl.workers.runtime.ray_network import (
+    OBJECT_STORE_ENV,
+    OBJECT_STORE_SHARE,
+    POD_PORTS,
+    TOKEN_DIR,
+    TOKEN_KEY,
+)
 
 Manifest = dict[str, Any]
 
 SPEC_HASH_ANNOTATION = "rhymerl.io/spec-hash"
 RUN_AS = 10001  # the images' non-root user (images/Dockerfile.*)
+SHM_DIR = "/dev/shm"
+SHM_SLACK_BYTES = 64 << 20  # beyond the object store: what else a CPU pod's processes put in /dev/shm
 DEFAULT_NAMESPACE = "default"
 # Fields the operator applies without restarting pods: scaling, suspend, the crash budget.
 _NOT_HASHED: dict[str, Any] = {"suspend": True, "failure_policy": True, "active_deadline_seconds": True,
@@ -268,8 +277,23 @@ def _placement(job: RLJob, role: Role, block: Placement) -> dict[str, Any]:
     return out
 
 
+def object_store_bytes(resources: Resources) -> int:
+    """The Ray object store of a pod with these resources: Ray's own default share of its memory
+    (OBJECT_STORE_SHARE), set explicitly because the pod's /dev/shm is sized to hold it."""
+    return int(float(quantity_value(resources.memory)) * OBJECT_STORE_SHARE)
+
+
+def _shared_memory(resources: Resources) -> dict[str, Any]:
+    """/dev/shm, in memory: every pod is a Ray node, whose object store lives there (a container's own is
+    64 MiB, and Ray then puts the store on disk under /tmp, with a warning); counted in the pod's memory
+    limit. On a GPU pod NCCL and vLLM's workers share it too, so it takes what it needs there."""
+    limit = {} if resources.gpu else {"sizeLimit": str(object_store_bytes(resources) + SHM_SLACK_BYTES)}
+    return {"name": "dshm", "emptyDir": {"medium": "Memory", **limit}}
+
+
 def _env(job: RLJob, role: Role) -> list[dict[str, Any]]:
-    named = {**environment(job.metadata.name, role), GRACE_ENV: str(stop_grace_s(job, role))}
+    named = {**environment(job.metadata.name, role), GRACE_ENV: str(stop_grace_s(job, role)),
+             OBJECT_STORE_ENV: str(object_store_bytes(_block(job.spec, role)[1]))}
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in named.items()]
     env += [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": path}}} for k, path in FIELD_ENV.items()]
     secret = job.spec.history.redis_password_secret
@@ -353,8 +377,7 @@ def _container(job: RLJob, role: Role, resources: Resources) -> dict[str, Any]:
               {"name": "scratch", "mountPath": SCRATCH_DIR},
               {"name": "data", "mountPath": DATA_DIR},
               {"name": "ray-token", "mountPath": TOKEN_DIR, "readOnly": True}]
-    if resources.gpu:
-        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    mounts.append({"name": "dshm", "mountPath": SHM_DIR})
     mounts += _user_mounts(job, role)
     return {
         "name": role,
@@ -385,8 +408,7 @@ def _pod_template(job: RLJob, role: Role, digest: str) -> dict[str, Any]:
     ]
     if not runtime.stateful:
         volumes.append({"name": "data", "emptyDir": {}})
-    if resources.gpu:  # NCCL and vLLM's workers share memory through /dev/shm
-        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+    volumes.append(_shared_memory(resources))
     volumes += [{"name": f"fetch-source-{i}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
                 for i, claim in enumerate(_source_claims(_role_fetches(job, role)))]
     user = block.pod

@@ -150,6 +150,11 @@ _SCALE = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": 
           **{f"{s}i": Decimal(2 ** (10 * (n + 1))) for n, s in enumerate("KMGTPE")}}
 
 
+def quantity_value(value: str | int) -> Decimal:
+    """The number a valid quantity (`quantity`) stands for: '2Gi' -> 2147483648, '500m' -> 0.5."""
+    return Decimal(value) if isinstance(value, int) else _magnitude(value)
+
+
 def _magnitude(value: str) -> Decimal:
     """The number a quantity string (QUANTITY) stands for."""
     parts = re.fullmatch(r"\+?([0-9.]+)(.*)", value)

@@ -38,6 +38,7 @@ from rhymerl.workers.roles.rollout_worker import NODE_DIR_ENV, PID_SUFFIX
 from rhymerl.workers.roles.worker_metrics import METRICS_DIR_ENV, ControllerMetrics
 from rhymerl.workers.runtime import node
 from rhymerl.workers.runtime.endpoints import Endpoints
+from rhymerl.workers.runtime.ray_network import OBJECT_STORE_ENV
 
 JOIN_TIMEOUT_S = 900.0  # the controller's own head must answer its own driver within this
 SAY_EVERY_S = 60.0  # how often a pod that waits says so again
@@ -174,7 +175,7 @@ def _started(ray_node: Any, log: Path, stopping: threading.Event, timeout_s: flo
 
 
 def _object_store_bytes() -> int | None:
-    value = os.environ.get("RHYMERL_OBJECT_STORE_BYTES")
+    value = os.environ.get(OBJECT_STORE_ENV)  # the operator's, sized to the pod's /dev/shm
     return int(value) if value else None
 
 

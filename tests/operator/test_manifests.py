@@ -225,6 +225,7 @@ def test_pods_run_the_roles_command_and_environment_and_mount_the_spec() -> None
         assert [*container["command"], *container["args"]] == argv(role)
         values = {e["name"]: e["value"] for e in container["env"] if "value" in e}
         user = {e.name: e.value for e in getattr(_cluster().spec, role).pod.env}  # the example's PYTHONPATH
+        assert values.pop("RHYMERL_OBJECT_STORE_BYTES").isdigit()  # sized from the role's memory (below)
         assert values == {**environment("math-grpo", role), **user}
         assert {"name": "spec", "mountPath": "/etc/rhymerl", "readOnly": True} in container["volumeMounts"]
     assert _pod(objects, "rollout")["containers"][0]["image"] == "ghcr.io/rhymerl/worker-gpu:0.1.0"
@@ -301,3 +302,21 @@ def test_a_jobs_spec_yaml_is_rendered_once_and_again_when_the_job_changes() -> N
     assert spec_yaml(job.model_copy(deep=True)) is first  # an equal job: the string already rendered
     changed = RLJob.model_validate({"metadata": {"name": "memo"}, "spec": {"rollout": {"max_replicas": 4}}})
     assert spec_yaml(changed) == dump_job(localized(changed)) != first
+
+
+def test_every_pod_is_a_ray_node_whose_object_store_fits_an_in_memory_dev_shm_counted_in_its_limit() -> None:
+    """A container's own /dev/shm is 64 MiB: Ray would put its object store on disk under /tmp. Each pod
+    mounts a memory-backed /dev/shm and tells its node the store's size (Ray's default 30% of the
+    pod's memory, made explicit); on a GPU pod NCCL and vLLM use it too, so it has no size limit there."""
+    objects = desired(_job(rollout={"resources": {"gpu": 1, "memory": "64Gi"}}, train={"resources": {"memory": "10Gi"}}),
+                      OWNER)
+    for role, store in [("controller", int(2 * 2**30 * 0.3)), ("train", int(10 * 2**30 * 0.3)),
+                        ("rollout", int(64 * 2**30 * 0.3))]:
+        pod = _pod(objects, role)
+        container = next(c for c in pod["containers"] if c["name"] == role)
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["RHYMERL_OBJECT_STORE_BYTES"] == str(store)
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+        shm = next(v for v in pod["volumes"] if v["name"] == "dshm")["emptyDir"]
+        assert shm == ({"medium": "Memory"} if role == "rollout" else
+                       {"medium": "Memory", "sizeLimit": str(store + (64 << 20))})

@@ -18,6 +18,8 @@ TOKEN_ENV = "RAY_AUTH_TOKEN"  # Ray's: the token itself
 TOKEN_KEY = "token"  # the key of the job's Secret, and the file name it is mounted as
 TOKEN_DIR = "/var/run/rhymerl/ray"
 TOKEN_PATH = f"{TOKEN_DIR}/{TOKEN_KEY}"
+OBJECT_STORE_ENV = "RHYMERL_OBJECT_STORE_BYTES"  # a pod's Ray object store (`ray start --object-store-memory`)
+OBJECT_STORE_SHARE = 0.3  # of a pod's memory: Ray's own default share, made explicit to size /dev/shm to it
 
 POD_PORT_BASE = 20000  # a pod has its own IP: every pod's node uses the same block
 POD_WORKER_PORTS = 1000  # Ray worker processes (each binds one) a pod may run at once
