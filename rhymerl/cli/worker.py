@@ -107,9 +107,10 @@ def _member(job: RLJob, role: Role, endpoints: Endpoints, scratch: Path) -> int:
             continue
         # a StatefulSet's pod of ordinal 0 keeps its volume, the run's checkpoints, across restarts
         lead = role == "train" and os.environ.get("RHYMERL_POD_NAME", "").rpartition("-")[2] == "0"
+        before = log.stat().st_size if log.is_file() else 0  # the log is appended to by every join
         ray_node = node.join(address, role, log, _object_store_bytes(), workers_per_pod(job, role), lead)
         try:
-            if _started(ray_node, log, stopping):
+            if _started(ray_node, log, before, stopping):
                 failed = 0
                 endpoints.ready.set()
                 print(f"{role}: joined the Ray head at {address}", flush=True)
@@ -165,11 +166,15 @@ def _grace_s() -> float:
     return float(os.environ.get("RHYMERL_GRACE_S", "30"))
 
 
-def _started(ray_node: Any, log: Path, stopping: threading.Event, timeout_s: float = 120.0) -> bool:
+def _started(ray_node: Any, log: Path, after: int, stopping: threading.Event, timeout_s: float = 120.0) -> bool:
+    """Whether this join's node started: its own lines of the log (those past byte `after`; an earlier
+    join's "started" says nothing of this one) say so before it exits or `timeout_s` passes."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and ray_node.poll() is None and not stopping.is_set():
-        if log.is_file() and "Ray runtime started" in log.read_text(errors="replace"):
-            return True
+        with contextlib.suppress(OSError), log.open("rb") as f:
+            f.seek(after)
+            if b"Ray runtime started" in f.read():
+                return True
         time.sleep(0.5)
     return False
 

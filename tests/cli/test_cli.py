@@ -149,3 +149,23 @@ def test_scale_says_whether_the_run_is_running_to_follow_it_or_takes_it_up_when_
     res = CliRunner().invoke(app, ["scale", str(run.path), "--rollout", "1"])
     assert res.exit_code == 0 and "the run is not running: it starts with them when resumed" in res.output
     assert json.loads((run.path / "fleet.json").read_text()) == {"rollout": 1}
+
+
+def test_a_ray_join_is_judged_by_its_own_lines_of_the_node_log_every_join_appends_to(tmp_path: Path) -> None:
+    """An earlier join's "Ray runtime started" says nothing of this one: a join that never starts counts
+    as failed, so a pod whose joins keep failing exits for a fresh container (REJOIN_EXIT_CODE)."""
+    import threading
+
+    from rhymerl.cli.worker import _started
+
+    class Running:
+        def poll(self) -> int | None:
+            return None
+
+    log = tmp_path / "ray-node.log"
+    log.write_text("Local node IP: 10.0.0.5\nRay runtime started.\n")  # the join before this one
+    before = log.stat().st_size
+    assert not _started(Running(), log, before, threading.Event(), timeout_s=0.6)
+    with log.open("a") as f:
+        f.write("Local node IP: 10.0.0.5\nRay runtime started.\n")
+    assert _started(Running(), log, before, threading.Event(), timeout_s=0.6)
