@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import signal
 import subprocess
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from local_servers import free_port
+
+from rhymerl.api.k8s_values import quantity_value
 
 
 @dataclass
@@ -111,6 +114,11 @@ class Cluster:
                 path = e["valueFrom"]["fieldRef"]["fieldPath"]
                 env[e["name"]] = {"metadata.name": name, "metadata.namespace": sts["metadata"]["namespace"],
                                   "status.podIP": "127.0.0.1"}[path]
+            elif "resourceFieldRef" in e.get("valueFrom", {}):  # the kubelet's: a request in cores, rounded up
+                ref = e["valueFrom"]["resourceFieldRef"]
+                assert ref["resource"] == "requests.cpu" and ref["divisor"] == "1", ref
+                owner = next(c for c in template["spec"]["containers"] if c["name"] == ref["containerName"])
+                env[e["name"]] = str(math.ceil(float(quantity_value(owner["resources"]["requests"]["cpu"]))))
         env["RHYMERL_HTTP_PORT"] = str(http_port)
         env["RHYMERL_RAY_PORT_BASE"] = str(next(self.port_blocks))
         env["RHYMERL_CONTROLLER"] = f"127.0.0.1:{self.head_port}"

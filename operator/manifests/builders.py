@@ -20,7 +20,7 @@ from rhymerl.api.crd import PLURAL
 from rhymerl.api.history_keys import REDIS_PASSWORD_ENV
 from rhymerl.api.k8s_values import quantity_value
 from rhymerl.api.load import dump_job
-from rhymerl.api.roles import ROLES, Role
+from rhymerl.api.roles import CPU_REQUEST_ENV, ROLES, Role
 from rhymerl.api.sources import PVC_ROOT, Fetches, fetched_data, fetched_model, fetches
 from rhymerl.api.spec import (
     GPU_RESOURCE,
@@ -296,6 +296,8 @@ def _env(job: RLJob, role: Role) -> list[dict[str, Any]]:
              OBJECT_STORE_ENV: str(object_store_bytes(_block(job.spec, role)[1]))}
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in named.items()]
     env += [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": path}}} for k, path in FIELD_ENV.items()]
+    env.append({"name": CPU_REQUEST_ENV,  # the workers' threads where the pod has no CPU limit (roles/threads.py)
+                "valueFrom": {"resourceFieldRef": {"containerName": role, "resource": "requests.cpu", "divisor": "1"}}})
     secret = job.spec.history.redis_password_secret
     if secret is not None and RUNTIME[role].history_client:
         env.append({"name": REDIS_PASSWORD_ENV,

@@ -17,6 +17,10 @@ head: its restart is not a crash. So is a restart after exit 0 (a controller tha
 SIGTERM after checkpointing its step). Member pods normally rejoin without exiting at all."""
 CLEAN_EXIT_CODES = frozenset({0, REJOIN_EXIT_CODE})
 
+CPU_REQUEST_ENV = "RHYMERL_CPU_REQUEST"
+"""A pod's CPU request in whole cores, rounded up (the downward API's): the threads its workers
+compute with where the pod has no CPU limit, rather than every core of the node."""
+
 
 def workers_per_pod(job: RLJob, role: Role) -> int:
     """Workers of `role` one pod hosts: a train pod one rank per GPU (one without GPUs), the others one."""

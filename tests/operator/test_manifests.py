@@ -320,3 +320,13 @@ def test_every_pod_is_a_ray_node_whose_object_store_fits_an_in_memory_dev_shm_co
         shm = next(v for v in pod["volumes"] if v["name"] == "dshm")["emptyDir"]
         assert shm == ({"medium": "Memory"} if role == "rollout" else
                        {"medium": "Memory", "sizeLimit": str(store + (64 << 20))})
+
+
+def test_every_role_container_learns_its_cpu_request_for_its_threads_where_it_has_no_cpu_limit() -> None:
+    objects = desired(_job(), OWNER)
+    for role in ("controller", "rollout", "train", "reward", "history"):
+        container = next(c for c in _pod(objects, role)["containers"] if c["name"] == role)
+        env = {e["name"]: e.get("valueFrom") for e in container["env"]}
+        assert env["RHYMERL_CPU_REQUEST"] == {"resourceFieldRef": {"containerName": role, "resource": "requests.cpu",
+                                                                   "divisor": "1"}}
+        assert "cpu" not in container["resources"]["limits"]  # no limit: the request is what it may count on

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rhymerl.api import parse_job
 from rhymerl.api.roles import train_ranks, workers_per_pod
-from rhymerl.workers.roles.threads import cpu_limit
+from rhymerl.workers.roles.threads import cpu_limit, cpu_request
 from rhymerl.workers.rollout.vllm_engine import job_settings
 from rhymerl.workers.runtime.cluster import role_gpus, role_resources
 from rhymerl.workers.runtime.node import wanted_roles
@@ -56,3 +56,10 @@ def test_the_cpu_limit_is_read_from_cgroup_v2_then_v1_rounded_up(tmp_path: Path)
     (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
     assert cpu_limit(v1) is None
     assert cpu_limit(tmp_path / "none") is None
+
+
+def test_without_a_cpu_limit_a_pods_workers_compute_with_its_cpu_request_not_the_nodes_cores() -> None:
+    cores = len(os.sched_getaffinity(0))
+    assert cpu_request({"RHYMERL_CPU_REQUEST": "1"}) == 1  # the downward API's request, rounded up
+    assert cpu_request({"RHYMERL_CPU_REQUEST": "512"}) == cores  # never more than the process may run on
+    assert cpu_request({}) is None and cpu_request({"RHYMERL_CPU_REQUEST": "0"}) is None

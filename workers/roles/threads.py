@@ -2,8 +2,9 @@
 
 On one machine the step loop says (every worker as many as its own process, so the arithmetic,
 and the tokens, are the in-process run's). On a job's pod each worker takes its own pod's CPU
-limit: not the controller pod's count, and not what the process would pick itself (torch counts
-the node's cores, and Ray sets OMP_NUM_THREADS=1 in a worker that reserved no CPU, as ours do).
+limit, or without one its CPU request: not the controller pod's count, and not what the process
+would pick itself (torch counts the node's cores, and Ray sets OMP_NUM_THREADS=1 in a worker that
+reserved no CPU, as ours do).
 
 With spec.rollout.adaptive_threads the torch engine's decode passes run at the count a
 ThreadChooser picks from their times (fewer threads on a machine other processes keep busy); the
@@ -16,11 +17,13 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 from rhymerl.algorithms.thread_choice import ThreadChooser
+from rhymerl.api.roles import CPU_REQUEST_ENV
 
 CGROUP = Path("/sys/fs/cgroup")
 
@@ -45,16 +48,24 @@ def cpu_limit(cgroup: Path = CGROUP) -> int | None:
     return max(1, min(math.ceil(quota / period), len(os.sched_getaffinity(0))))
 
 
+def cpu_request(environ: Mapping[str, str] = os.environ) -> int | None:
+    """The pod's CPU request in cores (CPU_REQUEST_ENV, set by the operator), at most the CPUs this
+    process may run on; None where it is not set or not a positive count."""
+    value = environ.get(CPU_REQUEST_ENV, "")
+    return max(1, min(int(value), len(os.sched_getaffinity(0)))) if value.isdigit() and int(value) > 0 else None
+
+
 POD_ENV = "RHYMERL_ROLE"
 """Set in every pod of a job (operator/manifests/roles.py), inherited by the Ray workers it hosts."""
 
 
 def apply_threads(threads: int | None, share: int = 1) -> int:
-    """torch's intra-op threads: `threads`; None: on a job's pod its CPU limit (the CPUs the
-    process may run on without one) over the `share` workers of the pod, elsewhere the process's
-    own setting. Returns the count, the one a worker computes at (`use_threads`)."""
+    """torch's intra-op threads: `threads`; None: on a job's pod its CPU limit, else its CPU request
+    (else the CPUs the process may run on) over the `share` workers of the pod, elsewhere the
+    process's own setting. Returns the count, the one a worker computes at (`use_threads`)."""
     n = threads if threads is not None else \
-        max(1, (cpu_limit() or len(os.sched_getaffinity(0))) // share) if POD_ENV in os.environ else None
+        max(1, (cpu_limit() or cpu_request() or len(os.sched_getaffinity(0))) // share) if POD_ENV in os.environ \
+        else None
     if n is not None:
         torch.set_num_threads(n)
     return torch.get_num_threads()
