@@ -111,7 +111,15 @@ inline void value_tile(const float* E, int64_t npad, const float* values, int64_
   for (int t = 0; t < T; ++t) store(A + t * dim + d0, a[t]);
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
+// x86-64: AVX-512, AVX2 and a portable build side by side, the loader picking one; elsewhere (arm64)
+// the portable build alone, as target_clones names are per architecture.
+#if defined(__x86_64__)
+#define RHYMERL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define RHYMERL_CLONES
+#endif
+
+RHYMERL_CLONES
 void attend_one(const Args& g, int64_t s, int64_t kv, Scratch& sc) {
   const int64_t tokens = g.counts[s];
   if (tokens == 0) return;
