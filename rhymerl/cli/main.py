@@ -180,7 +180,8 @@ def scale(
     from rhymerl.workers.run_folder.run_dir import RunDir
     from rhymerl.workers.run_folder.run_lock import RunLocked
 
-    run, job = RunDir(run_dir), RunDir(run_dir).load_job()
+    run = RunDir(run_dir)
+    job = run.load_job()
     if run.finished(job.spec.algorithm.epochs):
         raise UserError(f"{run_dir}: the run finished (step {run.recorded_steps()}): there is nothing to scale")
     try:

@@ -166,7 +166,10 @@ def test_a_start_that_fails_on_a_full_disk_leaves_nothing_and_the_same_out_start
     def full(*args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(atomic, "write_text", full) if fails == "spec" else monkeypatch.setattr(RunLock, "acquire", full)
+    if fails == "spec":
+        monkeypatch.setattr(atomic, "write_text", full)
+    else:
+        monkeypatch.setattr(RunLock, "acquire", full)
     with pytest.raises(UserError, match="cannot write there"):
         RunDir(out).create(RLJob())
     assert (list(out.iterdir()) == []) if there else not (tmp_path / "runs").exists()
