@@ -70,7 +70,7 @@ def test_every_stage_starts_from_the_family_base_and_installs_the_pinned_ray_and
 
 def test_only_the_gpu_worker_brings_cuda_and_vllm() -> None:
     gpu, cpu = IMAGES / "Dockerfile.worker-gpu", IMAGES / "Dockerfile.worker-cpu"
-    assert '"vllm==${VLLM_VERSION}"' in gpu.read_text() and "TORCH_INDEX_URL" not in _arg_defaults(gpu)
+    assert "vllm==${VLLM_VERSION}" in gpu.read_text() and "TORCH_INDEX_URL" not in _arg_defaults(gpu)
     for dockerfile in (cpu, IMAGES / "Dockerfile.operator"):
         assert "vllm" not in " ".join(i["value"] for i in _parse(dockerfile) if i["instruction"] == "RUN")
         assert _arg_defaults(dockerfile)["TORCH_INDEX_URL"] == _versions()["TORCH_INDEX_URL"]
@@ -121,3 +121,42 @@ def test_roles_with_gpus_or_vllm_get_the_gpu_image_and_an_image_set_in_the_spec_
         (WORKER_GPU_IMAGE, WORKER_CPU_IMAGE)
     mine = _job({"rollout": {"resources": {"gpu": 1}}, "images": {"rollout": "registry.example/rl:1", "train": "t:2"}})
     assert (image(mine, "rollout"), image(mine, "train")) == ("registry.example/rl:1", "t:2")
+
+
+def _runtime_stage(dockerfile: Path) -> list[dict[str, str]]:
+    instructions = _parse(dockerfile)
+    starts = [n for n, i in enumerate(instructions) if i["instruction"] == "FROM"]
+    return instructions[starts[-1]:]
+
+
+def test_the_gpu_runtime_stage_installs_a_c_compiler_for_triton_and_sets_cc() -> None:
+    runtime = _runtime_stage(IMAGES / "Dockerfile.worker-gpu")
+    apt = " ".join(i["value"] for i in runtime if i["instruction"] == "RUN" and "apt-get install" in i["value"])
+    assert re.search(r"(?<![\w-])(gcc|g\+\+|clang)(?![\w-])", apt), "Triton compiles its CUDA launcher at the first kernel launch"
+    env = " ".join(i["value"] for i in runtime if i["instruction"] == "ENV")
+    assert re.search(r"\bCC=gcc\b", env)
+
+
+def test_the_gpu_image_build_imports_vllm_and_runs_the_compiler_check_after_installing_rhymerl() -> None:
+    runtime = _runtime_stage(IMAGES / "Dockerfile.worker-gpu")
+    runs = [i["value"] for i in runtime if i["instruction"] == "RUN"]
+    wheel = next(n for n, r in enumerate(runs) if "/wheels/*.whl" in r)
+    smoke = next(n for n, r in enumerate(runs) if "gpu_probe --build-check" in r)
+    assert wheel < smoke and 'python -c "import vllm"' in runs[smoke]
+    user = max(n for n, i in enumerate(runtime) if i["instruction"] == "USER")
+    assert runtime.index(next(i for i in runtime if "--build-check" in i["value"])) < user, "checked as built"
+    from rhymerl.workers.runtime import gpu_probe
+
+    assert gpu_probe.main.__module__ == "rhymerl.workers.runtime.gpu_probe"
+
+
+def test_the_cuda_variant_defaults_to_pypis_cuda_13_build_and_the_docs_state_each_variants_driver() -> None:
+    from rhymerl.workers.runtime.gpu_preflight import MINOR_COMPAT_DRIVER
+
+    defaults, versions = _arg_defaults(IMAGES / "Dockerfile.worker-gpu"), _versions()
+    assert defaults["GPU_TORCH_INDEX_URL"] == versions["GPU_TORCH_INDEX_URL"] == ""
+    assert defaults["GPU_VLLM_WHEEL"] == versions["GPU_VLLM_WHEEL"] == ""
+    assert (MINOR_COMPAT_DRIVER[13], MINOR_COMPAT_DRIVER[12].split(".")[0]) == ("580", "525")
+    for doc in (IMAGES / "README.md", REPO / "docs" / "operations.md"):
+        text = doc.read_text()
+        assert "R580" in text and "R525" in text and "GPU_TORCH_INDEX_URL" in text, doc
