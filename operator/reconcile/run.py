@@ -25,6 +25,7 @@ from rhymerl.operator.reconcile.cluster import Cluster
 from rhymerl.operator.reconcile.handlers import Operator
 from rhymerl.operator.reconcile.leader import LeaderElector
 from rhymerl.operator.reconcile.metrics import Metrics
+from rhymerl.operator.reconcile.redis_secret_rest import chart_redis_password
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ async def _run(configuration: Configuration, namespaces: list[str] | None, metri
                health_port: int | None, registry: kopf.OperatorRegistry | None, stop_flag: asyncio.Event | None,
                ready_flag: asyncio.Event | None, kopf_settings: kopf.OperatorSettings | None,
                on_start: Callable[[Operator], Any] | None, cached: bool) -> None:
-    async with ApiClient(configuration) as api:
+    async with ApiClient(configuration) as api, chart_redis_password(api):
         cluster = Cluster(api, on_write=metrics.wrote)
         elector = None
         if os.environ.get("RHYMERL_LEADER_ELECTION") == "true":

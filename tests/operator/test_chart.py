@@ -99,9 +99,9 @@ def test_reading_nodes_is_on_cluster_wide_off_in_one_namespace_and_there_one_clu
     assert "nodes" not in {g[1] for g in _grants(_one(render("operator.readNodes=false"), "ClusterRole")["rules"])}
     one_namespace = render("operator.watchNamespace=rl", "operator.readNodes=true")
     nodes = _one(one_namespace, "ClusterRole")
-    assert nodes["metadata"]["name"] == "x-rhymerl-nodes"
+    assert nodes["metadata"]["name"] == f"x-rhymerl-{NAMESPACE}-nodes"
     assert _grants(nodes["rules"]) == {("", "nodes", v) for v in ("get", "list", "watch")}
-    assert _one(one_namespace, "ClusterRoleBinding")["roleRef"]["name"] == "x-rhymerl-nodes"
+    assert _one(one_namespace, "ClusterRoleBinding")["roleRef"]["name"] == f"x-rhymerl-{NAMESPACE}-nodes"
 
 
 def _grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
@@ -207,3 +207,40 @@ def test_the_values_schema_is_valid_json_schema_and_allows_the_default_and_full_
     jsonschema.validate(_merged(defaults, yaml.safe_load(FULL_VALUES.read_text())), schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(_merged(defaults, {"redis": {"enabeld": True}}), schema)
+
+
+def _render(helm: Path, release: str, namespace: str, *sets: str) -> list[dict[str, Any]]:
+    res = run_helm(helm, "template", release, str(CHART), "--namespace", namespace,
+                   *(arg for s in sets for arg in ("--set", s)))
+    assert res.returncode == 0, res.stderr
+    return [d for d in yaml.safe_load_all(res.stdout) if d]
+
+
+CLUSTER_SCOPED = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "Namespace"}
+
+
+def _cluster_scoped(objects: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    return {(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] in CLUSTER_SCOPED}
+
+
+def test_a_second_release_in_another_namespace_claims_no_cluster_scoped_object_of_the_first(helm: Path) -> None:
+    first = _render(helm, "rhymerl", "team-a", "operator.watchNamespaces={team-a,team-a-jobs}")
+    second = _render(helm, "rhymerl", "team-b", "crds.enabled=false", "operator.watchNamespaces={team-b}",
+                     "operator.readNodes=true")
+    assert ("CustomResourceDefinition", "rljobs.rhymerl.io") in _cluster_scoped(first)
+    assert not _cluster_scoped(first) & _cluster_scoped(second), "one owner per cluster-scoped object"
+    args = {o["metadata"]["namespace"]: o["spec"]["template"]["spec"]["containers"][0]["args"]
+            for o in first + second if o["kind"] == "Deployment"}
+    assert args["team-a"][:5] == ["operator", "--namespace", "team-a", "--namespace", "team-a-jobs"]
+    assert args["team-b"][:3] == ["operator", "--namespace", "team-b"] and args["team-b"].count("--namespace") == 1
+    roles = {(o["metadata"]["namespace"], o["subjects"][0]["namespace"]) for o in first + second
+             if o["kind"] == "RoleBinding"}
+    assert roles == {("team-a", "team-a"), ("team-a-jobs", "team-a"), ("team-b", "team-b")}
+
+
+def test_two_cluster_wide_releases_of_one_name_in_two_namespaces_get_distinct_cluster_roles(helm: Path) -> None:
+    a, b = (_render(helm, "rhymerl", namespace, "crds.enabled=false") for namespace in ("team-a", "team-b"))
+    assert _cluster_scoped(a) == {("ClusterRole", "rhymerl-team-a"), ("ClusterRoleBinding", "rhymerl-team-a")}
+    assert not _cluster_scoped(a) & _cluster_scoped(b)
+    binding = _one(b, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == "rhymerl-team-b" and binding["subjects"][0]["namespace"] == "team-b"

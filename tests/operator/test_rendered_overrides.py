@@ -132,21 +132,26 @@ def test_a_job_with_every_override_and_a_fetch_step_is_valid_kubernetes_1_29_and
 
 
 def test_the_cluster_example_names_the_charts_redis_service_and_secret_in_the_jobs_namespace(helm: Path) -> None:
-    """Installed as the example says (release rhymerl in the job's namespace, redis.enabled=true)."""
+    """Installed as the example says (release rhymerl in the job's namespace, redis.enabled=true and no
+    password: the operator creates the Secret the Redis pod names, operator/reconcile/redis_secret.py)."""
     job = load_job(REPO / "examples" / "cluster.yaml")
     res = run_helm(helm, "template", "rhymerl", str(CHART), "--namespace", str(job.metadata.namespace),
                    "--set", "redis.enabled=true")
     assert res.returncode == 0, res.stderr
     chart = [d for d in yaml.safe_load_all(res.stdout) if d]
     service = next(d for d in chart if d["kind"] == "Service" and d["metadata"]["name"].endswith("-redis"))
-    secret = next(d for d in chart if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-redis"))
+    redis = next(d for d in chart if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-redis"))
+    [env] = redis["spec"]["template"]["spec"]["containers"][0]["env"]
+    operator = next(d for d in chart if d["kind"] == "Deployment" and d is not redis)
+    made = {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
     history = job.spec.history
     name, port = service["metadata"]["name"], service["spec"]["ports"][0]["port"]
     assert history.redis_url == f"redis://{name}.{service['metadata']['namespace']}.svc:{port}/0"
-    assert service["metadata"]["namespace"] == secret["metadata"]["namespace"] == job.metadata.namespace
+    assert service["metadata"]["namespace"] == redis["metadata"]["namespace"] == job.metadata.namespace
     assert history.redis_password_secret is not None
-    assert (history.redis_password_secret.name, history.redis_password_secret.key) == \
-        (secret["metadata"]["name"], next(iter(secret["data"])))
+    ref = (history.redis_password_secret.name, history.redis_password_secret.key)
+    assert ref == (env["valueFrom"]["secretKeyRef"]["name"], env["valueFrom"]["secretKeyRef"]["key"])
+    assert ref == (made["RHYMERL_REDIS_SECRET"], made["RHYMERL_REDIS_SECRET_KEY"]), "the one the operator creates"
 
 
 def test_the_cluster_examples_reward_function_is_importable_from_its_mount_on_pythonpath(

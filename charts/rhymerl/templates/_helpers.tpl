@@ -110,8 +110,23 @@ events. It may grant the per-job Role only because it holds the same rljobs/stat
   verbs: [get, list, watch]
 - apiGroups: [""]
   resources: [events]
-  verbs: [create, patch]
+  verbs: [create, patch, list]
 - apiGroups: [events.k8s.io]
   resources: [events]
   verbs: [create, patch]
+{{- end }}
+
+{{/* The namespaces the operator watches (watchNamespace, then watchNamespaces) as a JSON list; empty: all. */}}
+{{- define "rhymerl.watchNamespaces" -}}
+{{- $all := .Values.operator.watchNamespaces | default list }}
+{{- with .Values.operator.watchNamespace }}
+{{- $all = prepend $all . }}
+{{- end }}
+{{- $all | uniq | toJson }}
+{{- end }}
+
+{{/* Cluster-scoped objects carry the release's namespace too: two releases of one name in two
+namespaces (Helm allows it) must not claim the same ClusterRole. */}}
+{{- define "rhymerl.clusterName" -}}
+{{- printf "%s-%s" (include "rhymerl.fullname" .) .Release.Namespace }}
 {{- end }}
