@@ -242,7 +242,7 @@ class RolloutWorker:
         started = busy.now()
         try:
             if self.vllm is not None:
-                yield from self._generate_vllm(call, indexes, busy, started)
+                yield from self._generate_vllm(call, indexes, resume, busy, started)
             else:
                 yield from self._generate_torch(call, indexes, resume, busy, started)
         finally:
@@ -373,28 +373,61 @@ class RolloutWorker:
             return True
 
     def _generate_vllm(self, call: RolloutCall, indexes: Mapping[str, HistoryIndex] | None,
-                       busy: _Busy, started: float) -> Iterator[Tag | RolloutProgress | RolloutOutput]:
-        """The call on vLLM: one generate, nothing handed back mid-call, no snapshots (vLLM's
-        sampling is not keyed by position, so a lost call is run again whole)."""
+                       resume: RolloutProgress | None, busy: _Busy,
+                       started: float) -> Iterator[Tag | RolloutProgress | RolloutOutput | None]:
+        """The call on vLLM, one engine step at a time (rollout/vllm_run.py): between steps it hands
+        back, with their tokens and log-probabilities, the samples the step loop asked for (`release`)
+        or, leaving, every unfinished one; a resumed sample goes on from its tokens. No snapshots and
+        no admits (vLLM's sampling is not keyed by position: a lost call is run again whole)."""
         assert self.vllm is not None
         first = {r.prompt_id: r.prompt_ids for r in call.requests}
         self.vllm.set_history(list(first.values()), [(indexes or {}).get(p) for p in first])
+        samples, requests, run = call.samples, call.requests, self.vllm.run(self.params, self.stop_ids)
+        carried = [resume.results.get(s) if resume else None for s in samples]
+        results = {i: r for i, r in enumerate(carried) if r is not None and self._finished(r)}
+        arrived, gone, said = set(results), set[int](), False
+        run.add_all([(i, r, carried[i]) for i, r in enumerate(requests) if i not in arrived])
         with self._lock:
-            self._call = call.id
+            self._call, self._release = call.id, set()
         try:
-            results = self.vllm.generate(call.requests, self.params, self.stop_ids)
+            passes = 0
+            while run.busy:
+                release, _, leaving, _, _ = self._requests()
+                taken = {i: run.take(i) for i in run.running() if leaving or samples[i] in release}
+                if taken or release:
+                    self.vllm.count_drafts([requests[i] for i in taken], list(taken.values()), [carried[i] for i in taken])
+                    gone.update(taken)
+                    handed = {samples[i]: len(r.response_ids) for i, r in taken.items()}
+                    said = leaving
+                    busy.pause()
+                    yield RolloutProgress({samples[i]: r for i, r in taken.items()})
+                    yield ("handback", Handback(handed, sorted(release - handed.keys(), key=_order), leaving))
+                    busy.resume()
+                    continue
+                results.update(run.step())
+                passes += 1
+                if call.report_every and passes % call.report_every == 0:
+                    busy.pause()
+                    yield None
+                    yield ("state", CallState({samples[i]: run.generated(i) for i in run.running()},
+                                              {samples[i]: len(r.response_ids) for i, r in results.items()}))
+                    busy.resume()
         finally:
+            run.close()
             with self._lock:
                 self._call = None
-        if self._leaving:  # asked to leave (or sent SIGTERM) during the call: nothing to hand back, but say so
+        if self._leaving and not said:  # told to leave as the call ended: nothing to hand back, but say so
             busy.pause()
             yield RolloutProgress({})
             yield ("handback", Handback({}, [], leaving=True))
             busy.resume()
-        yield from self._finish(RolloutOutput(call.samples, results, self.policy_version, busy.now() - started,
-                                              bool(indexes), 0),
-                                CallState({}, {s: len(r.response_ids) for s, r in zip(call.samples, results,
-                                                                                      strict=True)}), busy)
+        kept = [i for i in range(len(samples)) if i not in gone]
+        ran = [i for i in kept if i not in arrived]
+        self.vllm.count_drafts([requests[i] for i in ran], [results[i] for i in ran], [carried[i] for i in ran])
+        yield from self._finish(RolloutOutput([samples[i] for i in kept], [results[i] for i in kept],
+                                              self.policy_version, busy.now() - started, bool(indexes),
+                                              sum(len(c.response_ids) for i in kept if (c := carried[i]))),
+                                CallState({}, {samples[i]: len(results[i].response_ids) for i in kept}), busy)
 
     def _finish(self, out: RolloutOutput, state: CallState, busy: _Busy) -> Iterator[Tag | RolloutOutput]:
         resumed = out.resumed_tokens

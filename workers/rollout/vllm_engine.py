@@ -46,11 +46,12 @@ from rhymerl.errors import UserError
 from rhymerl.workers import atomic
 from rhymerl.workers.model.folder import model_dir, read_config
 from rhymerl.workers.rollout.draft_model import draft_folder
-from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams
+from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, SourceCount
 from rhymerl.workers.rollout.speculation import reachable_batches
 from rhymerl.workers.rollout.speculators import NGRAM_MATCH
 from rhymerl.workers.rollout.verify_cost import FIRST_BUDGET_S, Progress, cache_dir, estimated_bounds
 from rhymerl.workers.rollout.vllm_proposer import METHODS as PROPOSER_METHODS
+from rhymerl.workers.rollout.vllm_run import VllmRun
 
 PROPOSER = "rhymerl.workers.rollout.vllm_proposer.HistoryProposer"
 EXTENSION = "rhymerl.workers.rollout.vllm_worker.RhymerlWorkerExtension"
@@ -131,14 +132,6 @@ def job_settings(job: RLJob, longest_prompt: int) -> VllmSettings:
                         max_model_len=longest_prompt + spec.algorithm.max_response_length,
                         dtype=spec.model.dtype, seed=spec.rollout.seed,
                         tensor_parallel_size=max(spec.rollout.gpus_per_replica, 1))
-
-
-def request_seed(seed: int, sample_id: int) -> int:
-    """A request's sampling seed: the job's seed and the sample's stable key, mixed (splitmix64)."""
-    z = (seed * 0x9E3779B97F4A7C15 + sample_id + 1) & 0xFFFFFFFFFFFFFFFF
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-    return (z ^ (z >> 31)) & 0x7FFFFFFFFFFFFFFF
 
 
 def speculative_config(method: str, spec: SpeculationSpec, draft: Path | None = None) -> dict[str, Any] | None:
@@ -245,39 +238,46 @@ class VllmEngine:
 
     # --- generation ----------------------------------------------------------------------------------
 
+    def run(self, params: SamplingParams, eos_id: int | Sequence[int], logprobs: bool = True) -> VllmRun:
+        """A generate to drive step by step (vllm_run.py): end tokens `eos_id` as in `generate`."""
+        stops = [t for t in ([eos_id] if isinstance(eos_id, int) else eos_id) if t >= 0]
+        return VllmRun(self.llm, params, stops, logprobs)
+
     def generate(self, requests: Sequence[GenRequest], params: SamplingParams, eos_id: int | Sequence[int],
                  logprobs: bool = True) -> list[GenResult]:
         """Responses in request order, each ending at an end token (included: `eos_id`, one id or
         several, Tokenizer.stop_ids; -1 or none: no end token) or at the length limit."""
-        from vllm import SamplingParams as VParams
-        from vllm import TokensPrompt
-
         if not requests:
             return []
-        stops = [t for t in ([eos_id] if isinstance(eos_id, int) else eos_id) if t >= 0]
-        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
-        vparams = [VParams(n=1, temperature=params.temperature, top_p=params.top_p,
-                           seed=request_seed(params.seed, r.sample_id), max_tokens=params.max_response_length,
-                           stop_token_ids=stops or None, ignore_eos=not stops, detokenize=False,
-                           logprobs=0 if logprobs else None)
-                   for r in requests]
-        outputs = self.llm.generate(prompts, vparams, use_tqdm=False)
-        results = []
-        for out in outputs:
-            (choice,) = out.outputs
-            ids = list(choice.token_ids)
-            lps = [d[t].logprob for d, t in zip(choice.logprobs, ids, strict=True)] \
-                if logprobs and choice.logprobs else None
-            if lps is not None and not all(math.isfinite(x) for x in lps):
-                lps = None
-            results.append(GenResult(response_ids=ids, finish_reason="stop" if ids and ids[-1] in stops else "length",
-                                     logprobs=lps))
-        if self.settings.method in OURS:
-            seqs = [list(r.prompt_ids) + g.response_ids for r, g in zip(requests, results, strict=True)]
-            stats = self.llm.collective_rpc("rhymerl_request_stats", args=(seqs,))[0]
-            for g, (passes, drafted, accepted, by_source) in zip(results, stats, strict=True):
-                g.forward_passes, g.drafted, g.accepted, g.by_source = passes, drafted, accepted, by_source
+        run = self.run(params, eos_id, logprobs)
+        run.add_all([(i, r, None) for i, r in enumerate(requests)])
+        done: dict[int, GenResult] = {}
+        try:
+            while run.busy:
+                done.update(run.step())
+        finally:
+            run.close()
+        results = [done[i] for i in range(len(requests))]
+        self.count_drafts(requests, results)
         return results
+
+    def count_drafts(self, requests: Sequence[GenRequest], results: Sequence[GenResult],
+                     carried: Sequence[GenResult | None] | None = None) -> None:
+        """Each result's engine steps, drafted and accepted tokens (our proposer's methods, OURS), as
+        the proposer counted them since `set_history`, plus those of the partial result it resumed
+        from (`carried`, by request); results of another method keep the counts they have."""
+        if self.settings.method not in OURS or not requests:
+            return
+        seqs = [list(r.prompt_ids) + g.response_ids for r, g in zip(requests, results, strict=True)]
+        stats = self.llm.collective_rpc("rhymerl_request_stats", args=(seqs,))[0]
+        for i, (g, (passes, drafted, accepted, by_source)) in enumerate(zip(results, stats, strict=True)):
+            before = carried[i] if carried is not None else None
+            if before is not None:
+                passes, drafted, accepted = (passes + before.forward_passes, drafted + before.drafted,
+                                             accepted + before.accepted)
+                for name, count in before.by_source.items():
+                    by_source.setdefault(name, SourceCount()).add(count)
+            g.forward_passes, g.drafted, g.accepted, g.by_source = passes, drafted, accepted, by_source
 
     def cost_profile(self, batch_sizes: Sequence[int], vocab_size: int,
                      progress: Callable[[int, int], None] | None = None) -> CostProfile:
