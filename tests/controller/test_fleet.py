@@ -24,6 +24,7 @@ from rhymerl.workers import dumps, faults
 from rhymerl.workers.controller.fleet import RolloutFleet, pod_ordinal, table_profile
 from rhymerl.workers.controller.history_client import HistoryClient
 from rhymerl.workers.controller.loop import fleet_metrics, run_steps
+from rhymerl.workers.controller.role_apis import RolloutAPI, TrainAPI
 from rhymerl.workers.controller.transport import LocalTransport
 from rhymerl.workers.roles.history_worker import HistoryWorker
 from rhymerl.workers.roles.reward_worker import RewardWorker
@@ -98,7 +99,7 @@ class Fleet:
         if scheduler is not None:
             self.fleet.sched = scheduler
             self.fleet.executor = Executor(scheduler, self.fleet)
-        self.fleet.start(0, t.call(self.train, "weights"), history)
+        self.fleet.start(0, t.get(t.call(self.train, TrainAPI.weights)), history)
 
     def round(self, prompts: list[str], epoch: int = 1) -> tuple[dict[tuple[str, int], tuple[int, ...]], object]:
         """One round of these prompts' groups: every response's tokens, and the round."""
@@ -106,7 +107,7 @@ class Fleet:
         out: dict[tuple[str, int], tuple[int, ...]] = {}
         for _, scored in self.fleet.collect(rnd):
             s: ScoredSample
-            for s in scored:
+            for s in self.t.get(scored):
                 assert (s.sample.prompt_id, s.sample.index) not in out, "a sample generated twice"
                 out[(s.sample.prompt_id, s.sample.index)] = tuple(s.result.response_ids)
         return out, rnd
@@ -176,9 +177,9 @@ def test_a_freed_worker_drafts_for_a_straggling_one_and_the_tokens_stay_one_work
 
     f.fleet.pair_drafters = forced
     rnd = f.fleet.launch([(1, p) for p in PROMPTS], step=1, inter_step=False)
-    results = [s.result for _, scored in f.fleet.collect(rnd) for s in scored]
+    results = [s.result for _, scored in f.fleet.collect(rnd) for s in f.t.get(scored)]
     assert {(s.sample.prompt_id, s.sample.index): tuple(s.result.response_ids)
-            for _, scored in [(None, c.scored) for c in rnd.calls] for s in scored} == one
+            for c in rnd.calls if c.scored is not None for s in f.t.get(c.scored)} == one
     assert asked[0] == ([0], [1]) and rnd.drafting == 1
     drafted = [r.by_source[SOURCE] for r in results if SOURCE in r.by_source]
     assert sum(c.accepted for c in drafted) == sum(c.drafted for c in drafted) > 0
@@ -303,7 +304,7 @@ def test_a_worker_that_joins_mid_round_takes_started_samples_at_once(model_dir: 
 
 def test_rounds_are_numbered_on_from_the_rounds_before(model_dir: Path, tmp_path: Path) -> None:
     f = Fleet(_job(model_dir, 2), tmp_path / "run")
-    f.fleet.start(0, f.t.call(f.train, "weights"), f.fleet.history, rounds_before=7)  # resumed: 7 rounds before
+    f.fleet.start(0, f.t.get(f.t.call(f.train, TrainAPI.weights)), f.fleet.history, rounds_before=7)  # resumed: 7 rounds before
     f.round(PROMPTS[:3])
     f.round(PROMPTS[3:])
     assert sorted(f.fleet.sched.stats.rankings) == [8, 9]
@@ -335,15 +336,15 @@ def test_a_sample_deferred_to_the_next_round_goes_on_there_with_the_weights_it_b
     sched = DeferAtFiveTokens()
     f = Fleet(_job(model_dir, 2), tmp_path / "two", scheduler=sched)
     rnd1 = f.fleet.launch([(1, p) for p in first], step=1, inter_step=True)
-    done1 = {s.sample: tuple(s.result.response_ids) for _, scored in f.fleet.collect(rnd1) for s in scored}
+    done1 = {s.sample: tuple(s.result.response_ids) for _, scored in f.fleet.collect(rnd1) for s in f.t.get(scored)}
     deferred = {f.fleet.ref[m.sid] for m in sched.moves} - set(done1)
     assert deferred and rnd1.counts["deferred"] == len(deferred) == sched.stats.inter_step
     # new weights before the next round: the deferred samples must not use them
-    weights = {k: v + 0.5 for k, v in f.t.call(f.train, "weights").items()}
+    weights = {k: v + 0.5 for k, v in f.t.get(f.t.call(f.train, TrainAPI.weights)).items()}
     f.fleet.publish(1, weights)
     rnd2 = f.fleet.launch([(1, p) for p in second], step=2, inter_step=False)
     summaries = f.fleet.collect(rnd2)
-    done2 = {s.sample: tuple(s.result.response_ids) for _, scored in summaries for s in scored}
+    done2 = {s.sample: tuple(s.result.response_ids) for _, scored in summaries for s in f.t.get(scored)}
     versions = {s.sample: summary.policy_version for summary, _ in summaries for s in summary.samples}
     assert deferred <= done2.keys()
     assert {versions[s] for s in deferred} == {0} and {v for s, v in versions.items() if s not in deferred} == {1}
@@ -355,13 +356,14 @@ def test_a_resumed_fleet_starts_each_group_with_the_policy_version_it_is_given(m
     reference = Fleet(_job(model_dir), tmp_path / "one")
     old_tokens, _ = reference.round(PROMPTS[:2])
     f = Fleet(_job(model_dir, 2), tmp_path / "two")
-    old = f.t.call(f.train, "weights")
+    old = f.t.get(f.t.call(f.train, TrainAPI.weights))
     f.fleet.start(5, {k: v + 0.5 for k, v in old.items()}, f.fleet.history, older={4: old})  # a checkpoint of version 5, 4 in flight
     rnd = f.fleet.launch([(1, p) for p in PROMPTS[:3]], step=6, inter_step=False,
                          versions={(1, p): 4 for p in PROMPTS[:2]})
     summaries = f.fleet.collect(rnd)
     versions = {s.sample.prompt_id: summary.policy_version for summary, _ in summaries for s in summary.samples}
-    tokens = {(s.sample.prompt_id, s.sample.index): tuple(s.result.response_ids) for _, sc in summaries for s in sc}
+    tokens = {(s.sample.prompt_id, s.sample.index): tuple(s.result.response_ids) for _, sc in summaries
+              for s in f.t.get(sc)}
     assert versions == {PROMPTS[0]: 4, PROMPTS[1]: 4, PROMPTS[2]: 5}
     assert {k: v for k, v in tokens.items() if k[0] != PROMPTS[2]} == old_tokens
     f.fleet.publish(6, old)
@@ -375,8 +377,8 @@ def test_siblings_on_other_workers_reach_each_others_group_and_the_tokens_stay_o
     relayed: list[tuple[int, list[GrownTokens]]] = []
     tell = f.t.tell
 
-    def spy(handle: object, method: str, *args: object) -> None:
-        if method == "hear":
+    def spy(handle: object, method: object, *args: object) -> None:
+        if method is RolloutAPI.hear:
             call_id, blocks = args
             assert isinstance(call_id, int) and isinstance(blocks, list)
             relayed.append((call_id, blocks))
@@ -401,10 +403,10 @@ def test_siblings_on_other_workers_reach_each_others_group_and_the_tokens_stay_o
 
 def test_with_the_relay_off_each_workers_groups_hold_only_its_own_samples(model_dir: Path, tmp_path: Path) -> None:
     f = Fleet(_job(model_dir, 2, length=40, rollout=", speculation: {group_relay: false}"), tmp_path / "two")
-    told: list[str] = []
+    told: list[object] = []
     tell = f.t.tell
     f.t.tell = lambda handle, method, *args: (told.append(method), tell(handle, method, *args))[1]  # type: ignore[method-assign]
     _, rnd = f.round(PROMPTS)
-    assert len(rnd.workers) == 2 and "hear" not in told
+    assert len(rnd.workers) == 2 and RolloutAPI.hear not in told
     assert all(not m.handle.obj.metrics.registry.get_sample_value("rhymerl_rollout_group_tokens_heard_total")
                for m in f.fleet.members)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Callable
 from pathlib import Path
+from typing import Concatenate, ParamSpec, TypeVar
 
 import pytest
 import redis
@@ -14,7 +16,7 @@ from rhymerl.api import RLJob, parse_job
 from rhymerl.api.roles import Role
 from rhymerl.workers import dumps
 from rhymerl.workers.controller.loop import local_backend, run_steps
-from rhymerl.workers.controller.transport import LocalTransport
+from rhymerl.workers.controller.transport import Handle, LocalTransport, Result
 from rhymerl.workers.model.transformer import load_model
 from rhymerl.workers.run_folder.run_dir import RunDir, RunDirError
 from rhymerl.workers.run_folder.step_metrics import deterministic
@@ -59,6 +61,12 @@ def test_a_run_writes_one_dump_per_step_with_every_prompt_each_epoch(model_dir: 
     assert len(RunDir(tmp_path / "run").checkpoint_dirs()) == 2
 
 
+P = ParamSpec("P")
+A = TypeVar("A")
+W = TypeVar("W")
+R = TypeVar("R")
+
+
 class _Order(LocalTransport):
     """LocalTransport that records which roles start and which calls the train worker is asked, in order."""
 
@@ -67,16 +75,20 @@ class _Order(LocalTransport):
         self.events: list[str] = []
         self.roles: dict[int, Role] = {}
 
-    def start(self, role: Role, cls: type, *args: object, lead: bool = False) -> object:
-        handle = super().start(role, cls, *args, lead=lead)
+    def start(self, role: Role, cls: Callable[P, W], *args: P.args, **kwargs: P.kwargs) -> Handle[W]:
+        handle = super().start(role, cls, *args, **kwargs)
         self.roles[id(handle)] = role
         self.events.append(f"start {role}")
         return handle
 
-    def call(self, handle: object, method: str, *args: object, returns: int = 1) -> object:
+    def start_lead(self, role: Role, cls: Callable[P, W], *args: P.args, **kwargs: P.kwargs) -> Handle[W]:
+        return self.start(role, cls, *args, **kwargs)
+
+    def call(self, handle: Handle[A], method: Callable[Concatenate[A, P], R], *args: P.args,
+             **kwargs: P.kwargs) -> Result[R]:
         if self.roles.get(id(handle)) == "train":
-            self.events.append(f"train {method}")
-        return super().call(handle, method, *args, returns=returns)
+            self.events.append(f"train {method.__name__}")
+        return super().call(handle, method, *args, **kwargs)
 
 
 def test_rollout_workers_start_before_the_step_loop_waits_on_the_trainer(model_dir: Path, tmp_path: Path) -> None:

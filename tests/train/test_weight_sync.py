@@ -7,6 +7,7 @@ import contextlib
 import datetime
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -106,12 +107,12 @@ class _Recording:
     def __init__(self) -> None:
         self.sent: list[tuple[str, object]] = []
 
-    def call(self, handle: object, method: str, *args: object) -> object:
-        self.sent.append((method, args[0]))
+    def call(self, handle: object, method: Callable[..., object], *args: object) -> object:
+        self.sent.append((method.__name__, args[0]))
         return object()
 
-    def tell(self, handle: object, method: str, *args: object) -> None:
-        self.sent.append((method, args[0]))
+    def tell(self, handle: object, method: Callable[..., object], *args: object) -> None:
+        self.sent.append((method.__name__, args[0]))
 
 
 def test_a_version_the_train_worker_never_published_goes_by_the_object_store_not_a_broadcast() -> None:

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.api import RLJob
 from rhymerl.workers.controller.fleet import RolloutFleet, Round
-from rhymerl.workers.controller.transport import pipelined
+from rhymerl.workers.controller.transport import Result, pipelined
 from rhymerl.workers.roles.groups import GroupSummary, StepLayout
-from rhymerl.workers.roles.samples import GroupKey, SampleRef, SampleSummary
+from rhymerl.workers.roles.samples import GroupKey, SampleRef, SampleSummary, ScoredSample
 from rhymerl.workers.rollout.engine import merged_counts
 from rhymerl.workers.run_folder.in_flight import NOTHING, InFlight
 from rhymerl.workers.run_folder.run_dir import LoopState
@@ -49,7 +48,7 @@ class Batch:
 class _Finished:
     summary: SampleSummary
     version: int
-    scored: Any  # the scored samples of its call (or a reference to them)
+    scored: Result[list[ScoredSample]]  # the scored samples of its call
 
 
 class BatchSampler:
@@ -114,11 +113,11 @@ class BatchSampler:
         order = self._order(state.epoch)
         return [self.prompts[i].prompt_id for i in order[state.cursor: state.cursor + self.job.spec.algorithm.prompts_per_step]]
 
-    def take(self, batch: Batch) -> tuple[list[Any], int]:
+    def take(self, batch: Batch) -> tuple[list[Result[list[ScoredSample]]], int]:
         """The scored samples holding the batch's groups' responses (by call), and the oldest policy
         version among them; the groups' books are closed."""
         g = self.job.spec.algorithm.group_size
-        scored: dict[int, Any] = {}
+        scored: dict[int, Result[list[ScoredSample]]] = {}
         versions = []
         for epoch, pid in batch.layout.groups:
             for k in range(g):

@@ -54,15 +54,28 @@ from rhymerl.algorithms.scheduling.types import Move, Sample, SampleId
 from rhymerl.api import RLJob
 from rhymerl.workers import faults
 from rhymerl.workers.controller.history_client import HistoryClient
-from rhymerl.workers.controller.transport import ResultLost, Stream, Transport, WorkerGone, pipelined
+from rhymerl.workers.controller.role_apis import RewardAPI, RolloutAPI, Weights, WeightsRef
+from rhymerl.workers.controller.transport import (
+    Handle,
+    Indexes,
+    Report,
+    Result,
+    ResultLost,
+    Stream,
+    Transport,
+    WorkerGone,
+    pipelined,
+)
 from rhymerl.workers.controller.weight_broadcast import WeightBroadcast
 from rhymerl.workers.roles.samples import (
     CallState,
     CallSummary,
     Handback,
     RolloutCall,
+    RolloutOutput,
     RolloutProgress,
     SampleRef,
+    ScoredSample,
 )
 from rhymerl.workers.roles.weight_sync import STAGED_WAIT_S
 from rhymerl.workers.rollout.engine import GenRequest
@@ -78,6 +91,8 @@ DRAFT_STEP_COST = 0.5
 shipped tiny-arith-draft measured 0.51-0.54 on the 2-core CPU (benchmarks/draft-model); on a GPU a
 model 10x smaller costs less, so this errs toward not drafting."""
 WAIT_NOTE_S = 60.0  # how often the fleet says again that it waits for a rollout worker
+Progress = RolloutProgress | Result[RolloutProgress]
+"""Samples' tokens so far: a report's item (where a worker left them), or gathered here from several."""
 CAPACITY_EVERY_S = 1.0  # how often a Ray fleet asks the cluster how many rollout pods joined
 
 
@@ -110,13 +125,13 @@ class Member:
     """One rollout worker of the fleet."""
 
     id: int
-    handle: Any
+    handle: Handle[RolloutAPI]
     joined: bool = False  # answered: it takes work
     slot: int = -1  # its index in the scheduler's books for the current round
     leaving: bool = False
     pod: int | None = None  # the ordinal of the rollout pod it runs on (None: not known, or not in a cluster)
     version: int | None = None  # the policy version it was last told to load
-    loads: list[Any] = field(default_factory=list)  # results of its weight loads (seconds each)
+    loads: list[Result[tuple[float, bool]]] = field(default_factory=list)  # its weight loads' (seconds, fell back)
 
 
 @dataclass(eq=False)
@@ -128,18 +143,18 @@ class Call:
     round: Round
     samples: list[SampleRef]
     requests: list[GenRequest]
-    indexes: Any
+    indexes: Result[Indexes] | None
     version: int
-    resume_of: dict[SampleRef, Any]  # where each sample's tokens so far are (None: it starts afresh)
+    resume_of: dict[SampleRef, Progress | None]  # where each sample's tokens so far are (None: it starts afresh)
     resumed: dict[SampleRef, int]  # how many tokens that is
     stream: Stream | None = None
     tokens: dict[SampleRef, int] = field(default_factory=dict)  # unfinished samples, as last reported
     finished: dict[SampleRef, int] = field(default_factory=dict)  # lengths reported
     reported: bool = False  # its worker reported on it: it runs there, and hears a release
-    output: Any = None
+    output: Result[RolloutOutput] | None = None
     ended: bool = False  # its stream ended: with its output, or broken off
-    scored: Any = None
-    summary: Any = None
+    scored: Result[list[ScoredSample]] | None = None
+    summary: Result[CallSummary] | None = None
 
 
 @dataclass(eq=False)
@@ -172,17 +187,18 @@ class Parked:
     it waits for a place."""
 
     request: GenRequest
-    resume: Any
+    resume: Progress | None
     tokens: int
     version: int
-    indexes: Any
+    indexes: Result[Indexes] | None
     round: Round | None = None  # the round it belongs to (None: deferred to the next)
     slot: int = -1  # the scheduler's index of the worker it left
 
 
 class RolloutFleet:
     def __init__(self, job: RLJob, transport: Transport, lengths: LengthHistory, encoded: dict[str, list[int]],
-                 reward: list[Any], start_worker: Callable[[], Any], wanted: Callable[[], int],
+                 reward: Sequence[Handle[RewardAPI]], start_worker: Callable[[], Handle[RolloutAPI]],
+                 wanted: Callable[[], int],
                  note: Callable[[str], None], say: Callable[[str], None],
                  in_use: Callable[[int | None], None] = lambda pods: None) -> None:
         """start_worker: a new rollout worker's handle; wanted: how many workers the job wants now;
@@ -201,7 +217,7 @@ class RolloutFleet:
         self.calls = itertools.count()
         self.rounds = 0
         self.version = 0
-        self.weights: dict[int, Any] = {}  # policy version -> its weights (those still in use)
+        self.weights: dict[int, Weights | Result[Weights]] = {}  # policy version -> its weights (those in use)
         self.broadcast: WeightBroadcast | None = None
         self.sched: Scheduler = make_scheduler(spec.scheduling, 1, seed=spec.rollout.seed,
                                                max_off_policy=spec.algorithm.max_off_policy_steps,
@@ -247,7 +263,8 @@ class RolloutFleet:
         """Member id of a worker whose samples are moving away -> the one it is to draft for once freed."""
 
     # ------------------------------------------------------------------ membership
-    def start(self, version: int, weights: Any, history: HistoryClient, older: Mapping[int, Any] | None = None,
+    def start(self, version: int, weights: Weights | Result[Weights], history: HistoryClient,
+              older: Mapping[int, Weights | Result[Weights]] | None = None,
               rounds_before: int = 0, broadcast: WeightBroadcast | None = None) -> None:
         """Bring the fleet up to the wanted size with the run's current weights (workers `reconcile`
         started before have been starting meanwhile); the scheduler's cost model from the first
@@ -262,7 +279,7 @@ class RolloutFleet:
         self.reconcile(wait=True)
         self._started = True
         self._last_count = (self.live_count(), max(1, self.wanted()))
-        cost = self.transport.get(self.transport.call(self._live()[0].handle, "cost_profile"))
+        cost = self.transport.get(self.transport.call(self._live()[0].handle, RolloutAPI.cost_profile))
         if cost is not None:
             self.sched.profile = table_profile(cost, self.job.spec.rollout.max_batch_size)
 
@@ -299,7 +316,7 @@ class RolloutFleet:
         for m in [m for m in self.members if not m.joined]:
             try:
                 ready = self.transport.ready(m.handle)
-                host = self.transport.get(self.transport.call(m.handle, "host")) if ready else None
+                host = self.transport.get(self.transport.call(m.handle, RolloutAPI.host)) if ready else None
             except WorkerGone:
                 self._remove(m)
                 self.note("a rollout worker died while it started")
@@ -345,7 +362,7 @@ class RolloutFleet:
         """Ask a worker to leave: one running a call hands its samples back first."""
         m.leaving = True
         if self._active(m):
-            self.transport.tell(m.handle, "leave")
+            self.transport.tell(m.handle, RolloutAPI.leave)
         elif not self._calls_of(m):  # outputs of its calls are scored first (collect stops it then)
             self._stop(m)
 
@@ -400,7 +417,7 @@ class RolloutFleet:
         return [c for c in self._calls_of(m) if not c.ended]
 
     # ------------------------------------------------------------------ weights
-    def publish(self, version: int, weights: Any) -> None:
+    def publish(self, version: int, weights: Weights | Result[Weights]) -> None:
         """A new policy version: every worker loads it before its next call."""
         self.weights[version] = weights
         in_use = ({version} | {p.version for p in self.parked.values()}  # a call not collected may run again
@@ -422,8 +439,10 @@ class RolloutFleet:
             newer = m.version is None or version > m.version
             if self.broadcast is not None and newer and self.broadcast.carries(version):
                 self.broadcast.ensure(version, m.id, m.handle)
-                weights = self.transport.deferred(weights)
-            m.loads.append(self.transport.call(m.handle, "load_weights", version, weights))
+                passed: Weights | WeightsRef = self.transport.deferred(weights)
+            else:
+                passed = self.transport.arg(weights)
+            m.loads.append(self.transport.call(m.handle, RolloutAPI.load_weights, version, passed))
             m.version = version
 
     def weight_sync(self) -> tuple[float, int]:
@@ -469,7 +488,7 @@ class RolloutFleet:
 
     def end_step(self) -> None:
         for m in self._live():
-            self.transport.tell(m.handle, "end_step")
+            self.transport.tell(m.handle, RolloutAPI.end_step)
 
     def close(self) -> None:
         for m in list(self.members):
@@ -533,15 +552,15 @@ class RolloutFleet:
             del self.parked[s]
         return rnd
 
-    def _indexes(self, rnd: Round, prompt_ids: list[str]) -> Any:
+    def _indexes(self, rnd: Round, prompt_ids: list[str]) -> Result[Indexes] | None:
         if not self.job.spec.rollout.speculation.reads_history:
             return None
         indexes = self.history.indexes(rnd.epoch, prompt_ids, rnd.step)
         rnd.history_ok = (rnd.history_ok is not False) and indexes is not None
         return indexes
 
-    def _open(self, m: Member, rnd: Round, samples: list[SampleRef], indexes: Any, version: int,
-              resume_of: dict[SampleRef, Any], resumed: dict[SampleRef, int]) -> Call:
+    def _open(self, m: Member, rnd: Round, samples: list[SampleRef], indexes: Result[Indexes] | None, version: int,
+              resume_of: Mapping[SampleRef, Progress | None], resumed: dict[SampleRef, int]) -> Call:
         requests = [self._request_of(s) for s in samples]
         call = Call(next(self.calls), m, rnd, samples, requests, indexes, version,
                     {s: resume_of.get(s) for s in samples}, {s: resumed.get(s, 0) for s in samples})
@@ -569,17 +588,17 @@ class RolloutFleet:
         call.stream = self.transport.stream(m.handle, call.id, rc, call.indexes, self._progress(call.resume_of))
         self.by_stream[id(call.stream)] = call
 
-    def _progress(self, resume: Mapping[SampleRef, Any]) -> Any:
+    def _progress(self, resume: Mapping[SampleRef, Progress | None]) -> Progress | None:
         """One object of these samples' tokens so far, each from the source it resumes from (None:
         all afresh). A single source goes as it is (a worker takes the samples it names)."""
         sources = {id(r): r for r in resume.values() if r is not None}
         if len(sources) <= 1:
             return next(iter(sources.values()), None)
-        got = {k: self.transport.get(r).results for k, r in sources.items()}
+        got = {k: (r if isinstance(r, RolloutProgress) else self.transport.get(r)).results for k, r in sources.items()}
         return RolloutProgress({s: got[id(r)][s] for s, r in resume.items() if r is not None and s in got[id(r)]})
 
     # ------------------------------------------------------------------ following a round
-    def collect(self, rnd: Round) -> list[tuple[CallSummary, Any]]:
+    def collect(self, rnd: Round) -> list[tuple[CallSummary, Result[list[ScoredSample]]]]:
         """Follow the round until every sample of it is generated and scored (or deferred to a later
         round); each call's summary and its scored samples."""
         self.live_round = rnd
@@ -600,7 +619,7 @@ class RolloutFleet:
         self.reports_kept = 0
         for m in [m for m in self.members if m.leaving and not self._active(m)]:
             self._stop(m)
-        return [(summary, c.scored) for c, summary in rnd.summaries]
+        return [(summary, _scored(c)) for c, summary in rnd.summaries]
 
     def _follow(self, rnd: Round) -> None:
         """Until every call of the round has its output and no sample of it waits for a place."""
@@ -624,22 +643,26 @@ class RolloutFleet:
                 self._restart(self.by_stream[id(lost.args[0])])
                 continue
             if report is not None:
-                self._on_report(self.by_stream[id(report.stream)], report.kind, report.value, report.item)
+                self._on_report(self.by_stream[id(report.stream)], report)
             self._steal_for_idle(rnd)
             self._pair(rnd)
 
-    def _on_report(self, call: Call, kind: str, value: Any, item: Any) -> None:
+    def _on_report(self, call: Call, report: Report) -> None:
+        kind, value = report.kind, report.value
+        if kind == "handback":
+            assert isinstance(value, Handback), value
+            self._handback(call, report.progress(), value)
+            return
+        assert isinstance(value, CallState), (kind, value)
         if kind == "state":
             self._observe(call, value)
         elif kind == "progress":
             for s in value.running.keys() | value.finished.keys():
-                call.resume_of[s] = item
+                call.resume_of[s] = report.progress()
                 call.resumed[s] = value.running.get(s, value.finished.get(s, 0))
             self._observe(call, value)
-        elif kind == "handback":
-            self._handback(call, item, value)
         elif kind == "output":
-            call.output, call.ended = item, True
+            call.output, call.ended = report.output(), True
             call.round.ends[call.member.id] = self.transport.clock(call.member.handle)
             self._observe(call, value)
             if self.transport.concurrent:
@@ -692,9 +715,9 @@ class RolloutFleet:
         for other in live:
             blocks = self.heard_for.pop(other.id, None)
             if blocks:
-                self.transport.tell(other.member.handle, "hear", other.id, blocks)
+                self.transport.tell(other.member.handle, RolloutAPI.hear, other.id, blocks)
 
-    def _handback(self, call: Call, item: Any, hb: Handback) -> None:
+    def _handback(self, call: Call, item: Result[RolloutProgress], hb: Handback) -> None:
         """Samples a call handed back: each goes where the move asked for it says; with the worker
         leaving, the others are parked and the scheduler spreads them over the workers that stay."""
         rnd, m = call.round, call.member
@@ -770,12 +793,13 @@ class RolloutFleet:
             for s in part:
                 del self.parked[s]
 
-    def _admit(self, call: Call, samples: list[SampleRef], resume: dict[SampleRef, Any],
+    def _admit(self, call: Call, samples: list[SampleRef], resume: dict[SampleRef, Progress | None],
                tokens: dict[SampleRef, int]) -> bool:
         requests = [self.parked[s].request for s in samples]
         try:
-            ok = self.transport.get(self.transport.call(call.member.handle, "admit", call.id, samples, requests,
-                                                        self._progress(resume)), timeout=ADMIT_WAIT_S)
+            ok = self.transport.get(self.transport.call(call.member.handle, RolloutAPI.admit, call.id, samples, requests,
+                                                        self.transport.arg(self._progress(resume))),
+                                    timeout=ADMIT_WAIT_S)
         except (WorkerGone, TimeoutError, ResultLost):
             return False
         if ok:
@@ -814,13 +838,13 @@ class RolloutFleet:
             if wanted.get(d) != v or call is None or call.id != call_id:
                 del self.drafting[d]
                 if call is not None and call.id == call_id:
-                    self.transport.tell(call.member.handle, "draft_from", call_id, None)
+                    self.transport.tell(call.member.handle, RolloutAPI.draft_from, call_id, None)
         for d, v in wanted.items():
             if d not in self.drafting:
                 call = running[v]
                 self.drafting[d] = (v, call.id)
                 link = self.transport.draft_link(members[d].handle, f"{v}:{call.id}:{d}")
-                self.transport.tell(call.member.handle, "draft_from", call.id, link)
+                self.transport.tell(call.member.handle, RolloutAPI.draft_from, call.id, link)
                 self.note(f"rollout worker {d} drafts for rollout worker {v} (step {rnd.step}; freed drafters)")
         rnd.drafting = max(rnd.drafting, len(self.drafting))
 
@@ -925,7 +949,7 @@ class RolloutFleet:
             self.executor.refused(move.sid)
             return
         self.moving[s] = move
-        self.transport.tell(holder[0].member.handle, "release", holder[0].id, [s])
+        self.transport.tell(holder[0].member.handle, RolloutAPI.release, holder[0].id, [s])
 
     def unfinished(self, worker: int, step: int) -> Sequence[tuple[SampleId, int]]:
         out: list[tuple[SampleId, int]] = []
@@ -980,7 +1004,9 @@ class RolloutFleet:
     # ------------------------------------------------------------------ scoring
     def _score(self, call: Call) -> None:
         reward = self.reward[call.id % len(self.reward)]
-        call.scored, call.summary = self.transport.call(reward, "score", call.output, call.round.step, returns=2)
+        assert call.output is not None, "scored before its output came"
+        call.scored, call.summary = self.transport.call2(reward, RewardAPI.score, self.transport.arg(call.output),
+                                                         call.round.step)
 
     def _summaries(self, rnd: Round) -> bool:
         """Every call's summary into `rnd.summaries`; a reward worker that died scores again. False if
@@ -991,7 +1017,8 @@ class RolloutFleet:
                 continue
             for attempt in range(RERUNS + 1):
                 try:
-                    summary: CallSummary = self.transport.get(c.summary)
+                    assert c.summary is not None, "a call's output is scored as it comes"
+                    summary = self.transport.get(c.summary)
                     break
                 except ResultLost:
                     self._restart(c)
@@ -1008,6 +1035,11 @@ class RolloutFleet:
             out.append((c, summary))
         rnd.summaries = out
         return True
+
+
+def _scored(call: Call) -> Result[list[ScoredSample]]:
+    assert call.scored is not None, "a summarised call was scored"
+    return call.scored
 
 
 def _by(items: list[SampleRef], key: Callable[[SampleRef], Any]) -> list[list[SampleRef]]:

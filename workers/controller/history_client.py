@@ -12,19 +12,23 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
 
-from rhymerl.workers.controller.transport import Transport, WorkerGone
+from rhymerl.workers.controller.role_apis import HistoryAPI
+from rhymerl.workers.controller.transport import Handle, Indexes, Result, Transport, WorkerGone
+from rhymerl.workers.roles.groups import StepLayout
+from rhymerl.workers.roles.samples import ScoredSample
+from rhymerl.workers.run_folder.run_dir import LoopState
 
 HISTORY_WAIT_S = 10.0
 
 
 class HistoryClient:
-    def __init__(self, transport: Transport, start: Callable[[], Any], note: Callable[[str], None]) -> None:
+    def __init__(self, transport: Transport, start: Callable[[], Handle[HistoryAPI]],
+                 note: Callable[[str], None]) -> None:
         self.transport, self._start, self.note = transport, start, note
-        self.handle: Any = None
+        self.handle: Handle[HistoryAPI] | None = None
         self.down: str | None = None  # why it cannot serve, while it cannot
-        self.pending: list[tuple[int, Any]] = []
+        self.pending: list[tuple[int, Result[int]]] = []
         self.restart()
 
     def restart(self) -> None:
@@ -34,15 +38,15 @@ class HistoryClient:
             self.handle = None
             self._failed(0, _why(exc))
 
-    def indexes(self, epoch: int, prompt_ids: list[str], step: int) -> Any:
-        """The history worker's indexes of these prompts (or a reference to them), or None if it
-        cannot serve them in HISTORY_WAIT_S."""
+    def indexes(self, epoch: int, prompt_ids: list[str], step: int) -> Result[Indexes] | None:
+        """The history worker's indexes of these prompts, or None if it cannot serve them in
+        HISTORY_WAIT_S."""
         if self.handle is None:
             self.restart()
             if self.handle is None:
                 return None
         try:
-            found, served = self.transport.call(self.handle, "indexes", epoch, prompt_ids, step, returns=2)
+            found, served = self.transport.call2(self.handle, HistoryAPI.indexes, epoch, prompt_ids, step)
             self.transport.get(served, timeout=HISTORY_WAIT_S)
         except TimeoutError:
             self._failed(step, f"no answer within {HISTORY_WAIT_S:.0f}s")
@@ -65,12 +69,14 @@ class HistoryClient:
                       "history drafts until it can")
         self.down = problem
 
-    def record(self, step: int, *args: Any) -> None:
-        """Record a step's groups (`HistoryWorker.record(*args)`); its outcome is checked later."""
+    def record(self, step: int, state: LoopState, layout: StepLayout,
+               *scored: list[ScoredSample] | Result[list[ScoredSample]]) -> None:
+        """Record a step's groups (`HistoryAPI.record`); its outcome is checked later."""
         if self.handle is None:
             return
         try:
-            self.pending.append((step, self.transport.call(self.handle, "record", *args)))
+            passed = [self.transport.arg(s) for s in scored]
+            self.pending.append((step, self.transport.call(self.handle, HistoryAPI.record, state, layout, *passed)))
         except Exception as exc:  # in this process the call runs at once: its store failed
             self._failed(step, _why(exc), "record the step")
 
@@ -94,7 +100,7 @@ class HistoryClient:
         if self.handle is None:
             return
         with contextlib.suppress(Exception):  # best effort: the run's next start, or the RLJob's finalizer, deletes them
-            self.transport.get(self.transport.call(self.handle, "close"), timeout=HISTORY_WAIT_S)
+            self.transport.get(self.transport.call(self.handle, HistoryAPI.close), timeout=HISTORY_WAIT_S)
         self.transport.stop(self.handle)
         self.handle = None
 

@@ -25,10 +25,11 @@ from rhymerl.workers import dumps, faults
 from rhymerl.workers.controller.batches import Batch, BatchSampler
 from rhymerl.workers.controller.fleet import RolloutFleet, Round
 from rhymerl.workers.controller.history_client import HistoryClient
+from rhymerl.workers.controller.role_apis import HistoryAPI, RewardAPI, TrainAPI
 from rhymerl.workers.controller.scale import ScaleFile
 from rhymerl.workers.controller.stopping import GracefulStop
 from rhymerl.workers.controller.train_role import TrainRole
-from rhymerl.workers.controller.transport import LocalTransport, Transport, pipelined
+from rhymerl.workers.controller.transport import Handle, LocalTransport, Transport, known, pipelined
 from rhymerl.workers.controller.weight_broadcast import WeightBroadcast
 from rhymerl.workers.history.run_history import history_run_id
 from rhymerl.workers.reward.outcome import check_failures
@@ -63,7 +64,7 @@ class Backend:
 @dataclass
 class Roles:
     train: TrainRole
-    reward: list[Any]
+    reward: list[Handle[RewardAPI]]
     history: HistoryClient
     fleet: RolloutFleet
 
@@ -81,11 +82,11 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False, backend: Backend | 
     t = backend.transport
     spec = job.spec
     ahead = pipelined(job, t)
-    train = TrainRole(t, lambda rank, world: t.start("train", TrainWorker, job, backend.train_run, backend.threads,
-                                                     ahead, rank, world, lead=rank == 0), train_ranks(job))
+    train = TrainRole(t, lambda rank, world: _start_train(t, job, backend, ahead, rank, world), train_ranks(job))
     n_reward = spec.reward.replicas if spec.reward.function is not None else 1
-    reward = [t.start("reward" if spec.reward.function is not None else "controller", RewardWorker, job)
-              for _ in range(n_reward)]
+    reward: list[Handle[RewardAPI]] = [
+        t.start("reward" if spec.reward.function is not None else "controller", RewardWorker, job)
+        for _ in range(n_reward)]
     fleet: RolloutFleet | None = None
     history: HistoryClient | None = None
     try:
@@ -97,19 +98,19 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False, backend: Backend | 
                                              backend.notice),
                              backend.wanted, run.note, backend.say, in_use=backend.in_use)
         fleet.reconcile()  # rollout workers start up (a model, the verify cost, a vLLM engine) as the trainer does
-        state, resumed = train.get(train.call("restore", run.recorded_steps())) if resume else (LoopState(), InFlight())
+        state, resumed = _restore(train, run) if resume else (LoopState(), InFlight())
         if resume:
             run.cut_back(state.step)  # the loop's own records, where they are not the train worker's
-        history = HistoryClient(t, lambda: t.start("history", HistoryWorker, job, _Fill(t, train.lead),
-                                                   history_run_id(job, run.path)), run.note)
-        for pid, ls in t.get(t.call(train.lead, "lengths")):
+        history = HistoryClient(t, lambda: _start_history(t, job, _Fill(t, train.lead), history_run_id(job, run.path)),
+                                run.note)
+        for pid, ls in t.get(t.call(train.lead, TrainAPI.lengths)):
             lengths.observe(pid, ls)
         broadcast = None
         if t.concurrent and spec.rollout.weight_sync == "collective":
-            broadcast = WeightBroadcast(t, train.lead, t.get(t.call(train.lead, "weight_channel")))
-        older = {v: t.call(train.lead, "restored_weights", v)
+            broadcast = WeightBroadcast(t, train.lead, t.get(t.call(train.lead, TrainAPI.weight_channel)))
+        older = {v: t.call(train.lead, TrainAPI.restored_weights, v)
                  for v in carried(sorted(resumed.versions()), state.policy_version)}
-        fleet.start(state.policy_version, t.call(train.lead, "weights", state.policy_version), history, older,
+        fleet.start(state.policy_version, t.call(train.lead, TrainAPI.weights, state.policy_version), history, older,
                     rounds_before=sum(m.gen_rounds for m in run.step_metrics()), broadcast=broadcast)
         roles = Roles(train, reward, history, fleet)
         sampler = BatchSampler(job, fleet, prompts, lengths, resumed)
@@ -125,15 +126,31 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False, backend: Backend | 
         train.stop()
 
 
+def _start_train(t: Transport, job: RLJob, backend: Backend, ahead: bool, rank: int, world: int) -> Handle[TrainAPI]:
+    """A train rank (rank 0 on the role's lead pod); typed by its API: TrainWorker must match TrainAPI."""
+    start = t.start_lead if rank == 0 else t.start
+    return start("train", TrainWorker, job, backend.train_run, backend.threads, ahead, rank, world)
+
+
+def _start_history(t: Transport, job: RLJob, fill: _Fill, run_id: str | None) -> Handle[HistoryAPI]:
+    return t.start("history", HistoryWorker, job, fill, run_id)
+
+
+def _restore(train: TrainRole, run: RunDir) -> tuple[LoopState, InFlight]:
+    found = train.get(train.call(TrainAPI.restore, run.recorded_steps()))
+    if found is None:
+        raise RuntimeError("the train worker of rank 0 restored no checkpoint state")
+    return found
+
+
 class _Fill:
     """What a history worker starting mid-run refills its store from: the train worker's dumps."""
 
-    def __init__(self, t: Transport, train: Any) -> None:
+    def __init__(self, t: Transport, train: Handle[TrainAPI]) -> None:
         self.t, self.train = t, train
 
     def __call__(self) -> list[dumps.RolloutRecord]:
-        records: list[dumps.RolloutRecord] = self.t.get(self.t.call(self.train, "history_records"))
-        return records
+        return self.t.get(self.t.call(self.train, TrainAPI.history_records))
 
 
 def _steps(job: RLJob, run: RunDir, t: Transport, roles: Roles, sampler: BatchSampler,
@@ -152,7 +169,8 @@ def _steps(job: RLJob, run: RunDir, t: Transport, roles: Roles, sampler: BatchSa
             state.policy_version += 1 if batch.kept else 0
             done = replace(state)  # the epoch the step's samples belong to, before any rollover
             t_train = time.perf_counter()
-            stats_result, weights = roles.train.call("step", done, batch.layout, batch.kept, *scored, returns=2)
+            stats_result, weights = roles.train.call2(TrainAPI.step, done, batch.layout, batch.kept,
+                                                      *[t.arg(s) for s in scored])
             roles.history.record(done.step, done, batch.layout, *scored)
             if state.cursor >= prompts:
                 state.epoch, state.cursor = state.epoch + 1, 0
@@ -160,7 +178,7 @@ def _steps(job: RLJob, run: RunDir, t: Transport, roles: Roles, sampler: BatchSa
             stats: dict[str, float] = dict(roles.train.get(stats_result))
             train_wait = time.perf_counter() - t_train
             if batch.kept:
-                roles.fleet.publish(state.policy_version, weights)
+                roles.fleet.publish(state.policy_version, known(weights))  # a step that kept groups made weights
             roles.fleet.end_step()
             roles.history.check_records()
             metrics = step_metrics(done, batch, stats, roles.fleet, time.perf_counter() - t_step, train_wait,
@@ -187,7 +205,7 @@ def _save(roles: Roles, state: LoopState, sampler: BatchSampler) -> None:
     weights (run_folder/in_flight.py): a resume re-creates it, so it equals the uninterrupted run."""
     in_flight = sampler.in_flight()
     older = tuple(roles.fleet.weights[v] for v in carried(sorted(in_flight.versions()), state.policy_version))
-    roles.train.get(roles.train.call("save", replace(state), in_flight, lead=older))
+    roles.train.get(roles.train.save(replace(state), in_flight, older))
 
 
 def step_metrics(state: LoopState, batch: Batch, train_stats: dict[str, float], fleet: RolloutFleet,

@@ -13,15 +13,33 @@ die (`WorkerGone`) and leave objects behind that died with them (`ResultLost`).
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Concatenate, Generic, ParamSpec, Protocol, TypeVar, cast, overload
 
+from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api import RLJob
 from rhymerl.api.roles import Role
-from rhymerl.workers.roles.rollout_worker import RolloutWorker
+from rhymerl.workers.controller.role_apis import (
+    RolloutAPI,
+    RolloutItem,
+    Weights,
+    WeightsRef,
+    concurrency_group,
+)
+from rhymerl.workers.roles.samples import RolloutCall, RolloutOutput, RolloutProgress
 from rhymerl.workers.rollout.remote_drafts import DraftLink, LocalDraftLink
+
+P = ParamSpec("P")
+A = TypeVar("A")
+W = TypeVar("W")
+R = TypeVar("R")
+R1 = TypeVar("R1")
+R2 = TypeVar("R2")
+A_co = TypeVar("A_co", covariant=True)
+R_co = TypeVar("R_co", covariant=True)
 
 
 class WorkerGone(Exception):
@@ -32,13 +50,22 @@ class ResultLost(Exception):
     """An object a call needed or made died with the worker that held it."""
 
 
-@dataclass
-class Stream:
-    """One rollout call's reports as they come."""
+class Handle(Generic[A_co]):
+    """A role worker as the step loop holds it, typed by what it answers (an API of role_apis.py, or
+    the worker class itself); each transport's own subclass says how to reach it."""
 
-    handle: Any
+
+class Result(Generic[R_co]):
+    """What a call returns at once: read it with `Transport.get`, or hand it to another worker's call
+    with `Transport.arg`. Each transport's own subclass holds a value or a reference."""
+
+
+@dataclass(eq=False)
+class Stream:
+    """One rollout call's reports as they come (each transport's subclass holds its source)."""
+
+    handle: Handle[RolloutAPI]
     call_id: int
-    source: Any  # the transport's own: a generator, or Ray's ObjectRefGenerator
     opened: int = 0  # order of opening (a worker runs its calls in that order)
 
 
@@ -46,66 +73,106 @@ class Stream:
 class Report:
     stream: Stream
     kind: str  # the tag: state, progress, handback, output (roles/samples.py Tag)
-    value: Any  # the tag's value (small)
-    item: Any  # the item before the tag: itself in this process, a reference on Ray
+    value: object  # the tag's value (small)
+    item: Result[RolloutItem]  # the item before the tag: itself in this process, a reference on Ray
+
+    def progress(self) -> Result[RolloutProgress]:
+        """The item of a `progress` or `handback` report: the samples' tokens so far."""
+        if self.kind not in ("progress", "handback"):
+            raise ValueError(f"a {self.kind!r} report carries no RolloutProgress")
+        return cast(Result[RolloutProgress], self.item)
+
+    def output(self) -> Result[RolloutOutput]:
+        """The item of an `output` report: the call's RolloutOutput."""
+        if self.kind != "output":
+            raise ValueError(f"a {self.kind!r} report carries no RolloutOutput")
+        return cast(Result[RolloutOutput], self.item)
+
+
+Indexes = Mapping[str, HistoryIndex]
+
+
+def known(result: Result[R | None]) -> Result[R]:
+    """A result its caller knows is not None (a train step that kept groups made new weights): unchecked
+    until read, as a reference on Ray cannot be looked into without fetching it."""
+    return cast(Result[R], result)
 
 
 class Transport(Protocol):
     concurrent: bool
     """Role workers run beside each other (scoring overlaps rollout, rollout may run ahead of training)."""
 
-    def start(self, role: Role, cls: type, *args: Any, lead: bool = False) -> Any:
-        """A new worker of `role` (an instance of `cls` built with `args`); its handle. `lead`: on
-        the role's lead pod (the train pod whose volume holds the run's checkpoints)."""
+    def start(self, role: Role, cls: Callable[P, W], *args: P.args, **kwargs: P.kwargs) -> Handle[W]:
+        """A new worker of `role`, `cls(*args, **kwargs)`; its handle."""
 
-    def ready(self, handle: Any) -> bool:
+    def start_lead(self, role: Role, cls: Callable[P, W], *args: P.args, **kwargs: P.kwargs) -> Handle[W]:
+        """As `start`, on the role's lead pod (the train pod whose volume holds the run's checkpoints)."""
+
+    def ready(self, handle: Handle[object]) -> bool:
         """Whether a worker being started answers yet (raises WorkerGone if it died starting)."""
 
-    def stop(self, handle: Any) -> None:
+    def stop(self, handle: Handle[object]) -> None:
         """Stop a worker for good."""
 
-    def call(self, handle: Any, method: str, *args: Any, returns: int = 1) -> Any:
-        """Call a method; its result (a tuple of `returns` results when > 1), or references to them."""
+    def call(self, handle: Handle[A], method: Callable[Concatenate[A, P], R], *args: P.args,
+             **kwargs: P.kwargs) -> Result[R]:
+        """Call `method` (of the handle's API) on the worker; its result."""
 
-    def tell(self, handle: Any, method: str, *args: Any) -> None:
+    def call2(self, handle: Handle[A], method: Callable[Concatenate[A, P], tuple[R1, R2]], *args: P.args,
+              **kwargs: P.kwargs) -> tuple[Result[R1], Result[R2]]:
+        """Call a method that returns a pair; each half a result of its own (one may be read, or
+        passed on, without the other)."""
+
+    def tell(self, handle: Handle[A], method: Callable[Concatenate[A, P], object], *args: P.args,
+             **kwargs: P.kwargs) -> None:
         """Call a method whose result nobody reads (in order with the worker's other calls, or beside
-        a running call for those in its control group)."""
+        a running call for those in a concurrency group, role_apis.py)."""
 
-    def draft_link(self, drafter: Any, link: Hashable) -> DraftLink:
+    def draft_link(self, drafter: Handle[RolloutAPI], link: Hashable) -> DraftLink:
         """A link a rollout worker's call verifies drafts through, to rollout worker `drafter`, named
         `link` (freed drafters, rollout/remote_drafts.py); it travels to the verifier in a call."""
 
-    def get(self, result: Any, timeout: float | None = None) -> Any:
+    def get(self, result: Result[R], timeout: float | None = None) -> R:
         """The value behind a result; raises WorkerGone, ResultLost, TimeoutError, or what the call raised."""
 
-    def done(self, result: Any) -> bool:
+    def done(self, result: Result[object]) -> bool:
         """Whether a result is there (nothing waits)."""
 
-    def wait_alive(self, handle: Any) -> None:
+    @overload
+    def arg(self, value: Result[R]) -> R: ...
+    @overload
+    def arg(self, value: R) -> R: ...
+    def arg(self, value: R | Result[R]) -> R:
+        """A value, or a result, as an argument of a call: the worker gets the value (on Ray the
+        reference itself travels, resolved before the call runs; only as a direct argument)."""
+
+    def wait_alive(self, handle: Handle[object]) -> None:
         """Until a worker that died and is being restarted answers again (raises WorkerGone if it
         does not come back)."""
 
-    def stream(self, handle: Any, call_id: int, *args: Any) -> Stream:
-        """Open rollout call `call_id` on a rollout worker (`RolloutWorker.generate(*args)`)."""
+    def stream(self, handle: Handle[RolloutAPI], call_id: int, call: RolloutCall,
+               indexes: Indexes | Result[Indexes] | None, resume: RolloutProgress | Result[RolloutProgress] | None,
+               ) -> Stream:
+        """Open rollout call `call_id` on a rollout worker (`RolloutAPI.generate`)."""
 
     def next_report(self, streams: Sequence[Stream], timeout: float) -> Report | None:
         """The next report of any of `streams` (None if none came within `timeout`); raises
         WorkerGone for a stream whose worker died, naming it (`exc.args[0]` is the Stream)."""
 
-    def keep(self, item: Any) -> Any:
+    def keep(self, item: Result[R]) -> Result[R]:
         """`item` made to outlive the worker that made it (a leaving worker's handback)."""
 
-    def deferred(self, result: Any) -> Any:
-        """A result passed on to a worker unresolved: the worker resolves it (`.get()`) only if it
-        needs it. In this process: the value itself."""
+    def deferred(self, weights: Weights | Result[Weights]) -> Weights | WeightsRef:
+        """Weights passed on to a worker unresolved: the worker resolves them (`.get()`) only if it
+        needs them. In this process: the value itself."""
 
-    def clock(self, handle: Any) -> float:
+    def clock(self, handle: Handle[object]) -> float:
         """Seconds on the worker's clock (comparable between workers)."""
 
-    def catch_up(self, handle: Any, to: Any) -> None:
+    def catch_up(self, handle: Handle[object], to: Handle[object]) -> None:
         """A worker handed work by `to` cannot start it before `to`'s clock."""
 
-    def sync(self, handles: Sequence[Any]) -> float:
+    def sync(self, handles: Sequence[Handle[object]]) -> float:
         """A round starts: the workers' clocks from here on are comparable; the round's start on them."""
 
     def capacity(self, role: Role) -> int | None:
@@ -118,22 +185,42 @@ def pipelined(job: RLJob, t: Transport) -> bool:
     return job.spec.algorithm.max_off_policy_steps >= 1 and t.concurrent
 
 
-@dataclass
-class _Pending:
+@dataclass(eq=False)
+class _Value(Result[R]):
+    value: R
+
+
+@dataclass(eq=False)
+class _Pending(Result[R]):
     """A call in this process that waits behind a rollout call its worker is running."""
 
-    method: str
-    args: tuple[Any, ...]
-    value: Any = None
+    name: str
+    run: Callable[[], R]
+    value: R | None = None
     done: bool = False
 
+    def finish(self) -> None:
+        self.value, self.done = self.run(), True
 
-@dataclass
-class _Local:
-    obj: Any
+
+@dataclass(eq=False)
+class _Local(Handle[A_co]):
+    obj: A_co
     clock: float = 0.0
     stopped: bool = False
-    queue: list[Stream | _Pending] = field(default_factory=list)  # in the order they were made
+    queue: list[_LocalStream | Callable[[], None]] = field(default_factory=list)  # calls, in the order made
+
+
+@dataclass(eq=False)
+class _LocalStream(Stream):
+    run: Callable[[], Iterator[RolloutItem]] | None = None  # opens the generator when its turn comes
+    source: Iterator[RolloutItem] | None = None
+
+
+def _local(handle: Handle[A]) -> _Local[A]:
+    if not isinstance(handle, _Local):
+        raise TypeError(f"not a handle of LocalTransport: {handle!r}")
+    return handle
 
 
 @dataclass
@@ -146,54 +233,84 @@ class LocalTransport:
     _opened: int = 0
     _turn: int = 0  # where the round-robin over workers resumes
 
-    def start(self, role: Role, cls: type, *args: Any, lead: bool = False) -> Any:
-        return _Local(cls(*args))
+    def start(self, role: Role, cls: Callable[P, W], *args: P.args, **kwargs: P.kwargs) -> Handle[W]:
+        return _Local(cls(*args, **kwargs))
 
-    def ready(self, handle: Any) -> bool:
+    def start_lead(self, role: Role, cls: Callable[P, W], *args: P.args, **kwargs: P.kwargs) -> Handle[W]:
+        return _Local(cls(*args, **kwargs))
+
+    def ready(self, handle: Handle[object]) -> bool:
         return True
 
-    def stop(self, handle: Any) -> None:
-        handle.stopped = True
-        close = getattr(handle.obj, "close", None)
+    def stop(self, handle: Handle[object]) -> None:
+        local = _local(handle)
+        local.stopped = True
+        close = getattr(local.obj, "close", None)
         if callable(close):
             close()
 
-    def call(self, handle: Any, method: str, *args: Any, returns: int = 1) -> Any:
-        if method in RolloutWorker.CONTROL or not any(isinstance(e, Stream) for e in handle.queue):
-            return getattr(handle.obj, method)(*args)
-        pending = _Pending(method, args)
-        handle.queue.append(pending)
+    def call(self, handle: Handle[A], method: Callable[Concatenate[A, P], R], *args: P.args,
+             **kwargs: P.kwargs) -> Result[R]:
+        local = _local(handle)
+        bound: Callable[P, R] = getattr(local.obj, method.__name__)  # the worker's own, not the API's stub
+        if concurrency_group(method) == "control" or not any(isinstance(e, Stream) for e in local.queue):
+            return _Value(bound(*args, **kwargs))
+        pending: _Pending[R] = _Pending(method.__name__, functools.partial(bound, *args, **kwargs))
+        local.queue.append(pending.finish)
         return pending
 
-    def tell(self, handle: Any, method: str, *args: Any) -> None:
-        self.call(handle, method, *args)
+    def call2(self, handle: Handle[A], method: Callable[Concatenate[A, P], tuple[R1, R2]], *args: P.args,
+              **kwargs: P.kwargs) -> tuple[Result[R1], Result[R2]]:
+        pair = self.call(handle, method, *args, **kwargs)
+        return _Half(pair, 0), _Half(pair, 1)
 
-    def draft_link(self, drafter: Any, link: Hashable) -> DraftLink:
-        return LocalDraftLink(drafter.obj, link)
+    def tell(self, handle: Handle[A], method: Callable[Concatenate[A, P], object], *args: P.args,
+             **kwargs: P.kwargs) -> None:
+        self.call(handle, method, *args, **kwargs)
 
-    def get(self, result: Any, timeout: float | None = None) -> Any:
+    def draft_link(self, drafter: Handle[RolloutAPI], link: Hashable) -> DraftLink:
+        return LocalDraftLink(_local(drafter).obj, link)
+
+    def get(self, result: Result[R], timeout: float | None = None) -> R:
+        if isinstance(result, _Value):
+            return cast(R, result.value)
+        if isinstance(result, _Half):
+            return cast(R, self.get(result.pair)[result.index])
         if isinstance(result, _Pending):
             if not result.done:
-                raise RuntimeError(f"{result.method}: waits behind its worker's rollout call")
-            return result.value
-        return result
+                raise RuntimeError(f"{result.name}: waits behind its worker's rollout call")
+            return cast(R, result.value)
+        raise TypeError(f"not a result of LocalTransport: {result!r}")
 
-    def done(self, result: Any) -> bool:
+    def done(self, result: Result[object]) -> bool:
+        if isinstance(result, _Half):
+            return self.done(result.pair)
         return not isinstance(result, _Pending) or result.done
 
-    def wait_alive(self, handle: Any) -> None:
+    @overload
+    def arg(self, value: Result[R]) -> R: ...
+    @overload
+    def arg(self, value: R) -> R: ...
+    def arg(self, value: R | Result[R]) -> R:
+        return self.get(value) if isinstance(value, Result) else value
+
+    def wait_alive(self, handle: Handle[object]) -> None:
         """A worker in this process does not die and come back."""
 
-    def stream(self, handle: Any, call_id: int, *args: Any) -> Stream:
+    def stream(self, handle: Handle[RolloutAPI], call_id: int, call: RolloutCall,
+               indexes: Indexes | Result[Indexes] | None, resume: RolloutProgress | Result[RolloutProgress] | None,
+               ) -> Stream:
+        local = _local(handle)
         self._opened += 1
-        stream = Stream(handle, call_id, (args, None), self._opened)  # the generator: made when its turn comes
-        handle.queue.append(stream)
+        args = (call, self.arg(indexes), self.arg(resume))
+        stream = _LocalStream(handle, call_id, self._opened, lambda: local.obj.generate(*args))
+        local.queue.append(stream)
         return stream
 
     def next_report(self, streams: Sequence[Stream], timeout: float) -> Report | None:
         """The workers in turn, one report each; a worker's calls in the order they were made."""
         heads = []
-        for handle in {id(s.handle): s.handle for s in streams}.values():
+        for handle in {id(s.handle): _local(s.handle) for s in streams}.values():
             head = self._head(handle)
             if head is not None and head in streams:
                 heads.append(head)
@@ -202,46 +319,59 @@ class LocalTransport:
         order = sorted(heads, key=lambda s: s.opened)
         stream = order[self._turn % len(order)]
         self._turn += 1
+        local = _local(stream.handle)
         t0 = time.perf_counter()
-        args, source = stream.source
-        if source is None:
-            source = iter(stream.handle.obj.generate(*args))
-            stream.source = (args, source)
-        item = next(source)
-        kind, value = next(source)
-        stream.handle.clock += time.perf_counter() - t0
+        if stream.source is None:
+            assert stream.run is not None, "a rollout stream read after its output"
+            stream.source, stream.run = iter(stream.run()), None
+        item = next(stream.source)
+        kind, value = cast(tuple[str, object], next(stream.source))
+        local.clock += time.perf_counter() - t0
         if kind == "output":  # the call's end: its generator (and the KV cache in its frame) goes now
-            source.close()
+            stream.source.close()  # type: ignore[attr-defined]  # a generator
             stream.source = None
-            stream.handle.queue.remove(stream)
-            self._head(stream.handle)
-        return Report(stream, kind, value, item)
+            local.queue.remove(stream)
+            self._head(local)
+        return Report(stream, kind, value, _Value(item))
 
     @staticmethod
-    def _head(handle: Any) -> Stream | None:
+    def _head(local: _Local[object]) -> _LocalStream | None:
         """Run the calls waiting at the front of the worker's queue; the rollout call it runs next."""
-        while handle.queue and isinstance(handle.queue[0], _Pending):
-            pending = handle.queue.pop(0)
-            pending.value, pending.done = getattr(handle.obj, pending.method)(*pending.args), True
-        return handle.queue[0] if handle.queue else None
+        while local.queue:
+            head = local.queue[0]
+            if isinstance(head, _LocalStream):
+                return head
+            local.queue.pop(0)
+            head()
+        return None
 
-    def keep(self, item: Any) -> Any:
+    def keep(self, item: Result[R]) -> Result[R]:
         return item
 
-    def deferred(self, result: Any) -> Any:
-        return result
+    def deferred(self, weights: Weights | Result[Weights]) -> Weights | WeightsRef:
+        return self.arg(weights)
 
-    def clock(self, handle: Any) -> float:
-        return float(handle.clock)
+    def clock(self, handle: Handle[object]) -> float:
+        return float(_local(handle).clock)
 
-    def catch_up(self, handle: Any, to: Any) -> None:
-        handle.clock = max(handle.clock, to.clock)
+    def catch_up(self, handle: Handle[object], to: Handle[object]) -> None:
+        local = _local(handle)
+        local.clock = max(local.clock, _local(to).clock)
 
-    def sync(self, handles: Sequence[Any]) -> float:
-        start = max((h.clock for h in handles), default=0.0)
-        for h in handles:
+    def sync(self, handles: Sequence[Handle[object]]) -> float:
+        locals_ = [_local(h) for h in handles]
+        start = max((h.clock for h in locals_), default=0.0)
+        for h in locals_:
             h.clock = start
         return start
 
     def capacity(self, role: Role) -> int | None:
         return None
+
+
+@dataclass(eq=False)
+class _Half(Result[R]):
+    """One half of a pair a call returned, in this process."""
+
+    pair: Result[tuple[object, object]]
+    index: int

@@ -22,15 +22,15 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
 
-from rhymerl.workers.controller.transport import Transport
+from rhymerl.workers.controller.role_apis import RolloutAPI, TrainAPI
+from rhymerl.workers.controller.transport import Handle, Result, Transport
 from rhymerl.workers.roles.train_worker import TrainWorker
 from rhymerl.workers.roles.weight_sync import Group, Layout
 
 
 class WeightBroadcast:
-    def __init__(self, t: Transport, trainer: Any, channel: tuple[str, int, Layout]) -> None:
+    def __init__(self, t: Transport, trainer: Handle[TrainAPI], channel: tuple[str, int, Layout]) -> None:
         """trainer: the train worker of rank 0; channel: its `weight_channel()`."""
         self.t, self.trainer = t, trainer
         self.host, self.port, self.layout = channel
@@ -38,10 +38,10 @@ class WeightBroadcast:
         self.latest = -1
         self.published: set[int] = set()  # versions the train worker handed out to send (those it keeps)
         self.sent: dict[int, set[int]] = defaultdict(set)  # worker id -> versions sent its way
-        self.sends: list[Any] = []  # the train worker's results of transfers not read yet
+        self.sends: list[Result[float]] = []  # the train worker's results of transfers not read yet
         self.failed = 0  # transfers whose sender failed (their receivers loaded the object store's copy)
 
-    def publish(self, version: int, workers: Sequence[tuple[int, Any]]) -> None:
+    def publish(self, version: int, workers: Sequence[tuple[int, Handle[RolloutAPI]]]) -> None:
         """A new version to every live worker (id, handle) at once, in one group."""
         self.latest = max(self.latest, version)
         self.published = {v for v in self.published | {version} if v > self.latest - TrainWorker.KEEP_VERSIONS}
@@ -53,7 +53,7 @@ class WeightBroadcast:
         """Whether `version` goes by broadcast: published through here, and still kept by the train worker."""
         return version in self.published
 
-    def ensure(self, version: int, worker: int, handle: Any) -> None:
+    def ensure(self, version: int, worker: int, handle: Handle[RolloutAPI]) -> None:
         """Before a worker loads `version`: sent to it alone, unless already on its way. The load
         takes it and drops whatever it staged up to it, so those count as not sent from then on."""
         if version not in self.sent[worker]:
@@ -63,10 +63,10 @@ class WeightBroadcast:
     def forget(self, worker: int) -> None:
         self.sent.pop(worker, None)
 
-    def _send(self, version: int, group: Group, receivers: list[tuple[int, int, Any]]) -> None:
-        self.sends.append(self.t.call(self.trainer, "send_weights", version, group))
+    def _send(self, version: int, group: Group, receivers: list[tuple[int, int, Handle[RolloutAPI]]]) -> None:
+        self.sends.append(self.t.call(self.trainer, TrainAPI.send_weights, version, group))
         for rank, worker, handle in receivers:
-            self.t.tell(handle, "receive_weights", version, group, rank, self.layout)
+            self.t.tell(handle, RolloutAPI.receive_weights, version, group, rank, self.layout)
             self.sent[worker] = {v for v in self.sent[worker] if self.carries(v)} | {version}
 
     def settle(self) -> None:

@@ -16,7 +16,8 @@ import importlib
 import re
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import ray
 import ray.exceptions
@@ -27,16 +28,65 @@ from rhymerl.api.roles import Role
 from rhymerl.errors import DiskFull, RunFailed, UserError, disk_full, is_disk_full, plain
 from rhymerl.workers.controller.fleet import WorkerLost
 from rhymerl.workers.controller.loop import Backend, run_steps
+from rhymerl.workers.controller.role_apis import (
+    RolloutAPI,
+    RolloutItem,
+    Weights,
+    WeightsRef,
+    concurrency_group,
+)
 from rhymerl.workers.controller.scale import ScaleFile
-from rhymerl.workers.controller.transport import Report, ResultLost, Stream, WorkerGone
-from rhymerl.workers.roles.rollout_worker import RolloutWorker
-from rhymerl.workers.roles.train_worker import TrainWorker
+from rhymerl.workers.controller.transport import (
+    Handle,
+    Indexes,
+    Report,
+    Result,
+    ResultLost,
+    Stream,
+    WorkerGone,
+)
+from rhymerl.workers.roles.samples import RolloutCall, RolloutProgress
 from rhymerl.workers.run_folder.run_dir import RunDir
 from rhymerl.workers.run_folder.step_metrics import StepMetrics
 from rhymerl.workers.runtime.cluster import local_ray, role_capacity, role_gpus, spawn
 from rhymerl.workers.runtime.ray_draft_link import RayDraftLink
 
 START_TIMEOUT_S = 600.0  # a restarted worker's start-up (loading the model, measuring the verify cost)
+
+P = ParamSpec("P")
+A = TypeVar("A")
+W = TypeVar("W")
+R = TypeVar("R")
+R1 = TypeVar("R1")
+R2 = TypeVar("R2")
+
+
+@dataclass(eq=False)
+class _Actor(Handle[A]):
+    actor: Any  # Ray's ActorHandle: its methods are made at run time
+
+
+@dataclass(eq=False)
+class _Ref(Result[R]):
+    ref: ray.ObjectRef[object]
+
+
+@dataclass(eq=False)
+class _RayStream(Stream):
+    gen: ray.ObjectRefGenerator | None = None
+    items: Iterator[ray.ObjectRef[object]] | None = None
+
+
+def _actor(handle: Handle[object]) -> Any:
+    if not isinstance(handle, _Actor):
+        raise TypeError(f"not a handle of RayTransport: {handle!r}")
+    return handle.actor
+
+
+def _ref(result: Result[object]) -> ray.ObjectRef[object]:
+    if not isinstance(result, _Ref):
+        raise TypeError(f"not a result of RayTransport: {result!r}")
+    return result.ref
 
 
 class RayTransport:
@@ -47,58 +97,81 @@ class RayTransport:
         self._pings: dict[int, Any] = {}
         self.gpus = dict(gpus or {})
 
-    def start(self, role: Role, cls: type, *args: Any, lead: bool = False) -> Any:
+    def start(self, role: Role, cls: Callable[P, W], *args: P.args, **kwargs: P.kwargs) -> Handle[W]:
+        return self._start(role, cls, args, kwargs, lead=False)
+
+    def start_lead(self, role: Role, cls: Callable[P, W], *args: P.args, **kwargs: P.kwargs) -> Handle[W]:
+        return self._start(role, cls, args, kwargs, lead=True)
+
+    def _start(self, role: Role, cls: Callable[..., W], args: tuple[object, ...], kwargs: Mapping[str, object],
+               lead: bool) -> Handle[W]:
+        if kwargs or not isinstance(cls, type):
+            raise TypeError(f"a {role} worker on Ray: a class, with its arguments by position")
         actor = spawn(cls, role, *args, gpus=self.gpus.get(role, 0.0), lead=lead)
         self._pings[id(actor)] = actor.ping.remote()
-        return actor
+        return _Actor(actor)
 
-    def ready(self, handle: Any) -> bool:
-        ref = self._pings.get(id(handle))
+    def ready(self, handle: Handle[object]) -> bool:
+        actor = _actor(handle)
+        ref = self._pings.get(id(actor))
         if ref is None:
             return True
         if not ray.wait([ref], timeout=0)[0]:
             return False
-        del self._pings[id(handle)]
-        self.get(ref)
+        del self._pings[id(actor)]
+        self.get(_Ref(ref))
         return True
 
-    def stop(self, handle: Any) -> None:
-        self._pings.pop(id(handle), None)
+    def stop(self, handle: Handle[object]) -> None:
+        actor = _actor(handle)
+        self._pings.pop(id(actor), None)
         with contextlib.suppress(ray.exceptions.RayError, ValueError):
-            ray.kill(handle, no_restart=True)
+            ray.kill(actor, no_restart=True)
 
-    def call(self, handle: Any, method: str, *args: Any, returns: int = 1) -> Any:
+    def _remote(self, handle: Handle[object], method: Callable[..., object], returns: int, args: tuple[object, ...],
+                kwargs: Mapping[str, object]) -> Any:
         options: dict[str, Any] = {"num_returns": returns}
-        if method in RolloutWorker.CONTROL:
-            options["concurrency_group"] = "control"
-        elif method in RolloutWorker.WEIGHTS | TrainWorker.WEIGHTS:
-            options["concurrency_group"] = "weights"
-        elif method in RolloutWorker.DRAFTS:
-            options["concurrency_group"] = "drafts"
-        refs = getattr(handle, method).options(**options).remote(*args)
-        return tuple(refs) if returns > 1 else refs
+        group = concurrency_group(method)
+        if group is not None:
+            options["concurrency_group"] = group
+        return getattr(_actor(handle), method.__name__).options(**options).remote(*args, **kwargs)
 
-    def tell(self, handle: Any, method: str, *args: Any) -> None:
-        self.call(handle, method, *args)
+    def call(self, handle: Handle[A], method: Callable[Concatenate[A, P], R], *args: P.args,
+             **kwargs: P.kwargs) -> Result[R]:
+        return _Ref(self._remote(handle, method, 1, args, kwargs))
 
-    def draft_link(self, drafter: Any, link: Hashable) -> RayDraftLink:
-        return RayDraftLink(drafter, link)
+    def call2(self, handle: Handle[A], method: Callable[Concatenate[A, P], tuple[R1, R2]], *args: P.args,
+              **kwargs: P.kwargs) -> tuple[Result[R1], Result[R2]]:
+        first, second = self._remote(handle, method, 2, args, kwargs)
+        return _Ref(first), _Ref(second)
 
-    def get(self, result: Any, timeout: float | None = None) -> Any:
+    def tell(self, handle: Handle[A], method: Callable[Concatenate[A, P], object], *args: P.args,
+             **kwargs: P.kwargs) -> None:
+        self._remote(handle, method, 1, args, kwargs)
+
+    def draft_link(self, drafter: Handle[RolloutAPI], link: Hashable) -> RayDraftLink:
+        return RayDraftLink(_actor(drafter), link)
+
+    def get(self, result: Result[R], timeout: float | None = None) -> R:
         try:
             with _worker_errors():
-                return ray.get(result, timeout=timeout)
+                return cast(R, ray.get(_ref(result), timeout=timeout))
         except ray.exceptions.GetTimeoutError:
             raise TimeoutError(f"no answer within {timeout}s") from None
 
-    def done(self, result: Any) -> bool:
-        return bool(ray.wait([result], timeout=0)[0])
+    def done(self, result: Result[object]) -> bool:
+        return bool(ray.wait([_ref(result)], timeout=0)[0])
 
-    def wait_alive(self, handle: Any) -> None:
+    def arg(self, value: R | Result[R]) -> R:
+        """A reference given as an argument: Ray resolves it before the call runs, so the worker gets an R."""
+        return cast(R, _ref(value)) if isinstance(value, Result) else value
+
+    def wait_alive(self, handle: Handle[object]) -> None:
+        actor = _actor(handle)
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             try:
-                ray.get(handle.ping.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                ray.get(actor.ping.remote(), timeout=max(1.0, deadline - time.monotonic()))
                 return
             except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
                 if time.monotonic() > deadline:
@@ -107,46 +180,51 @@ class RayTransport:
             except ray.exceptions.RayActorError as exc:
                 raise WorkerGone(why(exc)) from exc
 
-    def stream(self, handle: Any, call_id: int, *args: Any) -> Stream:
-        gen = handle.generate.options(num_returns="streaming").remote(*args)
-        return Stream(handle, call_id, (gen, iter(gen)))
+    def stream(self, handle: Handle[RolloutAPI], call_id: int, call: RolloutCall,
+               indexes: Indexes | Result[Indexes] | None, resume: RolloutProgress | Result[RolloutProgress] | None,
+               ) -> Stream:
+        generate = getattr(_actor(handle), RolloutAPI.generate.__name__)
+        gen = generate.options(num_returns="streaming").remote(call, self.arg(indexes), self.arg(resume))
+        return _RayStream(handle, call_id, gen=gen, items=iter(gen))
 
     def next_report(self, streams: Sequence[Stream], timeout: float) -> Report | None:
         if not streams:
             time.sleep(min(timeout, 0.2))
             return None
-        by_gen = {id(s.source[0]): s for s in streams}
-        ready, _ = ray.wait([s.source[0] for s in streams], num_returns=1, timeout=timeout)
+        open_ = [s for s in streams if isinstance(s, _RayStream) and s.gen is not None]
+        by_gen = {id(s.gen): s for s in open_}
+        ready, _ = ray.wait([s.gen for s in open_], num_returns=1, timeout=timeout)
         if not ready:
             return None
         stream = by_gen[id(ready[0])]
-        items: Iterator[Any] = stream.source[1]
+        assert stream.items is not None
         with _worker_errors(stream):
-            item = next(items, None)
+            item = next(stream.items, None)
             if item is None:
                 raise WorkerGone(stream, "the rollout stream ended without its output")
-            tag = next(items, None)
+            tag = next(stream.items, None)
             if tag is None:
                 ray.get(item)  # the call's error, if it raised one
                 raise WorkerGone(stream, "the rollout stream ended early")
-            kind, value = ray.get(tag)
+            kind, value = cast(tuple[str, object], ray.get(tag))
         if kind == "output":
-            stream.source = None  # nothing more comes: the stream's references go
-        return Report(stream, str(kind), value, item)
+            stream.gen = stream.items = None  # nothing more comes: the stream's references go
+        got: Result[RolloutItem] = _Ref(item)
+        return Report(stream, str(kind), value, got)
 
-    def keep(self, item: Any) -> Any:
-        return ray.put(ray.get(item))
+    def keep(self, item: Result[R]) -> Result[R]:
+        return _Ref(ray.put(ray.get(_ref(item))))
 
-    def deferred(self, result: Any) -> Any:
-        return _Deferred(result)
+    def deferred(self, weights: Weights | Result[Weights]) -> Weights | WeightsRef:
+        return _Deferred(_ref(weights)) if isinstance(weights, Result) else weights
 
-    def clock(self, handle: Any) -> float:
+    def clock(self, handle: Handle[object]) -> float:
         return time.monotonic()
 
-    def catch_up(self, handle: Any, to: Any) -> None:
+    def catch_up(self, handle: Handle[object], to: Handle[object]) -> None:
         """Workers run beside each other on real clocks: nothing to catch up."""
 
-    def sync(self, handles: Sequence[Any]) -> float:
+    def sync(self, handles: Sequence[Handle[object]]) -> float:
         return time.monotonic()
 
     def capacity(self, role: Role) -> int | None:
@@ -158,13 +236,11 @@ class _Deferred:
     """An object reference a worker resolves only if it needs it (Ray resolves a reference passed
     as an argument before the call, this one it leaves alone)."""
 
-    def __init__(self, ref: Any) -> None:
+    def __init__(self, ref: ray.ObjectRef[object]) -> None:
         self.ref = ref
 
-    def get(self) -> Any:
-        return ray.get(self.ref)
-
-
+    def get(self) -> Weights:
+        return cast(Weights, ray.get(self.ref))
 
 
 @contextlib.contextmanager
@@ -218,9 +294,18 @@ def run_steps_ray(job: RLJob, run: RunDir, resume: bool, threads: int | None, tr
         raise failure from None
 
 
-INFRASTRUCTURE = (WorkerGone, ResultLost, WorkerLost, ray.exceptions.RayActorError, ray.exceptions.RaySystemError,
-                  ray.exceptions.LocalRayletDiedError, ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError,
-                  ray.exceptions.ObjectLostError, ray.exceptions.OutOfMemoryError, ray.exceptions.RpcError)
+# A worker, node or object of another pod lost (its pod evicted, drained, preempted, OOM-killed...)
+MEMBER_LOSSES = (WorkerGone, ResultLost, WorkerLost, ray.exceptions.RayActorError, ray.exceptions.NodeDiedError,
+                 ray.exceptions.WorkerCrashedError, ray.exceptions.ObjectLostError, ray.exceptions.OutOfMemoryError)
+# The driver's own link to Ray (its raylet, the GCS on its own head) failed
+OWN_LOSSES = (ray.exceptions.RaySystemError, ray.exceptions.LocalRayletDiedError, ray.exceptions.RpcError)
+INFRASTRUCTURE = MEMBER_LOSSES + OWN_LOSSES
+
+
+class MemberLost(RunFailed):
+    """A member of the run (a worker, node or object of another pod) was lost, not the driver's own
+    Ray: exit 1 on one machine; a cluster's controller exits roles.MEMBER_LOST_EXIT_CODE (cli/worker.py),
+    which the operator does not count as its crash."""
 _ROLE_OF_CLASS = {"TrainWorker": "the train worker", "RolloutWorker": "a rollout worker",
                   "RewardWorker": "a reward worker", "HistoryWorker": "the history worker"}
 
@@ -229,7 +314,8 @@ def run_failure(exc: BaseException, where: str) -> UserError | None:
     """The one-line error a user sees for what ended a run on Ray, None for what stays itself (a
     bug's traceback, a stop): a worker's UserError as it was raised; a full disk, wherever it was
     met, DiskFull; a worker, node or object lost for good (the train worker's weights die with it,
-    a worker's restarts or a call's re-runs are used up, the raylet died) RunFailed."""
+    a worker's restarts or a call's re-runs are used up, the raylet died) RunFailed: MemberLost where
+    what was lost belongs to another pod (MEMBER_LOSSES) and this machine's Ray processes are alive."""
     cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else None
     if isinstance(cause, UserError):  # a worker met the user's mistake: their one-line message
         return cause
@@ -244,7 +330,9 @@ def run_failure(exc: BaseException, where: str) -> UserError | None:
         if dead:
             return RunFailed(f"lost this machine's Ray node: its {', '.join(dead)} died ({why(exc)}); the run cannot "
                              "go on without it")
-        return RunFailed(f"{lost(exc)}; the run cannot go on without it")
+        message = f"{lost(exc)}; the run cannot go on without it"
+        member = isinstance(exc, MEMBER_LOSSES) or isinstance(cause, MEMBER_LOSSES)
+        return MemberLost(message) if member else RunFailed(message)
     return None
 
 

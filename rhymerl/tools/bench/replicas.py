@@ -112,9 +112,9 @@ def _fleet_run(w: RunWorkload, policy: str, relay: bool, cfg: ReplicaBenchConfig
         for i, chunk in enumerate(w.steps()):
             prompts = [r.prompt_id for r in chunk[::g]]
             rnd = fleet.launch([(w.epoch, p) for p in prompts], done + i + 1, inter_step=False, oracle=oracle)
-            scored: list[ScoredSample]
+            s: ScoredSample
             for _, scored in fleet.collect(rnd):
-                for s in scored:
+                for s in t.get(scored):
                     tokens[s.sample] = s.result.response_ids
             for p in prompts:  # as `rhymerl run` learns lengths when a group completes
                 lengths.observe(p, [len(tokens[SampleRef(p, k, w.epoch)]) for k in range(g)])
