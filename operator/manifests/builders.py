@@ -21,7 +21,15 @@ from rhymerl.api.history_keys import REDIS_PASSWORD_ENV
 from rhymerl.api.k8s_values import quantity_value
 from rhymerl.api.load import dump_job
 from rhymerl.api.roles import CPU_REQUEST_ENV, ROLES, Role
-from rhymerl.api.sources import PVC_ROOT, Fetches, fetched_data, fetched_model, fetches
+from rhymerl.api.sources import (
+    CACHE_ROOT,
+    PVC_ROOT,
+    Fetches,
+    cached_model,
+    fetched_data,
+    fetched_model,
+    fetches,
+)
 from rhymerl.api.spec import (
     GPU_RESOURCE,
     GROUP,
@@ -62,6 +70,14 @@ from rhymerl.operator.manifests.roles import (
     child_name,
     environment,
     fetch_argv,
+    identity_env,
+)
+from rhymerl.operator.manifests.storage import (
+    data_volume,
+    fetched_size,
+    model_cache_mount,
+    model_cache_volume,
+    with_disk_request,
 )
 from rhymerl.workers.runtime.ray_network import (
     OBJECT_STORE_ENV,
@@ -83,6 +99,11 @@ _NOT_HASHED: dict[str, Any] = {"suspend": True, "failure_policy": True, "active_
                                "ttl_seconds_after_finished": True,
                                "rollout": {"replicas", "min_replicas", "max_replicas", "autoscaling"}}
 _DISRUPTABLE: tuple[Role, ...] = ("rollout", "reward", "history")  # may lose a pod at a time
+# The controller's and the train pods' loss restarts the run from its last checkpoint: node autoscalers
+# must not move them to consolidate nodes (Cluster Autoscaler's and Karpenter's own annotations). Drains
+# and upgrades still take them (a PodDisruptionBudget that forbade it would stall node upgrades; their
+# loss is a preemption, not a crash: docs/operations.md "Disruptions").
+_NOT_CONSOLIDATED = {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false", "karpenter.sh/do-not-disrupt": "true"}
 # kind -> (API group, resource) of every kind `desired` returns: for API calls and RBAC rules.
 RESOURCES: dict[str, tuple[str, str]] = {
     "ConfigMap": ("", "configmaps"),
@@ -137,12 +158,14 @@ def spec_yaml(job: RLJob) -> str:
 
 
 def localized(job: RLJob) -> RLJob:
-    """`job` with model.path and data.source naming the fetched copies under FETCH_DIR, if fetched."""
+    """`job` with model.path and data.source naming the fetched copies under FETCH_DIR (the model: on the
+    cache claim, with a cache), if fetched."""
     wanted = fetches(job.spec.model.path, job.spec.data.source)
     if not wanted.any:
         return job
-    model = job.spec.model if wanted.model is None else job.spec.model.model_copy(
-        update={"path": fetched_model(FETCH_DIR)})
+    cache = job.spec.model.cache
+    path = fetched_model(FETCH_DIR) if wanted.model is None or cache is None else cached_model(CACHE_ROOT, wanted.model)
+    model = job.spec.model if wanted.model is None else job.spec.model.model_copy(update={"path": path, "cache": None})
     data = job.spec.data if wanted.data is None else job.spec.data.model_copy(
         update={"source": fetched_data(FETCH_DIR, wanted.data)})
     return job.model_copy(update={"spec": job.spec.model_copy(update={"model": model, "data": data})})
@@ -151,9 +174,9 @@ def localized(job: RLJob) -> RLJob:
 def spec_hash(job: RLJob) -> str:
     """16 hex digits of what the user's spec sets to other than its default (and the job's Kueue queue),
     leaving out what the operator applies without restarting pods (replica counts, suspend,
-    failure_policy, the deadline and TTL). Only a change the user made moves it: a release that adds a
-    field, or changes how the builders render a pod, does not (the operator keeps the pod templates the
-    job's pods run while the hash stays: diff.pinned)."""
+    failure_policy, the deadline and TTL). A release that adds a field, or changes how the builders render a
+    pod, does not move it; one that changes a default does, for jobs the API server stored the old default
+    in, so pinning (diff.pinned) compares a job's recorded spec with its current one under one release."""
     rolled = job.spec.model_dump(mode="json", exclude=_NOT_HASHED, exclude_defaults=True)
     queue = job.metadata.labels.get(KUEUE_QUEUE_LABEL)
     text = json.dumps(rolled if queue is None else {"spec": rolled, "queue": queue}, sort_keys=True,
@@ -323,6 +346,12 @@ def _role_fetches(job: RLJob, role: Role) -> Fetches:
     return Fetches(wanted.model if role in READS_MODEL else None, wanted.data)
 
 
+def _cache_claim(job: RLJob, role: Role) -> str | None:
+    """The model cache claim a pod of `role` mounts: where the job has one and the role reads the model."""
+    cache = job.spec.model.cache
+    return None if cache is None or _role_fetches(job, role).model is None else cache.claim
+
+
 def _source_claims(wanted: Fetches) -> list[str]:
     """The claims of pvc:// sources; the i-th is volume `fetch-source-<i>` (reserved: api/pod.py)."""
     return sorted({s.where for s in (wanted.model, wanted.data) if s is not None and s.scheme == "pvc"})
@@ -331,7 +360,8 @@ def _source_claims(wanted: Fetches) -> list[str]:
 def _fetch_container(job: RLJob, role: Role, resources: Resources) -> dict[str, Any] | None:
     """The pod's fetch step: `rhymerl fetch` in the role's image, writing the model and data sources
     that are not paths into the pod's data volume (FETCH_DIR), where the resolved spec points the role
-    (`localized`); a pvc:// source's claim is mounted read-only here only. It skips what a marker says
+    (`localized`), the model onto the cache claim with spec.model.cache (read-write here, read-only in the
+    role); a pvc:// source's claim is mounted read-only here only. It skips what a marker says
     is already there (a restarted pod on its volume claim). The role's env, envFrom and mounts apply,
     so credentials and endpoints (AWS_*, HF_TOKEN) reach it as they reach the role."""
     wanted = _role_fetches(job, role)
@@ -341,8 +371,10 @@ def _fetch_container(job: RLJob, role: Role, resources: Resources) -> dict[str, 
                                     {"name": "data", "mountPath": DATA_DIR}]
     mounts += [{"name": f"fetch-source-{i}", "mountPath": f"{PVC_ROOT}/{claim}", "readOnly": True}
                for i, claim in enumerate(_source_claims(wanted))]
+    cached = _cache_claim(job, role) is not None
+    mounts += [model_cache_mount(read_only=False)] if cached else []
     command = fetch_argv(None if wanted.model is None else wanted.model.text,
-                         None if wanted.data is None else wanted.data.text)
+                         None if wanted.data is None else wanted.data.text, CACHE_ROOT if cached else None)
     plain = Resources(cpu=resources.cpu, memory=resources.memory)  # no GPU, no extended resources
     return {"name": FETCH_CONTAINER, "image": image(job, role), "imagePullPolicy": job.spec.images.pull_policy,
             "command": command[:1], "args": command[1:],
@@ -380,6 +412,7 @@ def _container(job: RLJob, role: Role, resources: Resources) -> dict[str, Any]:
               {"name": "data", "mountPath": DATA_DIR},
               {"name": "ray-token", "mountPath": TOKEN_DIR, "readOnly": True}]
     mounts.append({"name": "dshm", "mountPath": SHM_DIR})
+    mounts += [model_cache_mount(read_only=True)] if _cache_claim(job, role) is not None else []
     mounts += _user_mounts(job, role)
     return {
         "name": role,
@@ -408,11 +441,14 @@ def _pod_template(job: RLJob, role: Role, digest: str) -> dict[str, Any]:
         {"name": "scratch", "emptyDir": {}},
         {"name": "ray-token", "secret": {"secretName": ray_token_name(name), "defaultMode": 0o440}},
     ]
+    cache_claim = _cache_claim(job, role)
+    fetched = None if runtime.stateful else fetched_size(_role_fetches(job, role), resources, cache_claim is not None)
     if not runtime.stateful:
-        volumes.append({"name": "data", "emptyDir": {}})
+        volumes.append(data_volume(fetched))
     volumes.append(_shared_memory(resources))
     volumes += [{"name": f"fetch-source-{i}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
                 for i, claim in enumerate(_source_claims(_role_fetches(job, role)))]
+    volumes += [] if cache_claim is None else [model_cache_volume(cache_claim)]
     user = block.pod
     volumes += [v.model_dump(mode="json", exclude_none=True) for v in user.volumes]
     pod: dict[str, Any] = {
@@ -420,7 +456,7 @@ def _pod_template(job: RLJob, role: Role, digest: str) -> dict[str, Any]:
         "enableServiceLinks": False,
         "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
                             "seccompProfile": {"type": "RuntimeDefault"}},
-        "containers": [_container(job, role, resources)],
+        "containers": [with_disk_request(_container(job, role, resources), fetched)],
         "volumes": volumes,
         "terminationGracePeriodSeconds": stop_grace_s(job, role),
     }
@@ -444,8 +480,10 @@ def _pod_template(job: RLJob, role: Role, digest: str) -> dict[str, Any]:
     if user.affinity is not None:  # the spec refuses a nodeAffinity beside the spot options' own
         pod["affinity"] = {**pod.get("affinity", {}), **user.affinity.model_dump(mode="json", exclude_none=True)}
     group_labels, group_annotations = kueue_pod_group(job)
+    kept = _NOT_CONSOLIDATED if role in ("controller", "train") else {}
     return {"metadata": {"labels": {**user.labels, **labels(name, role), **group_labels},
-                         "annotations": {**user.annotations, SPEC_HASH_ANNOTATION: digest, **group_annotations}},
+                         "annotations": {**kept, **user.annotations, SPEC_HASH_ANNOTATION: digest,
+                                         **group_annotations}},
             "spec": pod}
 
 
@@ -496,6 +534,9 @@ def _stateful_set(job: RLJob, role: Role, owner: Owner | None, digest: str) -> M
         "updateStrategy": {"type": "RollingUpdate"},
         "template": _pod_template(job, role, digest),
     }
+    if owner is not None:  # one job, one identity: its pods' run folders record its uid
+        container = spec["template"]["spec"]["containers"][0]
+        container["env"] = [*container["env"], *identity_env(owner.uid, job.metadata.annotations)]
     if RUNTIME[role].stateful:
         storage = job.spec.checkpoint.storage
         claim: dict[str, Any] = {"accessModes": ["ReadWriteOnce"],

@@ -7,9 +7,11 @@ Kubernetes shapes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rhymerl.api.roles import Role
+from rhymerl.workers.run_folder.identity import JOB_UID_ENV, RESUME_ANNOTATION, RESUME_FROM_ENV
 from rhymerl.workers.runtime.ray_network import AUTH_MODE_ENV, POD_PORTS, TOKEN_PATH, TOKEN_PATH_ENV
 
 SPEC_DIR = "/etc/rhymerl"
@@ -91,11 +93,14 @@ FETCH_CONTAINER = "fetch"
 READS_MODEL: tuple[Role, ...] = ("controller", "rollout", "train")  # every role reads the data
 
 
-def fetch_argv(model: str | None, data: str | None) -> list[str]:
-    """The fetch step of a pod (an init container, in the role's image): the sources it fetches."""
+def fetch_argv(model: str | None, data: str | None, model_cache: str | None = None) -> list[str]:
+    """The fetch step of a pod (an init container, in the role's image): the sources it fetches, the model
+    onto the cache claim mounted at `model_cache` when the job has one."""
     out = ["rhymerl", "fetch", "--into", FETCH_DIR]
     if model is not None:
         out += ["--model", model]
+        if model_cache is not None:
+            out += ["--model-cache", model_cache]
     if data is not None:
         out += ["--data", data]
     return out
@@ -116,3 +121,11 @@ def environment(job_name: str, role: Role) -> dict[str, str]:
         AUTH_MODE_ENV: "token",  # Ray refuses any peer or client without the job's token
         TOKEN_PATH_ENV: TOKEN_PATH,  # the job's Secret, mounted (builders.py)
     }
+
+
+def identity_env(uid: str, annotations: Mapping[str, str]) -> list[dict[str, str]]:
+    """The RLJob's uid, and the earlier job's uid it asks to go on from (its RESUME_ANNOTATION), for its
+    pods' run folders (workers/run_folder/identity.py): a job re-created under the same name starts fresh."""
+    named = {JOB_UID_ENV: uid, **({RESUME_FROM_ENV: annotations[RESUME_ANNOTATION]}
+                                   if annotations.get(RESUME_ANNOTATION) else {})}
+    return [{"name": k, "value": v} for k, v in named.items()]

@@ -103,7 +103,8 @@ class Cluster:
         self.writes: Counter[tuple[str, str]] = Counter()
         self._on_write = on_write
         self._host = socket.gethostname()
-        self._created: set[tuple[str, str, str]] = set()  # (namespace, name, owner uid): create_once's
+        self._created: set[tuple[str, str, str]] = set()  # (namespace, name, owner uid) create_once made
+        self._events_forbidden = False
 
     async def _call(self, method: str, path: str, *, query: Sequence[tuple[str, str]] = (),
                     body: Any = None, content_type: str = JSON) -> Any:
@@ -217,6 +218,22 @@ class Cluster:
     async def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         return await self._list(POD, namespace, job)
 
+    async def list_events(self, namespace: str, field_selector: str) -> list[dict[str, Any]]:
+        """The Events matching `field_selector` (admission.Short says which); none, and no more requests, once
+        the API server said the operator may not list Events (403: the chart grants it, docs/operations.md)."""
+        if self._events_forbidden:
+            return []
+        try:
+            listed = await self._call("GET", EVENT.path(namespace), query=[("fieldSelector", field_selector)])
+        except ApiException as exc:
+            if exc.status != 403:
+                raise
+            self._events_forbidden = True
+            log.warning("the operator may not list Events (403 Forbidden): pods refused at admission (quota, Pod "
+                        "Security, a webhook) are not reported in job status: %s", exc.reason or exc.status)
+            return []
+        return list(listed.get("items") or [])
+
     def node_disruption(self, pod: Mapping[str, Any]) -> str | None:
         """Why the node of `pod` is being taken away (nodes.disruption), from the Node informer; None when
         it is not, or not known (no cache, the pod has no node, or the operator may not list nodes)."""
@@ -272,22 +289,40 @@ class Cluster:
             self.cache.wrote(obj["kind"], result)
         return result
 
+    async def someone_elses(self, obj: Manifest, uid: str) -> str | None:
+        """Whose the object of `obj`'s kind and name is, when it exists and the job `uid` does not own it
+        (a person's, another controller's, an earlier job's of the same name not yet collected): an apply
+        would take it over, so the caller writes nothing. None when there is none, or it is the job's (a
+        child whose labels someone edited)."""
+        kind = KINDS[obj["kind"]]
+        meta = obj["metadata"]
+        try:
+            current: dict[str, Any] = await self._call("GET", kind.path(meta["namespace"], meta["name"]))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        if owned_by(current, uid):
+            return None
+        owners = [f"{o.get('kind')}/{o.get('name')}" for o in current.get("metadata", {}).get("ownerReferences") or []]
+        return f"owned by {', '.join(owners)}" if owners else "made by someone else (no owner)"
+
     async def create_once(self, obj: Manifest) -> bool:
-        """Create `obj` unless it exists (a 409 leaves it as it is: never read, never rewritten), at most
-        one request per object and owner for this process's lifetime. True if this call created it.
+        """Create `obj` unless it exists (a 409 leaves it as it is: never read, never rewritten). True if this
+        process created it for its owner (now, or in an earlier call: no second request); False when it
+        exists and this process did not create it (whose it is, the caller decides: reconcile/token.py).
         For the job's Ray token Secret: the operator may create Secrets, not read them."""
         meta = obj["metadata"]
         owners = meta.get("ownerReferences") or [{}]
         key = (meta["namespace"], meta["name"], str(owners[0].get("uid", "")))
         if key in self._created:
-            return False
+            return True
         try:
             kind = SECRET if obj["kind"] == "Secret" else KINDS[obj["kind"]]
             await self._call("POST", kind.path(meta["namespace"]), body=obj)
         except ApiException as exc:
             if exc.status != 409:
                 raise
-            self._created.add(key)
             return False
         self._created.add(key)
         self._wrote("create", obj["kind"])

@@ -22,8 +22,9 @@ from rhymerl.api.spec import (
     RLJobStatus,
     RoleStatus,
 )
+from rhymerl.operator.reconcile import kueue
 from rhymerl.operator.reconcile.lifecycle import SUSPEND_MARGIN_S, Suspension, format_time
-from rhymerl.operator.reconcile.pods import PodView
+from rhymerl.operator.reconcile.pods import MEMBER_LOST_LIMIT, PodView
 
 Status = Literal["True", "False", "Unknown"]
 MAX_LISTED = 3  # pods named in one message
@@ -43,6 +44,8 @@ class Observation:
     invalid: str | None = None  # the spec's problems, when it does not validate
     selector: str = ""  # of the rollout pods
     refused: tuple[str, ...] = ()  # children the API server would not write: "Kind/name: its message"
+    token_pending: str | None = None  # why the pods wait for the job's own Ray token Secret (token.py)
+    pods_refused: tuple[str, ...] = ()  # missing pods the API server refused at admission: "pod X: message"
     suspension: Suspension = field(default_factory=Suspension)  # where the suspend protocol stands (lifecycle.py)
     deadline_exceeded: str | None = None  # spec.active_deadline_seconds passed: why
     autoscaling: AutoscalingStatus | None = None  # spec.rollout.autoscaling's decision (autoscale.py), when on
@@ -100,6 +103,10 @@ def _degraded(obs: Observation) -> tuple[Status, str, str]:
     """The most urgent thing keeping pods from running, naming the pods (or the children not written)."""
     if obs.refused:
         return "True", "ApplyFailed", _listed(list(obs.refused))
+    if obs.token_pending is not None:
+        return "True", "RayTokenPending", obs.token_pending
+    if obs.pods_refused:
+        return "True", "PodsRefused", _listed(list(obs.pods_refused))
     live = [p for p in obs.pods if not p.deleting]
     unschedulable = [f"pod {p.name}: {p.unschedulable}" for p in live if p.unschedulable]
     if unschedulable:
@@ -112,7 +119,17 @@ def _degraded(obs: Observation) -> tuple[Status, str, str]:
     if crashing:
         budget = f"{obs.failures.crashes} crashes counted, backoff_limit {obs.backoff_limit}"
         return "True", "CrashLoop", f"{_listed(crashing)} ({budget})"
+    lost = [p.name for p in live if p.member_lost and not p.ready]
+    if lost:
+        return "True", "MemberLost", (f"{_listed(lost)}: restarted after the run lost a member (a pod evicted, drained "
+                                      "or crashed; counted on that pod): it resumes from the last checkpoint once the "
+                                      f"pods are back ({_unexplained(obs.failures)})")
     return "False", "AsExpected", "every pod is scheduled and running"
+
+
+def _unexplained(f: Failures) -> str:
+    return (f"{f.unexplainedMemberLoss} such restarts in a row with no member pod preempted or crashing; past "
+            f"{MEMBER_LOST_LIMIT} each counts as a crash")
 
 
 def _suspended(obs: Observation) -> tuple[Status, str, str]:
@@ -146,8 +163,9 @@ def _failed(obs: Observation) -> tuple[Status, str, str]:
                 "to resume from the last checkpoint)")
     if obs.deadline_exceeded is not None:
         return "True", "DeadlineExceeded", obs.deadline_exceeded
+    unexplained = f"; controller: {_unexplained(f)}" if f.unexplainedMemberLoss else ""
     return "False", "WithinBackoffLimit", (f"{f.crashes} crashes counted, backoff_limit {obs.backoff_limit}; "
-                                           f"{f.preemptions} preemptions (not counted)")
+                                           f"{f.preemptions} preemptions (not counted){unexplained}")
 
 
 def conditions(obs: Observation) -> list[Condition]:
@@ -156,7 +174,8 @@ def conditions(obs: Observation) -> list[Condition]:
     parts: dict[str, tuple[Status, str, str]] = {}
     parts["RolloutReady"] = _rollout_ready(obs, ready["rollout"])
     parts["TrainReady"] = _role_ready("train", obs.desired.get("train", 0), ready["train"], "train")
-    parts["Degraded"] = _degraded(obs)
+    parts["Degraded"] = kueue.degraded(obs.pods, _degraded(obs))
+    parts["Queued"] = kueue.queued(obs.pods)
     parts["Suspended"] = _suspended(obs)
     parts["Complete"] = (("True", "Finished", "the controller reported the last step done") if obs.finished else
                          ("False", "InProgress", "not finished"))
@@ -172,6 +191,9 @@ def conditions(obs: Observation) -> list[Condition]:
         parts["Ready"] = ("False", "Suspended", "the job is suspended")
     elif not wanted:
         parts["Ready"] = ("False", "ScaledToZero", "no pods wanted")
+    elif short and obs.pods_refused:
+        parts["Ready"] = ("False", "PodsRefused", f"pods ready: {', '.join(short)}; the API server refused "
+                          f"{len(obs.pods_refused)} pods at admission (see the Degraded condition)")
     elif gated := sorted({g for p in obs.pods if not p.deleting for g in p.gated}):
         held = sum(1 for p in obs.pods if p.gated and not p.deleting)
         parts["Ready"] = ("False", "SchedulingGated", f"{held} pods wait for their scheduling gates to be removed "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -210,14 +210,50 @@ def _pods_read(obj: Manifest) -> dict[str, Any] | None:
     return None
 
 
-def pinned(desired: Sequence[Manifest], actual: Iterable[Manifest]) -> list[Manifest]:
+@dataclass(frozen=True)
+class Source:
+    """The RLJob a pass renders, as pinning compares it with what the pods were built for: its
+    metadata.generation, what its spec hash reads as the API server stored it (`job`: spec and Kueue
+    queue), and `same`: whether a recorded `job` hashes as this one under this release (False where it
+    no longer validates)."""
+
+    generation: int
+    job: dict[str, Any]
+    same: Callable[[Mapping[str, Any]], bool]
+
+
+def applied_record(live: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The APPLIED annotation of `live` (what `pinned` recorded), None where it has none readable."""
+    try:
+        found = json.loads(((live or {}).get("metadata", {}).get("annotations") or {}).get(APPLIED, "null"))
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) and isinstance(found.get("content"), dict) else None
+
+
+def _built_for_same(record: Mapping[str, Any], digest: str | None, source: Source | None) -> bool:
+    """Whether `record` was written for the user's spec the job has now: the same hash (this release's
+    rendering of it), else the same generation and queue (nobody wrote the spec since), else a recorded
+    spec that hashes the same under this release (a scale, a respelling, an earlier release's hash)."""
+    if record.get("hash") == digest:
+        return True
+    if source is None or not isinstance(record.get("job"), dict):
+        return False
+    recorded: Mapping[str, Any] = record["job"]
+    if record.get("generation") == source.generation and recorded.get("queue") == source.job.get("queue"):
+        return True
+    return source.same(recorded)
+
+
+def pinned(desired: Sequence[Manifest], actual: Iterable[Manifest], source: Source | None = None) -> list[Manifest]:
     """`desired` with what the job's pods run from kept as the operator last wrote it while the user's
-    spec (its hash, builders.spec_hash) stays the same: a StatefulSet's spec but its replicas, the spec
-    ConfigMap's data. So a new operator release, whose builders render the same spec differently,
-    restarts no pod and hands no running pod a spec.yaml its image cannot read; its rendering takes
-    effect with the user's next change that moves the hash. What was written is in each object's
-    APPLIED annotation (as kubectl's last-applied-configuration), so a hand edit is still repaired:
-    to what the operator wrote, not to the live object."""
+    spec stays the same (`_built_for_same`): a StatefulSet's spec but its replicas, the spec ConfigMap's
+    data. So a new operator release, whose builders render the same spec differently and whose defaults
+    differ from those the API server stored in the job, restarts no pod and hands no running pod a
+    spec.yaml its image cannot read; its rendering takes effect with the user's next change of what the
+    spec hash reads. What was written is in each object's APPLIED annotation (as kubectl's
+    last-applied-configuration) with the hash, generation and stored spec it was built for, so a hand
+    edit is still repaired: to what the operator wrote, not to the live object."""
     have = {key(obj): obj for obj in actual}
     out = []
     for obj in desired:
@@ -227,15 +263,21 @@ def pinned(desired: Sequence[Manifest], actual: Iterable[Manifest]) -> list[Mani
             continue
         digest = _spec_hash(obj)
         live = have.get(key(obj))
-        try:
-            applied = json.loads(((live or {}).get("metadata", {}).get("annotations") or {}).get(APPLIED, "null"))
-        except ValueError:
-            applied = None
-        if isinstance(applied, dict) and applied.get("hash") == digest and isinstance(applied.get("content"), dict):
-            part = applied["content"]
+        record = applied_record(live)
+        if record is not None and _built_for_same(record, digest, source):
+            part = record["content"]
+            if source is not None and "job" not in record:  # recorded by a release before generations
+                record = {**record, "generation": source.generation, "job": source.job}
+            applied = json.dumps(record, sort_keys=True, separators=(",", ":"))
+        else:
+            fresh: dict[str, Any] = {"hash": digest, "content": part}
+            if source is not None:
+                fresh.update(generation=source.generation, job=source.job)
+            applied = json.dumps(fresh, sort_keys=True, separators=(",", ":"))
         meta = dict(obj["metadata"])
-        record = json.dumps({"hash": digest, "content": part}, sort_keys=True, separators=(",", ":"))
-        meta["annotations"] = {**meta.get("annotations", {}), APPLIED: record}
+        meta["annotations"] = {**meta.get("annotations", {}), APPLIED: applied}
+        if record is not None and part is record["content"] and SPEC_HASH_ANNOTATION in meta["annotations"]:
+            meta["annotations"][SPEC_HASH_ANNOTATION] = record.get("hash")  # the spec it was built for
         if obj["kind"] == "StatefulSet":
             obj = {**obj, "metadata": meta, "spec": {**part, "replicas": obj["spec"].get("replicas")}}
         else:

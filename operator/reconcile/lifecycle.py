@@ -3,7 +3,8 @@ active deadline, the time to live after it finished. Pure: the reconciler reads,
 
 Every start time is one the status already holds, so a pass needs no memory of its own and an
 operator restart loses nothing: a suspension began when the Suspended condition turned True, a run
-began (or resumed) when it turned False, a job finished when Complete or Failed turned True.
+began (or resumed) when it turned False or, if later, when the Queued condition last turned False (its
+pods let through Kueue's gate), a job finished when Complete or Failed turned True.
 
 Suspend, the protocol: the controller StatefulSet goes to zero first. Its pod gets SIGTERM and, with
 `controller.termination_grace_seconds` to do it in, finishes its step and checkpoints it
@@ -95,10 +96,13 @@ class Deadline:
 
 
 def deadline(limit_s: int | None, suspend: bool, previous: Mapping[str, Any], now: datetime) -> Deadline:
-    """A suspended job's clock is stopped (and starts again from zero when it resumes, as a Job's)."""
-    if limit_s is None or suspend:
+    """A suspended job's clock is stopped (and starts again from zero when it resumes, as a Job's); so is
+    the clock of a job whose pods all wait for Kueue's admission (Queued True, kueue.py), which starts
+    again from zero when they are admitted, as a Job's does when Kueue unsuspends it."""
+    if limit_s is None or suspend or since(previous, "Queued", "True") is not None:
         return Deadline()
-    started = since(previous, "Suspended", "False") or now
+    starts = [t for t in (since(previous, "Suspended", "False"), since(previous, "Queued", "False")) if t is not None]
+    started = max(starts) if starts else now
     left = (started + timedelta(seconds=limit_s) - now).total_seconds()
     if left > 0:
         return Deadline(None, left)

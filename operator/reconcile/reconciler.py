@@ -31,13 +31,14 @@ from rhymerl.api.history_keys import (
 )
 from rhymerl.api.spec import KIND, Condition, FailurePolicySpec, Failures, HistorySpec, RLJob, RLJobSpec
 from rhymerl.operator.manifests import Owner, desired, replicas, selector_string
-from rhymerl.operator.manifests.builders import ray_token_secret, stop_grace_s
+from rhymerl.operator.manifests.builders import ray_token_name, ray_token_secret, stop_grace_s
 from rhymerl.operator.manifests.labels import COMPONENT_KEY
 from rhymerl.operator.manifests.roles import child_name
+from rhymerl.operator.reconcile import admission, token
 from rhymerl.operator.reconcile import conditions as cond
 from rhymerl.operator.reconcile.autoscale import decide, with_rollout_replicas
 from rhymerl.operator.reconcile.cluster import Cluster, now_rfc3339, owned_by
-from rhymerl.operator.reconcile.diff import Manifest, pinned, plan, scaled_to_zero
+from rhymerl.operator.reconcile.diff import Manifest, Plan, pinned, plan, scaled_to_zero
 from rhymerl.operator.reconcile.drain import drain
 from rhymerl.operator.reconcile.history import CLEANUP_DEADLINE_S, FINALIZER, STOP_WAIT_S, delete_history
 from rhymerl.operator.reconcile.lifecycle import (
@@ -48,7 +49,8 @@ from rhymerl.operator.reconcile.lifecycle import (
     suspension,
     ttl_left,
 )
-from rhymerl.operator.reconcile.pods import count, view
+from rhymerl.operator.reconcile.pods import Count, PodView, count, view
+from rhymerl.operator.reconcile.release import on_its_release, pin_source
 from rhymerl.operator.reconcile.validate import parse
 
 log = logging.getLogger(__name__)
@@ -223,6 +225,126 @@ async def _write(refused: list[str], what: str, write: Awaitable[Any]) -> None:
         refused.append(f"{what}: {reason}")
 
 
+async def _ray_token(cluster: Cluster, refused: list[str], job: RLJob, owner: Owner, body: Mapping[str, Any],
+                     children: Sequence[Manifest], clock: datetime) -> token.Token:
+    """The job's Ray token Secret, which its pods mount: created once for the job's uid (a new token each
+    pass would lock the running pods out), never an earlier job's of the same name taken over (token.py)."""
+    name = job.metadata.name
+    if token.recorded(name, owner.uid, children):
+        return token.Token(True)
+    try:
+        created = await cluster.create_once(ray_token_secret(job, owner, secrets.token_hex(32)))
+    except ApiException as exc:
+        reason = _refusal(exc)
+        if reason is None:
+            raise
+        refused.append(f"Secret/{ray_token_name(name)}: {reason}")
+        return token.Token(False, None, token.WAIT_OLD_S)
+    born = parse_time(body["metadata"].get("creationTimestamp"))
+    return token.decide(name, owner.uid, created, False, (clock - born).total_seconds() if born else 0.0)
+
+
+async def _converge(cluster: Cluster, body: Mapping[str, Any], steps: Plan, children: Sequence[Manifest],
+                    refused: list[str]) -> None:
+    """Make the writes of `steps` for the job `body`: never onto an object that is not the job's (an
+    apply would take a person's or another job's object of the same name over; a delete would remove it),
+    what the API server refuses for good added to `refused`."""
+    namespace, name, uid = body["metadata"]["namespace"], body["metadata"]["name"], body["metadata"].get("uid", "")
+    listed = {(c["kind"], c["metadata"]["name"]) for c in children}
+    for obj in steps.apply:
+        what = f"{obj['kind']}/{obj['metadata']['name']}"
+        other = None if (obj["kind"], obj["metadata"]["name"]) in listed else await cluster.someone_elses(obj, uid)
+        if other is not None:  # the job waits, saying whose name it needs
+            refused.append(f"{what}: exists and is not this job's ({other}); delete or rename it")
+            continue
+        log.info("%s/%s: applying %s", namespace, name, what)
+        await _write(refused, what, cluster.apply(obj))
+    for ref in steps.delete:
+        current = next((c for c in children if (c["kind"], c["metadata"]["name"]) == (ref.kind, ref.name)), None)
+        if current is not None and owned_by(current, uid):
+            log.info("%s/%s: deleting %s/%s (%s)", namespace, name, ref.kind, ref.name, ref.reason)
+            await _write(refused, f"{ref.kind}/{ref.name}", cluster.delete(namespace, ref))
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """What one pass read of a job: its children, its pods and their failure count, its last status."""
+
+    children: list[Manifest]
+    pods: list[PodView]
+    counted: Count
+    previous: Mapping[str, Any]
+    finished: bool
+
+
+async def _look(cluster: Cluster, body: Mapping[str, Any], gone_pods: Sequence[Mapping[str, Any]]) -> _Seen:
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    children = await cluster.list_children(namespace, name)
+    pods = [view(p, cluster.node_disruption(p)) for p in await cluster.list_pods(namespace, name)]
+    previous = body.get("status") or {}
+    counted = count(_previous_failures(previous), pods,
+                    [view(p, cluster.node_disruption(p), gone=True) for p in gone_pods])
+    return _Seen(children, pods, counted, previous, bool((previous.get("progress") or {}).get("finished")))
+
+
+async def _run_job(cluster: Cluster, body: Mapping[str, Any], job: RLJob, seen: _Seen,
+                   clock: datetime) -> tuple[cond.Observation, float | None]:
+    """One pass over a valid job that is not being deleted: its children written, what its status says."""
+    name, uid = job.metadata.name, body["metadata"].get("uid", "")
+    children, pods, previous = seen.children, seen.pods, seen.previous
+    refused: list[str] = []
+    limit = job.spec.failure_policy.backoff_limit
+    owner = Owner(body.get("apiVersion", ""), KIND, name, uid)
+    stage = suspension(job.spec.suspend, previous, sum(1 for p in pods if p.role == "controller"),
+                       stop_grace_s(job, "controller"), clock)
+    overdue = deadline(job.spec.active_deadline_seconds, job.spec.suspend or seen.finished, previous, clock)
+    built = on_its_release(desired(job, owner), job, body.get("spec") or {}, children)
+    objects = pinned(_awake(built, job, stage.zero()), children, pin_source(body, job))
+    scaling = decide(job.spec.rollout, previous, sum(1 for p in pods if p.role == "rollout" and p.unschedulable
+                                                     and not p.deleting), clock)
+    if scaling is not None:
+        objects = with_rollout_replicas(objects, scaling.status.replicas)
+    # a scale-down waits for the controller to move its workers off the pods that go (drain.py)
+    draining = drain(child_name(name, "rollout"), _replicas_by_role(children).get("rollout", 0),
+                     _replicas_by_role(objects).get("rollout", 0), previous, stop_grace_s(job, "rollout"), clock)
+    objects = with_rollout_replicas(objects, draining.replicas)
+    ray_token = await _ray_token(cluster, refused, job, owner, body, children, clock)
+    if cond.over_budget(seen.counted.failures, limit) or seen.finished or overdue.exceeded is not None:
+        objects = scaled_to_zero(objects)
+    steps = plan(token.with_record(objects, name, uid) if ray_token.ours else token.held(objects), children)
+    await _converge(cluster, body, steps, children, refused)
+    requeue = sooner(REQUEUE_S if steps.requeue else None, ray_token.wait_s, stage.wait_s, overdue.wait_s,
+                     ttl_left(job.spec.ttl_seconds_after_finished, previous, clock),
+                     None if scaling is None else scaling.wait_s, draining.wait_s)
+    shorts = admission.short(children, [p.name for p in pods])  # pods refused at admission: admission.py
+    failed = [e for s in shorts for e in await cluster.list_events(body["metadata"]["namespace"], s.field_selector())]
+    return cond.Observation(
+        pods_refused=admission.refusals(failed, shorts),
+        generation=int(body["metadata"].get("generation") or 0), suspend=job.spec.suspend, backoff_limit=limit,
+        desired=_replicas_by_role(objects), pods=pods, failures=seen.counted.failures, finished=seen.finished,
+        selector=selector_string(name, "rollout"), refused=tuple(refused), token_pending=ray_token.message,
+        suspension=stage, deadline_exceeded=overdue.exceeded, autoscaling=None if scaling is None else scaling.status,
+        draining=(draining.status, draining.reason, draining.message)), requeue
+
+
+async def _publish(cluster: Cluster, body: Mapping[str, Any], seen: _Seen, new: dict[str, Any]) -> None:
+    """Patch the status to `new` where it changed, with an Event per condition that moved and per failure
+    counted."""
+    previous = seen.previous
+    if new == cond.operator_part(previous):
+        return
+    if new["phase"] != previous.get("phase"):
+        log.info("%s/%s: phase %s", body["metadata"]["namespace"], body["metadata"]["name"], new["phase"])
+    gone = {k: None for k in cond.operator_part(previous) if k not in new}  # a merge patch drops them
+    await cluster.patch_status(body["metadata"]["namespace"], body["metadata"]["name"], {**gone, **new})
+    events = cond.transitions(previous.get("conditions") or [], [Condition.model_validate(c) for c in new["conditions"]])
+    for event in events:
+        await cluster.event(body, event.type, event.reason, event.message)
+    for note in seen.counted.notes:
+        reason = {"crash": "PodCrashed", "restart": "PodRestarted"}.get(note.kind, "PodPreempted")
+        await cluster.event(body, "Warning" if note.kind == "crash" else "Normal", reason, note.message)
+
+
 async def reconcile(cluster: Cluster, namespace: str, name: str, gone_pods: Sequence[Mapping[str, Any]] = (),
                     now: Callable[[], str] = now_rfc3339) -> Outcome:
     """Converge RLJob `namespace/name` and its status. `gone_pods`: bodies of the job's pods seen deleted
@@ -236,81 +358,26 @@ async def reconcile(cluster: Cluster, namespace: str, name: str, gone_pods: Sequ
     if body["metadata"].get("deletionTimestamp"):
         wait = await _finalize(cluster, body, stamp)
         return Outcome("Deleting", sum(cluster.writes.values()) - before, wait)
-    meta = body["metadata"]
-    uid = meta.get("uid", "")
-    generation = int(meta.get("generation") or 0)
     parsed = parse(body)
-    children = await cluster.list_children(namespace, name)
-    pods = [view(p, cluster.node_disruption(p)) for p in await cluster.list_pods(namespace, name)]
-    previous = body.get("status") or {}
-    counted = count(_previous_failures(previous), pods,
-                    [view(p, cluster.node_disruption(p), gone=True) for p in gone_pods])
-    finished = bool((previous.get("progress") or {}).get("finished"))
+    seen = await _look(cluster, body, gone_pods)
     requeue: float | None = None
-    refused: list[str] = []
     job = parsed.job
     if job is None:
         observation = cond.Observation(
-            generation=generation, suspend=bool((body.get("spec") or {}).get("suspend")),
-            backoff_limit=_raw_backoff_limit(body),
-            desired=_replicas_by_role(children), pods=pods, failures=counted.failures, finished=finished,
-            invalid=parsed.problems or "invalid spec", selector=str(previous.get("selector") or ""))
+            generation=int(body["metadata"].get("generation") or 0),
+            suspend=bool((body.get("spec") or {}).get("suspend")), backoff_limit=_raw_backoff_limit(body),
+            desired=_replicas_by_role(seen.children), pods=seen.pods, failures=seen.counted.failures,
+            finished=seen.finished, invalid=parsed.problems or "invalid spec",
+            selector=str(seen.previous.get("selector") or ""))
     else:
-        left = ttl_left(job.spec.ttl_seconds_after_finished, previous, clock)
+        left = ttl_left(job.spec.ttl_seconds_after_finished, seen.previous, clock)
         if left is not None and left <= 0:
-            await cluster.event(body, "Normal", "TTLExpired", f"{previous.get('phase')} for longer than "
+            await cluster.event(body, "Normal", "TTLExpired", f"{seen.previous.get('phase')} for longer than "
                                 f"spec.ttlSecondsAfterFinished {job.spec.ttl_seconds_after_finished} s: deleting the job")
             await cluster.delete_job(namespace, name)
             return Outcome("Deleting", sum(cluster.writes.values()) - before)
         await _sync_finalizer(cluster, body, job)
-        limit = job.spec.failure_policy.backoff_limit
-        owner = Owner(body.get("apiVersion", ""), KIND, name, uid)
-        stage = suspension(job.spec.suspend, previous, sum(1 for p in pods if p.role == "controller"),
-                           stop_grace_s(job, "controller"), clock)
-        overdue = deadline(job.spec.active_deadline_seconds, job.spec.suspend or finished, previous, clock)
-        objects = pinned(_awake(desired(job, owner), job, stage.zero()), children)
-        scaling = decide(job.spec.rollout, previous, sum(1 for p in pods if p.role == "rollout" and p.unschedulable
-                                                         and not p.deleting), clock)
-        if scaling is not None:
-            objects = with_rollout_replicas(objects, scaling.status.replicas)
-        # a scale-down waits for the controller to move its workers off the pods that go (drain.py)
-        draining = drain(child_name(name, "rollout"), _replicas_by_role(children).get("rollout", 0),
-                         _replicas_by_role(objects).get("rollout", 0), previous, stop_grace_s(job, "rollout"), clock)
-        objects = with_rollout_replicas(objects, draining.replicas)
-        # the pods mount the job's Ray token: made once (a new one each pass would lock the pods out)
-        await _write(refused, "Secret/ray-token", cluster.create_once(
-            ray_token_secret(job, owner, secrets.token_hex(32))))
-        if cond.over_budget(counted.failures, limit) or finished or overdue.exceeded is not None:
-            objects = scaled_to_zero(objects)
-        steps = plan(objects, children)
-        for obj in steps.apply:
-            what = f"{obj['kind']}/{obj['metadata']['name']}"
-            log.info("%s/%s: applying %s", namespace, name, what)
-            await _write(refused, what, cluster.apply(obj))
-        for ref in steps.delete:
-            current = next((c for c in children if (c["kind"], c["metadata"]["name"]) == (ref.kind, ref.name)), None)
-            if current is not None and owned_by(current, uid):  # never another job's (or a person's) object
-                log.info("%s/%s: deleting %s/%s (%s)", namespace, name, ref.kind, ref.name, ref.reason)
-                await _write(refused, f"{ref.kind}/{ref.name}", cluster.delete(namespace, ref))
-        requeue = sooner(REQUEUE_S if steps.requeue else None, stage.wait_s, overdue.wait_s, left,
-                         None if scaling is None else scaling.wait_s, draining.wait_s)
-        observation = cond.Observation(
-            generation=generation, suspend=job.spec.suspend, backoff_limit=limit, desired=_replicas_by_role(objects),
-            pods=pods, failures=counted.failures, finished=finished, selector=selector_string(name, "rollout"),
-            refused=tuple(refused), suspension=stage, deadline_exceeded=overdue.exceeded,
-            autoscaling=None if scaling is None else scaling.status,
-            draining=(draining.status, draining.reason, draining.message))
-    new = cond.status(observation, previous, stamp)
-    if new != cond.operator_part(previous):
-        if new["phase"] != previous.get("phase"):
-            log.info("%s/%s: phase %s", namespace, name, new["phase"])
-        gone = {k: None for k in cond.operator_part(previous) if k not in new}  # a merge patch drops them
-        await cluster.patch_status(namespace, name, {**gone, **new})
-        events = cond.transitions(previous.get("conditions") or [],
-                                  [Condition.model_validate(c) for c in new["conditions"]])
-        for event in events:
-            await cluster.event(body, event.type, event.reason, event.message)
-        for note in counted.notes:
-            reason = {"crash": "PodCrashed", "restart": "PodRestarted"}.get(note.kind, "PodPreempted")
-            await cluster.event(body, "Warning" if note.kind == "crash" else "Normal", reason, note.message)
+        observation, requeue = await _run_job(cluster, body, job, seen, clock)
+    new = cond.status(observation, seen.previous, stamp)
+    await _publish(cluster, body, seen, new)
     return Outcome(new["phase"], sum(cluster.writes.values()) - before, requeue)

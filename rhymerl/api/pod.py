@@ -35,7 +35,7 @@ from rhymerl.api.k8s_values import (
     annotations_within,
     env_var_name,
 )
-from rhymerl.api.sources import PVC_ROOT
+from rhymerl.api.sources import CACHE_ROOT, PVC_ROOT
 
 PRESERVE: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
 MAX_ITEMS = 32  # of each list or map: CEL cost bounds and etcd's object size want a cap
@@ -45,9 +45,10 @@ MAX_INIT_CONTAINERS = 8
 OPERATOR_LABELS = frozenset({"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component",
                              "app.kubernetes.io/part-of", "app.kubernetes.io/managed-by"})
 OPERATOR_ANNOTATION_PREFIX = "rhymerl.io/"
-OPERATOR_VOLUMES = frozenset({"spec", "scratch", "data", "ray-token", "dshm", "fetch-source-0", "fetch-source-1"})
+OPERATOR_VOLUMES = frozenset({"spec", "scratch", "data", "ray-token", "dshm", "fetch-source-0", "fetch-source-1",
+                              "model-cache"})
 OPERATOR_MOUNT_PATHS = frozenset({"/etc/rhymerl", "/tmp", "/var/lib/rhymerl", "/var/run/rhymerl/ray", "/dev/shm",
-                                  PVC_ROOT})
+                                  PVC_ROOT, CACHE_ROOT})
 OPERATOR_ENV_PREFIXES = ("RHYMERL_", "RAY_AUTH_")
 OPERATOR_ENV = frozenset({"HOME", "PYTHONUNBUFFERED"})
 OPERATOR_CONTAINERS = frozenset({"controller", "rollout", "train", "reward", "history", "fetch"})

@@ -16,6 +16,13 @@ REJOIN_EXIT_CODE = 75
 head: its restart is not a crash. So is a restart after exit 0 (a controller that stopped on
 SIGTERM after checkpointing its step). Member pods normally rejoin without exiting at all."""
 CLEAN_EXIT_CODES = frozenset({0, REJOIN_EXIT_CODE})
+MEMBER_LOST_EXIT_CODE = 76
+"""The controller pod exits with this when a member of its run was lost (a train worker, a Ray node of
+another pod, the rollout fleet's re-runs used up), not for a fault of its own: the restarted
+controller resumes from the last checkpoint once the pods are back. The operator counts the loss on
+the member pod that had it (a preemption, or that pod's crash), this exit as neither, and past
+operator/reconcile/pods.MEMBER_LOST_LIMIT such exits in a row with no member pod preempted or crashing,
+as crashes."""
 
 CPU_REQUEST_ENV = "RHYMERL_CPU_REQUEST"
 """A pod's CPU request in whole cores, rounded up (the downward API's): the threads its workers

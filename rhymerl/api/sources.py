@@ -11,11 +11,15 @@ fetch step (`rhymerl fetch`, workers/runtime/fetch.py) before the role starts:
 - `pvc://CLAIM/PATH`: a folder or file on a PersistentVolumeClaim of the job's namespace, copied (the
   claim is mounted read-only in the fetch step only, so the roles never hold it).
 
+With a model cache (`spec.model.cache`), the model is fetched once onto that claim instead, into a folder
+named by its source (`cache_key`), which every pod of every job naming the same source and claim reads.
+
 Pure: parsing, and the fetched location (`localized`); no I/O.
 """
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 import re
 from dataclasses import dataclass
@@ -28,9 +32,11 @@ Scheme = Literal["s3", "hf", "pvc"]
 SCHEMES: tuple[Scheme, ...] = ("s3", "hf", "pvc")
 MARKER = ".rhymerl-source"  # in a fetched folder: the source it holds (a second start skips the fetch)
 PVC_ROOT = "/mnt/rhymerl-source"  # where the fetch step mounts a pvc:// source's claim
+CACHE_ROOT = "/mnt/rhymerl-cache"  # where a job's model cache claim is mounted (spec.model.cache)
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _REPO_PART = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,95}$")
 _REVISION = re.compile(r"^[-A-Za-z0-9_./]{1,255}$")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 @dataclass(frozen=True)
@@ -131,6 +137,30 @@ def fetched_model(root: str) -> str:
 
 def fetched_data(root: str, source: Source) -> str:
     return posixpath.join(root, "data", source.name)
+
+
+def cache_key(source: Source) -> str:
+    """The folder of `source` in a model cache: the same source text, the same folder, in every job sharing
+    the claim. The scheme and name make it readable (`ls` on the claim); a hash of the whole text
+    (revision included) makes it unique."""
+    digest = hashlib.sha256(source.text.encode()).hexdigest()[:16]
+    readable = _UNSAFE.sub("-", source.name).strip("-.")[:48]
+    return f"{source.scheme}-{readable}-{digest}" if readable else f"{source.scheme}-{digest}"
+
+
+def cached_model(root: str, source: Source) -> str:
+    """Where a model cache mounted at `root` holds `source`."""
+    return posixpath.join(root, cache_key(source))
+
+
+def cache_lock(root: str, source: Source) -> str:
+    """The lock file beside `source`'s folder in the cache: its holder is the one pod fetching it."""
+    return posixpath.join(root, f"{cache_key(source)}.lock")
+
+
+def is_fetched(text: str) -> bool:
+    """Whether a model path names a source to fetch (not a path or `builtin:`); raises on a bad source."""
+    return parse(text, file=False) is not None
 
 
 @dataclass(frozen=True)

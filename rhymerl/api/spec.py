@@ -25,7 +25,7 @@ from rhymerl.api.k8s_values import (
     quantity,
 )
 from rhymerl.api.pod import PodOverrides
-from rhymerl.api.sources import data_source, model_source
+from rhymerl.api.sources import data_source, is_fetched, model_source
 
 GROUP = "rhymerl.io"
 VERSION = "v1alpha1"
@@ -89,6 +89,15 @@ class Strict(BaseModel):
         return data[alias] if alias in data else data.get(name)
 
 
+class ModelCacheSpec(Strict):
+    """A ReadWriteMany claim the fetched model is kept on, fetched once for every pod and job naming it."""
+
+    claim: Dns1123Subdomain = Field(max_length=253, description="a ReadWriteMany PersistentVolumeClaim of the job's "
+                                    "namespace (NFS, EFS, Filestore, ...; file locks supported): the model is fetched "
+                                    "onto it once, into a folder named by its source, and read from it by every pod "
+                                    "of every job naming the same source and claim (docs/operations.md, \"Storage\")")
+
+
 class ModelSpec(Strict):
     path: Annotated[str, AfterValidator(model_source)] = Field(
         "builtin:tiny-arith",
@@ -114,6 +123,15 @@ class ModelSpec(Strict):
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="dtype of the trainer's "
                                                              "weights and of the rollout engine's")
+    cache: ModelCacheSpec | None = Field(None, description="fetch an s3://, hf:// or pvc:// model once onto this "
+                                         "claim instead of into each pod's data volume")
+
+    @model_validator(mode="after")
+    def _cache_fetched(self) -> ModelSpec:
+        if self.cache is not None and not is_fetched(self.path):
+            raise ValueError("cache: only for a fetched model (path s3://, hf:// or pvc://); this path is read "
+                             "where it is")
+        return self
 
 
 class DataSpec(Strict):
@@ -770,9 +788,9 @@ class RLJob(Strict):
 
 Phase = Literal["Pending", "Running", "Suspended", "Succeeded", "Failed"]
 ConditionType = Literal["Ready", "RolloutReady", "TrainReady", "Degraded", "Suspended", "Complete", "Failed",
-                        "Draining"]
+                        "Draining", "Queued"]
 CONDITION_TYPES: tuple[ConditionType, ...] = ("Ready", "RolloutReady", "TrainReady", "Degraded", "Suspended",
-                                              "Complete", "Failed", "Draining")
+                                              "Complete", "Failed", "Draining", "Queued")
 
 
 class Condition(BaseModel):
@@ -825,6 +843,7 @@ class CountedPod(BaseModel):
     uid: str
     restarts: NonNegInt = 0
     preempted: bool = False
+    evicted: bool = False  # evicted over its own limits (counted as a crash, once)
 
 
 class Failures(BaseModel):
@@ -834,6 +853,9 @@ class Failures(BaseModel):
                                    "counted as crashes")
     restarts: NonNegInt = Field(0, description="container restarts that are not crashes (exit 0, or a pod asking "
                                 "to rejoin its job's Ray head); never counted as crashes")
+    unexplainedMemberLoss: NonNegInt = Field(0, description="controller restarts in a row after a member of the run "
+                                             "was lost (exit 76) with no member pod preempted or crashing since; past "
+                                             "3 each counts as a crash")
     lastFailure: str = ""
     counted: list[CountedPod] = Field(default_factory=list)
 

@@ -247,6 +247,9 @@ def fetch(
     s3_instance_credentials: Annotated[bool, typer.Option(
         "--s3-instance-credentials", help="without S3 credentials in the environment, ask the instance metadata "
                                           "service (the node's role)")] = False,
+    model_cache: Annotated[Path | None, typer.Option(
+        "--model-cache", help="a shared cache folder (the job's spec.model.cache claim): the model goes to "
+                              "MODEL_CACHE/<key>, fetched once under a lock there")] = None,
 ) -> None:
     """Fetch a job's model and data once (a marker records the source; a second run skips what is there)."""
     from rhymerl.workers.runtime.fetch import fetch_all
@@ -254,7 +257,7 @@ def fetch(
     if model is None and data is None:
         raise UserError("give --model, --data or both")
     limits = Limits.from_env().overridden(connect_timeout, read_timeout, deadline, s3_instance_credentials)
-    for line in fetch_all(into, model, data, limits=limits):
+    for line in fetch_all(into, model, data, limits=limits, model_cache=model_cache):
         typer.echo(line)
 
 

@@ -4,7 +4,10 @@ this command, with the environment of rhymerl.operator.manifests.roles).
 The controller pod starts the Ray head, waits for the pods the run needs (however long that takes,
 saying what it waits for in its RLJob's status.progress.message: a Pending job, never a Failed one),
 then runs the job's steps on their workers (workers/runtime/), resuming from its run folder when one
-is there (a restarted controller pod). Its rollout fleet follows the RLJob's spec.rollout.replicas
+is there (a restarted controller pod) and it is this job's (a run folder records its RLJob's uid:
+workers/run_folder/identity.py). A member of the run lost for good (a train pod evicted, drained or
+OOM-killed, its Ray node gone) ends the run with MEMBER_LOST_EXIT_CODE, not a crash of this pod: the
+restarted controller waits for the pods and resumes from the last checkpoint. Its rollout fleet follows the RLJob's spec.rollout.replicas
 while it runs (in a cluster; elsewhere `rhymerl scale`). It reports each step to status.progress.
 
 Every other pod joins the head with its role and stays up: when the head goes away (the controller
@@ -26,19 +29,23 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
 from rhymerl.api import RLJob
 from rhymerl.api.load import load_job
-from rhymerl.api.roles import REJOIN_EXIT_CODE, ROLES, Role, workers_per_pod
+from rhymerl.api.roles import MEMBER_LOST_EXIT_CODE, REJOIN_EXIT_CODE, ROLES, Role, workers_per_pod
 from rhymerl.errors import UserError
 from rhymerl.workers.roles.rollout_worker import NODE_DIR_ENV, PID_SUFFIX
 from rhymerl.workers.roles.worker_metrics import METRICS_DIR_ENV, ControllerMetrics
+from rhymerl.workers.run_folder.identity import JOB_UID_ENV, RESUME_FROM_ENV, Claim, claim, record
 from rhymerl.workers.runtime import node
 from rhymerl.workers.runtime.endpoints import Endpoints
 from rhymerl.workers.runtime.ray_network import OBJECT_STORE_ENV
+
+if TYPE_CHECKING:
+    from rhymerl.workers.run_folder.run_dir import RunDir
 
 JOIN_TIMEOUT_S = 900.0  # the controller's own head must answer its own driver within this
 SAY_EVERY_S = 60.0  # how often a pod that waits says so again
@@ -88,7 +95,16 @@ def serve(role_name: str, spec_path: Path) -> int:
 
 def _member(job: RLJob, role: Role, endpoints: Endpoints, scratch: Path) -> int:
     """Join the head, and the next one whenever it goes away, until SIGTERM."""
+    from rhymerl.workers.runtime.gpu_probe import preflight
+
+    preflight(job, role)  # a GPU pod lacking its driver or compiler ends here, in one line
     address = _env("RHYMERL_CONTROLLER")
+    if role == "train" and os.environ.get(JOB_UID_ENV):  # its checkpoints: not an earlier job's of its name
+        path, claimed = _claim_run_dir()
+        if claimed.note:
+            print(f"train: {claimed.note}", flush=True)
+        path.mkdir(parents=True, exist_ok=True)
+        record(path, os.environ.get(JOB_UID_ENV))
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
     log = scratch / "ray-node.log"
@@ -184,11 +200,50 @@ def _object_store_bytes() -> int | None:
     return int(value) if value else None
 
 
+def _claim_run_dir() -> tuple[Path, Claim]:
+    """This pod's run folder, made its job's (workers/run_folder/identity.py: an earlier job's of the same
+    name, on a volume kept by name, is moved aside unless the job asks to go on with it)."""
+    from rhymerl.workers.run_folder.run_dir import pod_run_dir
+
+    path = pod_run_dir()
+    return path, claim(path, os.environ.get(JOB_UID_ENV), os.environ.get(RESUME_FROM_ENV))
+
+
+def _open_run(job: RLJob, reporter: _StatusReporter) -> tuple[RunDir, RLJob, bool]:
+    """The controller's run folder, its job (the one the run began with, when resuming) and whether it resumes."""
+    from rhymerl.workers.run_folder.run_dir import RunDir
+
+    path, claimed = _claim_run_dir()
+    run = RunDir(path)
+    resume = (run.path / "spec.yaml").is_file()
+    if resume:
+        saved = run.open()
+        if saved.spec != job.spec:
+            run.note("the job's spec changed since this run began; resuming with the spec it began with")
+        job = saved
+    else:
+        run.create(job)
+    record(run.path, os.environ.get(JOB_UID_ENV))
+    if claimed.note:
+        run.note(claimed.note)
+    how = "resuming" if resume else "starting fresh" if claimed.fresh else "running"
+    reporter.say(f"{how} {job.metadata.name} in {run.path}" + (f": {claimed.note}" if claimed.note else ""))
+    return run, job, resume
+
+
+def member_lost_exit(failure: BaseException, head_alive: bool) -> int | None:
+    """The controller's exit code for a run ended by `failure`: MEMBER_LOST_EXIT_CODE for a member of the
+    run lost (not counted as this pod's crash) while this pod's own Ray head is alive; None where the
+    failure is raised as itself (exit 1 for a RunFailed: the controller's own fault)."""
+    from rhymerl.workers.runtime.ray_transport import MemberLost
+
+    return MEMBER_LOST_EXIT_CODE if isinstance(failure, MemberLost) and head_alive else None
+
+
 def _controller(job: RLJob, registry: CollectorRegistry, endpoints: Endpoints, scratch: Path) -> int:
     from rhymerl.workers.controller.scale import ScaleFile
     from rhymerl.workers.controller.stopping import RunStopped
-    from rhymerl.workers.run_folder.run_dir import RunDir, pod_run_dir
-    from rhymerl.workers.runtime.ray_transport import run_steps_ray
+    from rhymerl.workers.runtime.ray_transport import MemberLost, run_steps_ray
 
     address = _env("RHYMERL_CONTROLLER")
     port = int(address.rpartition(":")[2])
@@ -199,30 +254,27 @@ def _controller(job: RLJob, registry: CollectorRegistry, endpoints: Endpoints, s
         signal.signal(signal.SIGTERM, _on_sigterm)  # ray.init installed its own (which aborts)
         reporter = _StatusReporter(job)
         node.wait_for_roles(job, lambda msg: reporter.say(msg), SAY_EVERY_S)
-        run = RunDir(pod_run_dir())
-        resume = (run.path / "spec.yaml").is_file()
-        if resume:
-            saved = run.open()
-            if saved.spec != job.spec:
-                run.note("the job's spec changed since this run began; resuming with the spec it began with")
-            job = saved
-        else:
-            run.create(job)
+        run, job, resume = _open_run(job, reporter)
         metrics = ControllerMetrics(registry)
         endpoints.ready.set()
-        reporter.say(f"{'resuming' if resume else 'running'} {job.metadata.name} in {run.path}")
         wanted = reporter.wanted() or ScaleFile(run.path, job)
-        last: Mapping[str, Any] | None = None
         try:
             for row in run_steps_ray(job, run, resume, None, None, wanted, reporter.say, reporter.pods_in_use):
                 metrics.update(row)
-                last = row.row()
                 print(f"controller: step {row.step} epoch {row.epoch} reward {row.reward_mean:.4f} "
                       f"time {row.time_step_s}s lag {row.policy_lag_max} workers {row.rollout_workers}", flush=True)
-                reporter.progress(last, False)
+                reporter.progress(row.row(), False)
         except RunStopped as stopped:  # evicted or preempted: the step ran to its end and was checkpointed
             print(f"controller: {stopped}; the restarted pod resumes from it", flush=True)
             return 0
+        except MemberLost as lost:
+            code = member_lost_exit(lost, head.poll() is None)
+            if code is None:
+                raise
+            run.note(f"{lost}; exiting {code}: the restarted controller resumes from the last checkpoint once "
+                     "the pods are back (a member's loss, not this pod's crash)")
+            print(f"controller: {lost}; exiting {code} to resume once the pods are back", file=sys.stderr, flush=True)
+            return code
         finally:
             run.close()
         rows = run.metrics()

@@ -226,6 +226,7 @@ def test_pods_run_the_roles_command_and_environment_and_mount_the_spec() -> None
         values = {e["name"]: e["value"] for e in container["env"] if "value" in e}
         user = {e.name: e.value for e in getattr(_cluster().spec, role).pod.env}  # the example's PYTHONPATH
         assert values.pop("RHYMERL_OBJECT_STORE_BYTES").isdigit()  # sized from the role's memory (below)
+        assert values.pop("RHYMERL_JOB_UID") == OWNER.uid  # its run folders record it (run_folder/identity.py)
         assert values == {**environment("math-grpo", role), **user}
         assert {"name": "spec", "mountPath": "/etc/rhymerl", "readOnly": True} in container["volumeMounts"]
     assert _pod(objects, "rollout")["containers"][0]["image"] == "ghcr.io/rhymerl/worker-gpu:0.1.0"
@@ -274,6 +275,20 @@ def test_disruption_budgets_cover_the_roles_that_can_have_two_pods() -> None:
     assert list(budgets) == ["math-grpo-rollout", "math-grpo-reward"]
     assert budgets["math-grpo-rollout"]["spec"]["maxUnavailable"] == 1
     assert budgets["math-grpo-rollout"]["spec"]["selector"]["matchLabels"] == selector("math-grpo", "rollout")
+
+
+def test_node_autoscalers_may_not_consolidate_away_the_controller_and_train_pods_but_may_move_the_rest() -> None:
+    objects = desired(_job(train={"replicas": 2}), OWNER)
+    kept = {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false", "karpenter.sh/do-not-disrupt": "true"}
+    for role in ROLES:
+        annotations = _by(objects, "StatefulSet")[f"math-grpo-{role}"]["spec"]["template"]["metadata"]["annotations"]
+        assert ({k: annotations.get(k) for k in kept} == kept) is (role in ("controller", "train")), role
+    # a drain or an upgrade still may: no budget forbids evicting them
+    assert not {"math-grpo-controller", "math-grpo-train"} & set(_by(objects, "PodDisruptionBudget"))
+    # the user's own annotation wins (e.g. a team that lets the autoscaler move its train pods)
+    mine = desired(_job(train={"pod": {"annotations": {"karpenter.sh/do-not-disrupt": "false"}}}), OWNER)
+    template = _by(mine, "StatefulSet")["math-grpo-train"]["spec"]["template"]["metadata"]["annotations"]
+    assert template["karpenter.sh/do-not-disrupt"] == "false"
 
 
 def test_the_redis_password_reaches_history_clients_from_the_named_secret() -> None:

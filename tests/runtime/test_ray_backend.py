@@ -375,6 +375,24 @@ def test_stopped_at_another_phase_the_resumed_off_policy_1_run_ends_with_the_uni
     assert_same_run(out, pipelined)
 
 
+def test_a_train_worker_lost_mid_step_stops_the_run_as_a_members_loss_and_the_resumed_run_is_the_uninterrupted_one(
+        pipelined: Path, tmp_path: Path) -> None:
+    """A train pod evicted on a cluster: its worker's process dies (here as it writes step 3's dump, so
+    that step's dump is on disk and its checkpoint is not). The run stops saying a member was lost (the
+    controller pod exits MEMBER_LOST_EXIT_CODE there; here, one process, exit 1), and resumed it trains
+    every sample once, bit for bit the uninterrupted run."""
+    out = tmp_path / "run"
+    res = run(out, PIPELINED, {"RHYMERL_CRASH_AT": "dump:3"})
+    assert res.returncode == 1, res.stderr
+    assert "TrainWorker" in res.stderr or "train worker" in res.stderr, res.stderr
+    assert "rhymerl run --resume" in res.stderr
+    assert [m["step"] for m in metrics(out)] == [1, 2]
+    res = run(out, [], resume=True)
+    assert res.returncode == 0, res.stderr
+    assert_same_run(out, pipelined)
+    assert [m["step"] for m in metrics(out)] == [1, 2, 3, 4]
+
+
 def test_a_rollout_worker_killed_at_off_policy_1_costs_a_rerun_and_not_one_bit_of_the_weights(
         pipelined: Path, tmp_path: Path) -> None:
     once = tmp_path / "once"
@@ -556,10 +574,10 @@ def _ending(name: str) -> BaseException:
 
 
 @pytest.mark.parametrize(("name", "kind", "words"), [
-    ("actor died", "RunFailed", "lost a Ray worker"),
-    ("actor unavailable", "RunFailed", "lost a Ray worker"),
+    ("actor died", "MemberLost", "lost a Ray worker"),
+    ("actor unavailable", "MemberLost", "lost a Ray worker"),
     ("system error", "RunFailed", "lost a Ray worker"),
-    ("re-runs used up", "RunFailed", "the rollout fleet gave up"),
+    ("re-runs used up", "MemberLost", "the rollout fleet gave up"),
     ("full disk in a worker", "DiskFull", "no space left on the disk of /runs/r"),
     ("user error in a worker", "UserError", "the reward function returned nan"),
     ("bug", None, ""),
@@ -571,4 +589,4 @@ def test_what_ends_a_ray_run_becomes_one_line_of_its_class(name: str, kind: str 
     assert (type(failure).__name__ if failure is not None else None) == kind
     if failure is not None:
         assert words in str(failure) and "\n" not in str(failure)
-        assert failure.exit_code == (1 if kind == "RunFailed" else 2)
+        assert failure.exit_code == (1 if kind in ("RunFailed", "MemberLost") else 2)

@@ -3,6 +3,7 @@
 Layout (docs/formats.md)::
 
     spec.yaml            the fully resolved RLJob
+    job-uid              on a pod: the uid of the RLJob whose run this is (identity.py)
     run.lock             held (flock) by the one process running in this folder
     events.log           what happened to the run beyond its steps (resumes, fallbacks, failures)
     metrics.jsonl        one line per finished step
@@ -38,6 +39,7 @@ from rhymerl.errors import UserError, disk_full, is_disk_full, plain
 from rhymerl.workers import atomic, dumps
 from rhymerl.workers.model.policy import PolicyModel, read_weights, save_model, save_weights
 from rhymerl.workers.run_folder import checkpoints
+from rhymerl.workers.run_folder.identity import JOB_UID_FILE
 from rhymerl.workers.run_folder.run_lock import RunLock
 from rhymerl.workers.run_folder.step_metrics import StepMetrics
 
@@ -107,13 +109,13 @@ class RunDir:
         created, or in a folder that was there and empty, its lock file."""
         if self.path.exists() and not self.path.is_dir():
             raise RunDirError(f"--out {self.path}: exists and is not a folder")
-        if self.path.is_dir() and any(self.path.iterdir()):
+        if self.path.is_dir() and any(p.name != JOB_UID_FILE for p in self.path.iterdir()):
             raise RunDirError(f"{self.path} is not empty: pass --resume {self.path} or another --out")
         made = _first_missing(self.path)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self.lock.acquire()
-            if any(p.name != self.lock.path.name for p in self.path.iterdir()):  # lost a race to another run
+            if any(p.name not in (self.lock.path.name, JOB_UID_FILE) for p in self.path.iterdir()):  # lost a race
                 self.lock.release()
                 raise RunDirError(f"{self.path} is not empty: pass --resume {self.path} or another --out")
             atomic.write_text(self.path / SPEC, dump_job(job))

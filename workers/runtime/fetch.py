@@ -6,6 +6,11 @@ claim) finds the marker and fetches nothing. A fetch writes into `<target>.parti
 into place only when complete; a fetch that fails removes it, and a pod killed mid-fetch leaves one
 that the next start removes, so no folder looks fetched that is not.
 
+With a model cache (--model-cache: the job's spec.model.cache claim, mounted read-write) the model goes
+to `<cache>/<cache_key>` instead, once for every pod and job on the claim: the first pod fetches under
+an exclusive lock (workers/runtime/fetch_cache.py) and the others wait for it, saying so, within the
+deadline, then find its marker. The lock's holder looks for the marker again before it fetches.
+
 Fail fast, one line: a fetch step that hangs keeps the pod in Init with no reason, so every network
 operation has a deadline (workers/runtime/fetch_deadline.py). Command-line options, else environment
 variables (in a pod, the role's `env`):
@@ -34,14 +39,25 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Iterable, Iterator, Mapping
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from rhymerl.api.credentials import masked
-from rhymerl.api.sources import MARKER, PVC_ROOT, Source, fetched_data, fetched_model, parse
+from rhymerl.api.sources import (
+    MARKER,
+    PVC_ROOT,
+    Source,
+    cache_lock,
+    cached_model,
+    fetched_data,
+    fetched_model,
+    parse,
+)
 from rhymerl.errors import UserError, disk_full, is_disk_full, user_paths, writable_folder
+from rhymerl.workers.runtime.fetch_cache import LockTimeout, exclusive
 from rhymerl.workers.runtime.fetch_deadline import INSTANCE_ENV, Deadline, Limits, Stopped
 from rhymerl.workers.runtime.fetch_errors import hub_cause, s3_cause
 
@@ -63,17 +79,27 @@ def one_line(text: str) -> str:
     return re.sub(r"\S+://\S+", lambda found: masked(found.group()), " ".join(text.split()))
 
 
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def fetch_all(into: Path, model: str | None, data: str | None, pvc_root: Path = Path(PVC_ROOT),
-              limits: Limits | None = None) -> list[str]:
-    """Fetch the given sources under `into` (model: `into/model`, data: `into/data/<file>`), all within
-    one deadline (`limits`, else Limits.from_env()); one line per source saying what was done."""
+              limits: Limits | None = None, model_cache: Path | None = None,
+              tell: Callable[[str], None] = _stderr) -> list[str]:
+    """Fetch the given sources under `into` (model: `into/model`, or `<model_cache>/<key>` with a cache;
+    data: `into/data/<file>`), all within one deadline (`limits`, else Limits.from_env()); one line per
+    source saying what was done. `tell` hears at once what is waited for."""
     deadline = Deadline(limits or Limits.from_env())
     writable_folder(into)
     said = []
     if model is not None:
         source = _parsed(model, file=False, what="--model")
-        done = fetch(source, Path(fetched_model(str(into))), pvc_root, deadline=deadline)
-        said.append(f"model {model}: {'fetched into' if done else 'already in'} {fetched_model(str(into))}")
+        if model_cache is None:
+            folder = Path(fetched_model(str(into)))
+            done = fetch(source, folder, pvc_root, deadline=deadline)
+        else:
+            done, folder = fetch_cached(source, model_cache, pvc_root, deadline, tell)
+        said.append(f"model {model}: {'fetched into' if done else 'already in'} {folder}")
     if data is not None:
         source = _parsed(data, file=True, what="--data")
         target = Path(fetched_data(str(into), source))
@@ -127,6 +153,24 @@ def fetch(source: Source, folder: Path, pvc_root: Path = Path(PVC_ROOT), file_na
             raise _local_failure(source, folder, exc) from None
         raise
     return True
+
+
+def fetch_cached(source: Source, cache: Path, pvc_root: Path, deadline: Deadline,
+                 tell: Callable[[str], None] = _stderr) -> tuple[bool, Path]:
+    """Make the cache mounted at `cache` hold `source` (fetch_cache.py), and say where: False if it did."""
+    folder = Path(cached_model(str(cache), source))
+    if fetched_source(folder) == source.text:
+        return False, folder
+    with user_paths("create the model cache", cache):
+        writable_folder(cache).mkdir(parents=True, exist_ok=True)
+    lock = Path(cache_lock(str(cache), source))
+    waiting = one_line(f"{source.text}: waiting for another pod fetching it into {folder} (lock {lock})")
+    try:
+        with exclusive(lock, deadline, lambda: tell(waiting)):
+            return fetch(source, folder, pvc_root, deadline=deadline), folder
+    except LockTimeout as exc:
+        raise FetchError(one_line(f"{source.text}: not fetched within the {deadline.limits.deadline_s:g} s deadline "
+                                  f"(--deadline, FETCH_DEADLINE_S): {exc}")) from None
 
 
 def _local_failure(source: Source, folder: Path, exc: OSError) -> UserError:

@@ -7,7 +7,10 @@ object by scanning every object it holds, on every request. `ApiServer` adds wha
 relies on of the API server, and finds objects by key and lists one kind in one namespace (`_Objects`,
 an index by kind), filtered by `labelSelector` (benchmarks/operator-scale runs 1,000 jobs on it); `Cluster.step` plays the garbage collector, the StatefulSet controller,
 the scheduler and the kubelet, one round at a time, through the same HTTP API (so the operator sees
-watch events). The operator under test is never part of this: it runs as in a cluster.
+watch events); the StatefulSet controller is in statefulset_controller.py. RLJobs are pruned and
+defaulted by the installed CRD's structural schema on every write and read (structural.py), as the API
+server does; a pod create passes admission (Pod Security, webhooks a test registers, ResourceQuota:
+admission_plugins.py). The operator under test is never part of this: it runs as in a cluster.
 """
 
 from __future__ import annotations
@@ -16,15 +19,23 @@ import copy
 import itertools
 import uuid
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
+import admission_plugins
 import aiohttp
 import aiohttp.web
 import attrs
 import kmock
+import structural
+from admission_plugins import Webhook
 from kmock._internal import dicts, enums, k8s_dicts, k8s_views, references, rendering
+from statefulset_controller import KUEUE_GATE as KUEUE_GATE  # re-exported: what tests import from here
+from statefulset_controller import LINGERING as LINGERING
+from statefulset_controller import NO_GPU as NO_GPU
+from statefulset_controller import REVISION as REVISION
+from statefulset_controller import StatefulSetController, now, ready_status
 
+from rhymerl.api.crd import crd
 from rhymerl.operator.manifests.labels import (
     COMPONENT_KEY,
     INSTANCE_KEY,
@@ -41,6 +52,8 @@ RESOURCES: dict[str, tuple[str, set[str]]] = {
     "v1/pods": ("Pod", {"status"}),
     "v1/events": ("Event", set()),
     "v1/secrets": ("Secret", set()),
+    "v1/persistentvolumeclaims": ("PersistentVolumeClaim", {"status"}),
+    "v1/resourcequotas": ("ResourceQuota", {"status"}),
     "apps/v1/statefulsets": ("StatefulSet", {"status", "scale"}),
     "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", {"status"}),
     "rbac.authorization.k8s.io/v1/roles": ("Role", set()),
@@ -48,14 +61,6 @@ RESOURCES: dict[str, tuple[str, set[str]]] = {
     "networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", set()),
 }
 FIXTURE_AGENT = "cluster-fixture"
-KUEUE_GATE = "kueue.x-k8s.io/admission"
-LINGERING = "tests.rhymerl.io/lingering"  # holds a pod Terminating here (kmock removes one without finalizers at once)
-NO_GPU = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available."
-
-
-def now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
 
 class _Objects(k8s_views.ObjectsArray):
     """kmock's store of objects, indexed by kind: kind -> (namespace, name) -> object."""
@@ -87,16 +92,97 @@ def selected(obj: Mapping[str, Any], selector: str | None) -> bool:
     return not selector or all(labels.get(k) == v for k, _, v in (term.partition("=") for term in selector.split(",")))
 
 
+def field_selected(obj: Mapping[str, Any], selector: str | None) -> bool:
+    """Whether `obj` matches a field selector of `path=value` terms (`involvedObject.name=x,reason=y`)."""
+    for path, _, value in (term.partition("=") for term in (selector or "").split(",") if term):
+        node: Any = obj
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if str(node or "") != value:
+            return False
+    return True
+
+
+def rljob_schema(definition: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The openAPIV3Schema of a CRD `definition` (default: the one the chart ships, rhymerl.api.crd)."""
+    body = crd() if definition is None else definition
+    schema: dict[str, Any] = body["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return copy.deepcopy(schema)
+
+
+def owner_reference_problem(meta: Mapping[str, Any]) -> str | None:
+    """What the API server refuses in metadata.ownerReferences (k8s.io/apimachinery
+    pkg/api/validation/objectmeta.go, ValidateOwnerReferences): a reference without apiVersion, kind, name
+    or uid, or more than one with controller: true."""
+    refs = meta.get("ownerReferences") or []
+    for i, ref in enumerate(refs):
+        missing = [k for k in ("apiVersion", "kind", "name", "uid") if not ref.get(k)]
+        if missing:
+            return f"metadata.ownerReferences[{i}].{missing[0]}: Invalid value: \"\": {missing[0]} must not be empty"
+    if sum(1 for ref in refs if ref.get("controller")) > 1:
+        return "metadata.ownerReferences: Invalid value: Only one reference can have Controller set to true"
+    return None
+
+
 class ApiServer(kmock.KubernetesEmulator):
     """kmock's emulator with uid, creationTimestamp, resourceVersion (and 409 on a stale one), generation
-    (bumped when the spec changes), server-side apply creating missing objects, and RLJob's status and
-    scale subresources (status writes change only status; scale reads and writes spec.rollout.replicas)."""
+    (bumped when the spec changes, never by a status write), server-side apply creating missing objects,
+    RLJob's status and scale subresources (status writes change only status; scale reads and writes
+    spec.rollout.replicas), ownerReferences validated, and RLJobs pruned and defaulted by their CRD's
+    structural schema (structural.py) on every write and every read, as the API server does: `schemas`
+    holds the installed CRD's (`install_crd` replaces it, as applying a new CRD does)."""
 
     _versions = itertools.count(1)
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "_objects", _Objects())
+        object.__setattr__(self, "schemas", {"rljobs": rljob_schema()})
+        object.__setattr__(self, "webhooks", {})  # name -> a validating webhook for pod creates
         super().__attrs_post_init__()
+
+    def register_webhook(self, name: str, hook: Webhook) -> None:
+        """What a ValidatingWebhookConfiguration on pod creates does: `hook` may deny each one."""
+        self.webhooks[name] = hook
+
+    def label_namespace(self, namespace: str, labels: Mapping[str, str]) -> None:
+        """Set namespace `namespace`'s labels (Pod Security's enforce label, for one)."""
+        self.objects["v1/namespaces", None, namespace] = {"metadata": {"name": namespace, "labels": dict(labels)}}
+
+    def _admit_pod(self, pod: dict[str, Any], namespace: str) -> None:
+        """Pod Security, webhooks and ResourceQuota on a pod create (admission_plugins.py): raise the refusal."""
+        found = self._objects._objects.get((k8s_views._parse_resource("v1/namespaces"), None, namespace))
+        labels = ((found.raw if found is not None else {}).get("metadata") or {}).get("labels") or {}
+        refusal = admission_plugins.admit(pod, labels, self.live("resourcequotas", namespace),
+                                          self.live("pods", namespace), self.webhooks)
+        if refusal is not None:
+            raise kmock.KubernetesError(status=refusal.status, reason=refusal.reason, message=refusal.message)
+
+    def install_crd(self, definition: Mapping[str, Any]) -> None:
+        """What `kubectl apply` of a new RLJob CRD does: later writes and reads use its schema; stored
+        objects stay as they are until written."""
+        self.schemas["rljobs"] = rljob_schema(definition)
+
+    def served(self, plural: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """`obj` (as stored) as a read returns it: pruned and defaulted by the schema installed now."""
+        schema = self.schemas.get(plural)
+        return obj if schema is None else structural.stored(obj, schema)
+
+    def _served_payload(self, request: rendering.Request, payload: Any) -> Any:
+        plural = request.resource.plural if request.resource is not None else None
+        if plural not in self.schemas or not isinstance(payload, dict):
+            return payload
+        if "items" in payload:
+            return {**payload, "items": [self.served(plural, o) for o in payload["items"]]}
+        if isinstance(payload.get("object"), dict) and "type" in payload:
+            return {**payload, "object": self.served(plural, payload["object"])}
+        return self.served(plural, payload)
+
+    async def _serve_fetch(self, request: rendering.Request) -> rendering.Payload:
+        return self._served_payload(request, await super()._serve_fetch(request))
+
+    async def _serve_watch(self, request: rendering.Request) -> Any:
+        async for event in super()._serve_watch(request):
+            yield self._served_payload(request, event)
 
     def _KubernetesEmulator__get_objs(self, request: rendering.Request, strict: bool) -> list[k8s_dicts.Object]:
         """What kmock finds by scanning every object: one by its key, or one kind (in one namespace)."""
@@ -111,8 +197,12 @@ class ApiServer(kmock.KubernetesEmulator):
     async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
         listed = await super()._serve_list(request)
         assert isinstance(listed, dict)
-        selector = request.params.get("labelSelector")
-        return {**listed, "items": [o for o in listed["items"] if selected(o, selector)]} if selector else listed
+        selector, fields = request.params.get("labelSelector"), request.params.get("fieldSelector")
+        if selector or fields:
+            listed = {**listed, "items": [o for o in listed["items"] if selected(o, selector)
+                                          and field_selected(o, fields)]}
+        served: rendering.Payload = self._served_payload(request, listed)
+        return served
 
     def declare(self, namespaces: list[str]) -> None:
         for path, (kind, subresources) in RESOURCES.items():
@@ -138,14 +228,23 @@ class ApiServer(kmock.KubernetesEmulator):
             return await super()._handle(request)
         if request.subresource == "scale" and resource.plural == "rljobs":
             return await self._scale(request)
+        if request.action in (enums.action.CREATE, enums.action.UPDATE) and isinstance(request.data, dict):
+            problem = owner_reference_problem(request.data.get("metadata") or {})
+            if problem is not None:
+                raise kmock.KubernetesError(status=422, reason="Invalid", message=problem)
         if request.action == enums.action.CREATE and isinstance(request.data, dict):
+            if resource.plural == "pods" and request.namespace is not None \
+                    and self.current(resource, request.namespace, (request.data.get("metadata") or {}).get("name")) is None:
+                self._admit_pod(request.data, request.namespace)
             self._stamp_new(request.data, request.namespace)
+            self._structural_create(resource.plural, request.data)
         elif request.action == enums.action.UPDATE and isinstance(request.data, dict):
             current = self.current(resource, request.namespace, request.name)
             if current is None:
                 if "apply-patch" not in request.headers.get("Content-Type", ""):
                     raise kmock.KubernetesObjectNotFoundError()
                 self._stamp_new(request.data, request.namespace)  # server-side apply creates
+                self._structural_create(resource.plural, request.data)
                 request = self._swap(request, attrs.evolve(request, action=enums.action.CREATE,
                                                            method=enums.method.POST))
             else:
@@ -175,21 +274,45 @@ class ApiServer(kmock.KubernetesEmulator):
             raise kmock.KubernetesError(status=409, reason="Conflict", message=(
                 f"Operation cannot be fulfilled on {request.resource}: the object has been modified; "
                 "please apply your changes to the latest version and try again"))
-        if request.resource is not None and request.resource.plural == "rljobs":
-            if request.subresource == "status":
-                kept = data.get("status")
-                data.clear()
-                data["status"] = kept
-            else:
-                data.pop("status", None)
+        plural = request.resource.plural if request.resource is not None else ""
+        if plural in self.schemas:
+            self._structural_update(request, plural, current)
+            return
         merged = dicts.patch_dict(copy.deepcopy(current), copy.deepcopy(data))
         meta = data.setdefault("metadata", {})
         if request.subresource is None and merged.get("spec") != current.get("spec"):
             meta["generation"] = int(current["metadata"].get("generation") or 1) + 1
         meta["resourceVersion"] = str(next(self._versions))
 
+    def _structural_create(self, plural: str, data: dict[str, Any]) -> None:
+        if plural in self.schemas:
+            final = self.served(plural, data)
+            data.clear()
+            data.update(final)
+
+    def _structural_update(self, request: rendering.Request, plural: str, current: dict[str, Any]) -> None:
+        """An update as the API server makes it: applied to the object as read (defaulted), only its status
+        through the status subresource and all but its status otherwise, then pruned and defaulted; the
+        generation moves when the spec did. kmock gets the merge patch from the stored object to that."""
+        data = request.data
+        base = self.served(plural, current)
+        if request.subresource == "status":
+            wanted = dicts.patch_dict(base, {"status": copy.deepcopy(data.get("status"))})
+        else:
+            wanted = dicts.patch_dict(base, copy.deepcopy({k: v for k, v in data.items() if k != "status"}))
+        final = self.served(plural, dict(wanted))
+        meta = final.setdefault("metadata", {})
+        meta["generation"] = int(base["metadata"].get("generation") or 1)
+        if request.subresource is None and final.get("spec") != base.get("spec"):
+            meta["generation"] += 1
+        meta["resourceVersion"] = str(next(self._versions))
+        patch = structural.merge_patch(current, final)
+        data.clear()
+        data.update(patch)
+
     async def _scale(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         job = self.current(request.resource, request.namespace, request.name)
+        job = None if job is None else self.served("rljobs", job)
         if job is None:
             raise kmock.KubernetesObjectNotFoundError()
         if request.method == enums.method.PATCH:
@@ -197,7 +320,7 @@ class ApiServer(kmock.KubernetesEmulator):
             inner = attrs.evolve(request, subresource=None, data={"spec": {"rollout": {"replicas": replicas}}})
             await self._handle(self._swap(request, inner))
             self._swap(inner, request)
-            job = self.current(request.resource, request.namespace, request.name) or job
+            job = self.served("rljobs", self.current(request.resource, request.namespace, request.name) or job)
         return aiohttp.web.json_response({
             "apiVersion": "autoscaling/v1", "kind": "Scale",
             "metadata": {"name": job["metadata"]["name"], "namespace": job["metadata"]["namespace"]},
@@ -207,24 +330,7 @@ class ApiServer(kmock.KubernetesEmulator):
         })
 
 
-def _ready_status(containers: list[str]) -> dict[str, Any]:
-    return {"phase": "Running",
-            "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
-            "containerStatuses": [{"name": c, "ready": True, "restartCount": 0, "state": {"running": {"startedAt": now()}}}
-                                  for c in containers]}
-
-
-def _gated_status() -> dict[str, Any]:
-    return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
-                                                "message": "Scheduling is blocked due to non-empty scheduling gates"}]}
-
-
-def _unschedulable_status(message: str) -> dict[str, Any]:
-    return {"phase": "Pending",
-            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]}
-
-
-class Cluster:
+class Cluster(StatefulSetController):
     """The cluster around the API server: call `step` to let the garbage collector, the StatefulSet
     controller, the scheduler and the kubelet act once; the helpers below stage what a test needs
     (a preemption, a crash). `capacity[role]`: pods of that role the nodes can hold (default: all)."""
@@ -235,15 +341,21 @@ class Cluster:
         self.capacity: dict[str, int] = {}
         self.lingering: set[str] = set()  # pods a scale-down leaves Terminating (in their grace period)
         self.admitted: set[str] = set()  # Kueue pod groups admitted (others' pods are created gated)
+        self.kueue_webhook = True  # False: Kueue's pod webhook skips the job's pods (no label, no gate)
 
     async def request(self, method: str, path: str, body: Any = None, content_type: str = "application/merge-patch+json"
                       ) -> Any:
+        status, data = await self.attempt(method, path, body, content_type)
+        if status >= 300:
+            raise AssertionError(f"{method} {path}: {status} {data}")
+        return data
+
+    async def attempt(self, method: str, path: str, body: Any = None,
+                      content_type: str = "application/merge-patch+json") -> tuple[int, Any]:
+        """A request whose refusal is an answer, not a failure: (HTTP status, body)."""
         headers = {"Content-Type": content_type if method == "PATCH" else "application/json"}
         async with self.http.request(method, path, json=body, headers=headers) as response:
-            data = await response.json(content_type=None)
-            if response.status >= 300:
-                raise AssertionError(f"{method} {path}: {response.status} {data}")
-            return data
+            return response.status, await response.json(content_type=None)
 
     # the cluster's controllers
 
@@ -252,15 +364,22 @@ class Cluster:
         return await self._collect_garbage() + await self._statefulsets()
 
     async def _collect_garbage(self) -> int:
-        uids = {o["metadata"].get("uid") for plural in {p.rsplit("/", 1)[1] for p in RESOURCES}
-                for o in self.server.live(plural)}
+        """The garbage collector, background propagation: an object all of whose owners are gone is deleted,
+        one level a round (its own dependents in the next). An owner reference names an object by kind, name
+        and uid in the dependent's namespace: one re-created under the same name, or in another namespace,
+        is not its owner (kubernetes.io/docs/concepts/overview/working-with-objects/owners-dependents/)."""
+        kinds = {kind: path.rsplit("/", 1)[1] for path, (kind, _) in RESOURCES.items()}
+        alive = {(plural, o["metadata"].get("namespace"), o["metadata"]["name"], o["metadata"].get("uid"))
+                 for plural in kinds.values() for o in self.server.live(plural)}
         done = 0
         for path in RESOURCES:
             plural = path.rsplit("/", 1)[1]
             for obj in self.server.live(plural):
-                owners = obj["metadata"].get("ownerReferences") or []
-                if owners and not any(ref.get("uid") in uids for ref in owners):
-                    await self.request("DELETE", self.path(path, obj["metadata"]["namespace"], obj["metadata"]["name"]))
+                meta = obj["metadata"]
+                owners = meta.get("ownerReferences") or []
+                if owners and not any((kinds.get(ref.get("kind", ""), ""), meta.get("namespace"), ref.get("name"),
+                                       ref.get("uid")) in alive for ref in owners):
+                    await self.request("DELETE", self.path(path, meta["namespace"], meta["name"]))
                     done += 1
         return done
 
@@ -269,62 +388,6 @@ class Cluster:
         group_version, plural = resource.rsplit("/", 1)
         root = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
         return f"{root}/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
-
-    async def _statefulsets(self) -> int:
-        done = 0
-        for sts in self.server.live("statefulsets"):
-            meta, spec = sts["metadata"], sts["spec"]
-            namespace, name = meta["namespace"], meta["name"]
-            role = spec["template"]["metadata"]["labels"].get(COMPONENT_KEY, "")
-            pods = {p["metadata"]["name"]: p for p in self.server.live("pods", namespace)
-                    if any(r.get("uid") == meta["uid"] for r in p["metadata"].get("ownerReferences") or [])}
-            want = int(spec.get("replicas") or 0)
-            for ordinal in range(want):
-                pod_name = f"{name}-{ordinal}"
-                pod = pods.get(pod_name)
-                fits = ordinal < self.capacity.get(role, want)
-                containers = [c["name"] for c in spec["template"]["spec"]["containers"]]
-                group = spec["template"]["metadata"]["labels"].get(KUEUE_GROUP_LABEL)
-                gated = group is not None and group not in self.admitted
-                if pod is None:
-                    status = _gated_status() if gated else _ready_status(containers) if fits else \
-                        _unschedulable_status(NO_GPU)
-                    pod_spec = {**spec["template"]["spec"], **({"schedulingGates": [{"name": KUEUE_GATE}]} if gated else {})}
-                    await self.request("POST", self.path("v1/pods", namespace), {
-                        "apiVersion": "v1", "kind": "Pod",
-                        "metadata": {"name": pod_name, "namespace": namespace,
-                                     "labels": {**spec["template"]["metadata"]["labels"],
-                                                "statefulset.kubernetes.io/pod-name": pod_name},
-                                     "annotations": dict(spec["template"]["metadata"].get("annotations") or {}),
-                                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": name,
-                                                          "uid": meta["uid"], "controller": True}]},
-                        "spec": pod_spec, "status": status})
-                    done += 1
-                elif pod["status"].get("phase") == "Failed":
-                    await self.request("DELETE", self.path("v1/pods", namespace, pod_name))
-                    done += 1
-                elif fits and pod["status"].get("phase") == "Pending" and not pod["spec"].get("schedulingGates"):
-                    await self.request("PATCH", self.path("v1/pods", namespace, pod_name, "status"),
-                                       {"status": _ready_status(containers)})
-                    done += 1
-            for pod_name, pod in pods.items():
-                if int(pod_name.rsplit("-", 1)[1]) >= want and not pod["metadata"].get("deletionTimestamp"):
-                    if pod_name in self.lingering:  # SIGTERM sent; the pod is gone once the test says so
-                        await self.request("PATCH", self.path("v1/pods", namespace, pod_name),
-                                           {"metadata": {"deletionTimestamp": now(), "finalizers": [LINGERING]}})
-                    else:
-                        await self.request("DELETE", self.path("v1/pods", namespace, pod_name))
-                    done += 1
-            live = [p for p in self.server.live("pods", namespace) if p["metadata"]["name"] in pods
-                    or p["metadata"]["name"].startswith(f"{name}-")]
-            ready = sum(1 for p in live if any(c.get("type") == "Ready" and c.get("status") == "True"
-                                               for c in p["status"].get("conditions") or []))
-            status = {"replicas": len(live), "readyReplicas": ready, "observedGeneration": meta.get("generation", 1)}
-            if {k: (sts.get("status") or {}).get(k) for k in status} != status:
-                await self.request("PATCH", self.path("apps/v1/statefulsets", namespace, name, "status"),
-                                   {"status": status})
-                done += 1
-        return done
 
     # what a test stages
 
@@ -340,11 +403,18 @@ class Cluster:
     async def preempt(self, namespace: str, name: str) -> None:
         """What the scheduler does to a spot pod: mark it a disruption target and delete it (a pod with a
         deletionTimestamp and no finalizers is gone at once here; the watch sees both steps)."""
+        await self._disrupt(namespace, name, "PreemptionByScheduler", "Preempted in order to admit critical pod")
+
+    async def evict(self, namespace: str, name: str) -> None:
+        """What the Eviction API does for a drain or a node upgrade (pkg/registry/core/pod/storage/eviction.go
+        adds the DisruptionTarget condition, reason EvictionByEvictionAPI, then deletes the pod)."""
+        await self._disrupt(namespace, name, "EvictionByEvictionAPI", "Eviction API: evicting")
+
+    async def _disrupt(self, namespace: str, name: str, reason: str, message: str) -> None:
         pod = self.pod(namespace, name)
         assert pod is not None
         conditions = [*pod["status"].get("conditions", []),
-                      {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
-                       "message": "Preempted in order to admit critical pod"}]
+                      {"type": "DisruptionTarget", "status": "True", "reason": reason, "message": message}]
         await self.request("PATCH", self.path("v1/pods", namespace, name),
                            {"metadata": {"deletionTimestamp": now()}, "status": {"conditions": conditions}})
 
@@ -399,7 +469,7 @@ class Cluster:
         for pod in pods:
             containers = [c["name"] for c in pod["spec"]["containers"]]
             await self.request("PATCH", self.path("v1/pods", namespace, pod["metadata"]["name"]),
-                               {"spec": {"schedulingGates": None}, "status": _ready_status(containers)})
+                               {"spec": {"schedulingGates": None}, "status": ready_status(containers)})
 
     def events(self, namespace: str, job: str) -> list[Mapping[str, Any]]:
         return [e for e in self.server.live("events", namespace) if e["involvedObject"]["name"] == job]

@@ -15,7 +15,7 @@ import kopf
 from kube_emulator import FIXTURE_AGENT, ApiServer, Cluster
 from kubernetes.aio.client import Configuration
 
-from rhymerl.api.spec import API_VERSION, KIND
+from rhymerl.api.spec import API_VERSION, KIND, RLJob, camel_keys
 from rhymerl.operator.reconcile.handlers import Operator
 from rhymerl.operator.reconcile.run import serve, settings
 
@@ -133,15 +133,22 @@ class Kube:
             await running.idle()
             quiet = quiet + 1 if not changed and running.op.passes == passes else 0
 
-    async def create_job(self, namespace: str, name: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def create_job(self, namespace: str, name: str, spec: dict[str, Any] | None = None,
+                         respell: bool = True) -> dict[str, Any]:
+        """Create an RLJob; `respell`: with its fields camelCase, as the installed CRD names them (the API
+        server would prune a snake_case key, as kubectl's field validation would refuse it)."""
         body = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name, "namespace": namespace},
                 "spec": spec or {}}
+        if respell:
+            body = camel_keys(RLJob, body)
         created: dict[str, Any] = await self.cluster.request(
             "POST", f"/apis/rhymerl.io/v1alpha1/namespaces/{namespace}/rljobs", body)
         return created
 
     def job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.server.current(kmock.resource("rhymerl.io/v1alpha1/rljobs"), namespace, name)
+        """The RLJob as a read returns it (defaulted by the installed CRD), None when it is gone."""
+        found = self.server.current(kmock.resource("rhymerl.io/v1alpha1/rljobs"), namespace, name)
+        return None if found is None else self.server.served("rljobs", found)
 
     def condition(self, namespace: str, name: str, type_: str) -> dict[str, Any]:
         job = self.job(namespace, name) or {}
@@ -152,7 +159,7 @@ class Kube:
         from rhymerl.operator.manifests.labels import INSTANCE_KEY
 
         return sorted((str(res.plural), n) for (res, ns, n), obj in list(self.server.objects.items())
-                      if ns == namespace and not obj.deleted and res.plural not in ("pods", "events", "rljobs")
+                      if ns == namespace and not obj.deleted and res.plural not in ("pods", "events", "rljobs", "persistentvolumeclaims")
                       and (obj.raw["metadata"].get("labels") or {}).get(INSTANCE_KEY) == name)
 
 

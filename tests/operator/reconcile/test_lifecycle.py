@@ -62,3 +62,17 @@ def test_the_next_look_is_the_soonest_wait_and_never_in_the_past() -> None:
     assert sooner(None, 30.0, 2.0, None) == 2.0
     assert sooner(-5.0, 30.0) == 0.0
     assert sooner(None, None) is None
+
+
+def test_the_active_deadline_waits_while_the_pods_wait_for_kueue_and_counts_from_their_admission() -> None:
+    queued = _status(Suspended=("False", "NotSuspended", T0), Queued=("True", "SchedulingGated", T0))
+    held = deadline(600, False, queued, T0 + timedelta(days=1))
+    assert (held.exceeded, held.wait_s) == (None, None)  # the clock is stopped: nothing to wake up for
+    admitted = _status(Suspended=("False", "NotSuspended", T0),
+                       Queued=("False", "Admitted", T0 + timedelta(hours=2)))
+    assert deadline(600, False, admitted, T0 + timedelta(hours=2, seconds=599)).wait_s == 1.0
+    over = deadline(600, False, admitted, T0 + timedelta(hours=2, seconds=600)).exceeded
+    assert over is not None and over.startswith("running since 2026-11-26T12:00:00Z")
+    resumed_later = _status(Suspended=("False", "NotSuspended", T0 + timedelta(hours=3)),
+                            Queued=("False", "Admitted", T0))  # admitted long ago, resumed since: from the resume
+    assert deadline(600, False, resumed_later, T0 + timedelta(hours=3, seconds=100)).wait_s == 500.0

@@ -96,7 +96,7 @@ async def test_a_job_past_its_active_deadline_fails_releasing_its_pods_and_goes_
 async def test_a_kueue_queued_job_is_one_pod_group_held_until_admitted_whole(kube: Kube) -> None:
     body = {"apiVersion": "rhymerl.io/v1alpha1", "kind": "RLJob",
             "metadata": {"name": "alpha", "namespace": NS, "labels": {KUEUE_QUEUE_LABEL: "team-a-queue"}},
-            "spec": {"rollout": {"replicas": 2, "min_replicas": 2, "max_replicas": 2}}}
+            "spec": {"rollout": {"replicas": 2, "minReplicas": 2, "maxReplicas": 2}}}
     async with kube.operator():
         await kube.cluster.request("POST", kube.cluster.path(RLJOBS, NS), body)
         await kube.settle()

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 from typing import Any
 
 import pytest
 from operator_harness import Kube
 
+from rhymerl.api.crd import crd
 from rhymerl.api.spec import RLJob, camel_keys
-from rhymerl.operator.manifests import builders, spec_hash
+from rhymerl.operator.manifests import SPEC_HASH_ANNOTATION, builders, spec_hash
+from rhymerl.operator.reconcile.diff import APPLIED, Source, pinned
 from rhymerl.workers.runtime.ray_network import AUTH_MODE_ENV, TOKEN_PATH_ENV
 
 NS = "team-a"
@@ -61,8 +64,9 @@ def test_the_spec_hash_reads_snake_case_field_names_so_the_camel_case_crd_restar
 async def test_an_upgraded_operator_writes_no_pod_template_until_the_user_changes_the_spec(
         kube: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(builders, "_pod_template", _without_ray_token)
+    kube.server.install_crd(crd(transition=True))  # keeps the snake_case job as the snake_case CRD stored it
     async with kube.operator():
-        await kube.create_job(NS, "alpha", {"algorithm": {"lr": 1e-5, "kl_coef": 0.001}})  # the snake_case CRD's
+        await kube.create_job(NS, "alpha", {"algorithm": {"lr": 1e-5, "kl_coef": 0.001}}, respell=False)
         await kube.settle()
     before = _running(kube)
     assert all("ray-token" not in str(t) for t in before[0].values())
@@ -82,8 +86,35 @@ async def test_an_upgraded_operator_writes_no_pod_template_until_the_user_change
         assert (kube.job(NS, "alpha") or {})["spec"]["algorithm"] == {"lr": 1e-5, "klCoef": 0.001}
         assert _running(kube) == before
         assert not [w for w in kube.operator_writes()[writes:] if "/statefulsets/" in w or "/configmaps/" in w]
+        kube.server.install_crd(crd())  # the camelCase CRD: the job read back defaulted, its pods untouched
+        await run.resync()
+        await kube.settle()
+        assert _running(kube) == before
         await kube.cluster.request("PATCH", kube.cluster.path(RLJOBS, NS, "alpha"), {"spec": {"algorithm": {"lr": 2e-5}}})
         await kube.settle()
     templates, data, _ = _running(kube)
     assert all("ray-token" in str(t) for t in templates.values())  # the user's change brings the new rendering
     assert data != before[1]
+
+
+def _sts(image: str, digest: str) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "j-rollout", "labels": {}},
+            "spec": {"replicas": 1, "template": {"metadata": {"annotations": {SPEC_HASH_ANNOTATION: digest}},
+                                                 "spec": {"containers": [{"name": "rollout", "image": image}]}}}}
+
+
+def test_pinning_keeps_a_template_at_its_generation_or_for_a_spec_that_hashes_the_same_under_this_release() -> None:
+    def source(generation: int, lr: float) -> Source:
+        return Source(generation, {"spec": {"algorithm": {"lr": lr}}, "queue": None},
+                      lambda recorded: recorded["spec"]["algorithm"]["lr"] == lr)
+
+    live = copy.deepcopy(pinned([_sts("v1", "old-release-hash")], [], source(1, 1e-5))[0])
+    def image(objects: list[dict[str, Any]]) -> str:
+        return str(objects[0]["spec"]["template"]["spec"]["containers"][0]["image"])
+
+    assert image(pinned([_sts("v2", "new-hash")], [live], source(1, 1e-5))) == "v1"  # the upgrade: same generation
+    assert image(pinned([_sts("v2", "new-hash")], [live], source(2, 1e-5))) == "v1"  # a scale: the same spec
+    rolled = pinned([_sts("v2", "new-hash")], [live], source(3, 2e-5))[0]  # the user's change
+    assert image([rolled]) == "v2"
+    assert json.loads(rolled["metadata"]["annotations"][APPLIED])["generation"] == 3
+    assert image(pinned([_sts("v2", "new-hash")], [live])) == "v2"  # without a source: the hash alone
