@@ -25,6 +25,16 @@ settings.register_profile("rhymerl", deadline=None, suppress_health_check=[Healt
 settings.load_profile("rhymerl")
 
 
+@pytest.fixture(autouse=True)
+def torch_thread_count_settable() -> Iterator[None]:
+    """vLLM's CPU worker replaces torch.set_num_threads in its process with a no-op once it has bound
+    its threads (vllm/v1/worker/cpu_worker.py): a test that ran vLLM in this process must not leave
+    that to the tests after it, which set thread counts."""
+    settable = torch.set_num_threads
+    yield
+    torch.set_num_threads = settable
+
+
 @pytest.fixture
 def repo() -> Path:
     return REPO
@@ -71,3 +81,18 @@ def redis_url() -> Iterator[str]:
     """A real redis-server of its own, on a free port."""
     with redis_server() as url:
         yield url
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """For pytest-xdist's `--dist loadgroup` (scripts/test.sh): a file's tests run on one worker, one
+    after another (its module fixtures made once; its servers, Ray instances and fixed port blocks
+    never twice at once), and files with tests marked slow go first, most slow tests first, so the
+    longest files start at once rather than end alone (longest-first scheduling; run with
+    --no-loadscope-reorder, which keeps this order). Without xdist only the order changes."""
+    slow_per_file: dict[str, int] = {}
+    for item in items:
+        slow_per_file[item.path.name] = slow_per_file.get(item.path.name, 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: -slow_per_file[item.path.name])  # stable: a file's own order is kept
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(str(item.path.relative_to(REPO))))
