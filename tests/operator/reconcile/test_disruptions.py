@@ -13,8 +13,8 @@ from operator_harness import Kube
 
 from rhymerl.api.roles import MEMBER_LOST_EXIT_CODE
 from rhymerl.api.spec import Failures
-from rhymerl.operator.reconcile.conditions import Observation, conditions, phase
 from rhymerl.operator.progress import report
+from rhymerl.operator.reconcile.conditions import Observation, conditions, phase
 from rhymerl.operator.reconcile.pods import MEMBER_LOST_LIMIT, count, view
 
 LIMIT = 3  # spec.failurePolicy.backoffLimit
