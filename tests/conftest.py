@@ -20,19 +20,20 @@ if str(REPO / "tests") not in sys.path:  # shared helpers (local_servers.py) und
 
 from local_servers import redis_server  # noqa: E402
 
+# torch's own, saved as this module loads (before any test ran vLLM in this process): vLLM's CPU worker
+# replaces torch.set_num_threads in its process with a no-op once it has bound its threads
+# (vllm/v1/worker/cpu_worker.py); tests that set thread counts take this one back (settable_threads).
+SET_NUM_THREADS = torch.set_num_threads
+
 # Machines here are shared and noisy: property tests judge correctness, never speed.
 settings.register_profile("rhymerl", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("rhymerl")
 
 
-@pytest.fixture(autouse=True)
-def torch_thread_count_settable() -> Iterator[None]:
-    """vLLM's CPU worker replaces torch.set_num_threads in its process with a no-op once it has bound
-    its threads (vllm/v1/worker/cpu_worker.py): a test that ran vLLM in this process must not leave
-    that to the tests after it, which set thread counts."""
-    settable = torch.set_num_threads
-    yield
-    torch.set_num_threads = settable
+@pytest.fixture
+def settable_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.set_num_threads as torch defines it, for a test that sets thread counts (SET_NUM_THREADS)."""
+    monkeypatch.setattr(torch, "set_num_threads", SET_NUM_THREADS)
 
 
 @pytest.fixture

@@ -5,10 +5,11 @@ What a kubelet and a cluster network would provide, and how it is stood in for h
 - volumes: each volumeMount's path is a folder (the ConfigMap's files written into the `spec`
   volume's folder, a Secret's into its volume's: the job's Ray token; `scratch` and `data` one folder
   per pod), and the mount paths in arguments and environment values are rewritten to those folders;
-- downward API: metadata.name, metadata.namespace, status.podIP (127.0.0.1);
+- downward API: metadata.name, metadata.namespace, status.podIP (POD_IP: this machine's address as Ray
+  sees it);
 - pod IPs and DNS: every pod shares this machine's loopback, so each gets its own free port for
   RHYMERL_HTTP_PORT and its own block of ports for its Ray node (RHYMERL_RAY_PORT_BASE), and the
-  controller Service's name in RHYMERL_CONTROLLER resolves to 127.0.0.1 with a free port for the
+  controller Service's name in RHYMERL_CONTROLLER resolves to POD_IP with a free port for the
   Ray head;
 - the image's entrypoint: `rhymerl` is this environment's console script.
 """
@@ -29,8 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from local_servers import free_port
+from ray._private import services
 
 from rhymerl.api.k8s_values import quantity_value
+
+# Every pod's IP, as Ray sees this machine: Ray swaps a loopback address for the machine's routed one
+# where there is a default route (ray._private.services.resolve_ip_for_localhost), so nodes registered
+# at 127.0.0.1 would not be found there; without a route this is 127.0.0.1.
+POD_IP: str = services.get_node_ip_address()
 
 
 @dataclass
@@ -113,7 +120,7 @@ class Cluster:
             elif "fieldRef" in e.get("valueFrom", {}):
                 path = e["valueFrom"]["fieldRef"]["fieldPath"]
                 env[e["name"]] = {"metadata.name": name, "metadata.namespace": sts["metadata"]["namespace"],
-                                  "status.podIP": "127.0.0.1"}[path]
+                                  "status.podIP": POD_IP}[path]
             elif "resourceFieldRef" in e.get("valueFrom", {}):  # the kubelet's: a request in cores, rounded up
                 ref = e["valueFrom"]["resourceFieldRef"]
                 assert ref["resource"] == "requests.cpu" and ref["divisor"] == "1", ref
@@ -121,7 +128,7 @@ class Cluster:
                 env[e["name"]] = str(math.ceil(float(quantity_value(owner["resources"]["requests"]["cpu"]))))
         env["RHYMERL_HTTP_PORT"] = str(http_port)
         env["RHYMERL_RAY_PORT_BASE"] = str(next(self.port_blocks))
-        env["RHYMERL_CONTROLLER"] = f"127.0.0.1:{self.head_port}"
+        env["RHYMERL_CONTROLLER"] = f"{POD_IP}:{self.head_port}"
         env.update(self.extra_env)
         argv = [str(bin_dir / container["command"][0]), *(local(a) for a in container.get("args", []))]
         return Pod(name, role, argv, env, pod_root, http_port, grace_s=template["spec"]["terminationGracePeriodSeconds"])

@@ -17,6 +17,8 @@ from rhymerl.workers.rollout.engine import GenRequest, SamplingParams, TorchEngi
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.rollout.verify_cost import ProfileStore
 
+pytestmark = pytest.mark.usefixtures("settable_threads")  # vLLM may have run in this process (conftest.py)
+
 WORK = 10.0  # tokens per pass
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from pods_as_processes import Cluster, Kubelet, Pod, gcs_answers, pods_of
+from pods_as_processes import POD_IP, Cluster, Kubelet, Pod, gcs_answers, pods_of
 
 from rhymerl.api import RLJob
 from rhymerl.api.load import parse_job
@@ -130,7 +130,7 @@ def test_a_job_runs_across_the_rendered_pods_while_its_fleet_grows_shrinks_loses
     try:
         reached("metrics:1")  # step 1 done: the job is scaled to 4 rollout workers
         # Ray token authentication is on: the head's GCS refuses a client without the job's token
-        head = f"127.0.0.1:{cluster.head_port}"
+        head = f"{POD_IP}:{cluster.head_port}"
         assert (gcs_answers(head, None), gcs_answers(head, "0" * 64), gcs_answers(head, token)) == \
             ("UNAUTHENTICATED", "UNAUTHENTICATED", "OK")
         subprocess.run([rhymerl, "scale", str(run_dir), "--rollout", "4"], check=True, capture_output=True)
