@@ -119,6 +119,10 @@ class Cluster:
             raise ApiException.from_response(http_resp=response, body=text, data=None)
         return json.loads(text) if text else None
 
+    async def request(self, method: str, path: str, body: Any = None) -> Any:
+        """One request, for a caller that handles its error statuses itself (redis_secret_rest.py)."""
+        return await self._call(method, path, body=body)
+
     def _wrote(self, verb: str, kind: str) -> None:
         self.writes[(verb, kind)] += 1
         if self._on_write is not None:

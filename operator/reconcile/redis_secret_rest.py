@@ -1,12 +1,11 @@
-"""The chart's Redis Secret at the operator's start (redis_secret.py) over the Kubernetes REST API: its own
-two calls, because Cluster.create_once never asks twice and Cluster.read_secret reads a 403 as "none",
-while here a missing permission must stop the start saying which one."""
+"""The chart's Redis Secret at the operator's start (redis_secret.py) over the Kubernetes REST API: through
+Cluster.request, not Cluster.create_once (which never asks twice) or Cluster.read_secret (which reads a
+403 as "none"), because here a missing permission must stop the start saying which one."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 from collections.abc import AsyncIterator, Mapping, MutableMapping
@@ -17,35 +16,31 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from rhymerl.api.history_keys import REDIS_PASSWORD_ENV
 from rhymerl.errors import UserError
+from rhymerl.operator.reconcile.cluster import SECRET, Cluster
 from rhymerl.operator.reconcile.redis_secret import ensure, from_env, keep
 
 log = logging.getLogger(__name__)
-JSON = "application/json"
 
 
 class RestSecrets:
-    """SecretApi (redis_secret.py) on `api`."""
+    """SecretApi (redis_secret.py) on `api`, through Cluster's one request path."""
 
     def __init__(self, api: ApiClient, timeout_s: float = 30.0) -> None:
-        self.api, self.timeout_s = api, timeout_s
+        self.cluster = Cluster(api, timeout_s)
 
     async def _call(self, method: str, namespace: str, name: str = "",
                     body: Mapping[str, Any] | None = None) -> tuple[int, Any]:
-        path = f"/api/v1/namespaces/{namespace}/secrets" + (f"/{name}" if name else "")
-        serialized = await self.api.param_serialize(method, path, body=body, auth_settings=["BearerToken"],
-                                                    header_params={"Content-Type": JSON, "Accept": JSON})
-        response = await self.api.call_api(*serialized, _request_timeout=self.timeout_s)
-        data = await response.read()
-        text = data.decode("utf-8", "replace") if data else ""
-        if response.status == 403:
-            what = f"get the Secret {namespace}/{name}" if name else f"create Secrets in namespace {namespace}"
-            raise UserError(f"the operator may not {what}: the chart's Role <release>-redis-password grants it "
-                            "(rbac.create; docs/operations.md, \"The chart's Redis password\")")
-        if response.status in (404, 409):
-            return response.status, None
-        if not 200 <= response.status <= 299:
-            raise ApiException.from_response(http_resp=response, body=text, data=None)
-        return response.status, json.loads(text) if text else {}
+        try:
+            found = await self.cluster.request(method, SECRET.path(namespace, name or None), body=body)
+        except ApiException as exc:
+            if exc.status == 403:
+                what = f"get the Secret {namespace}/{name}" if name else f"create Secrets in namespace {namespace}"
+                raise UserError(f"the operator may not {what}: the chart's Role <release>-redis-password grants "
+                                "it (rbac.create; docs/operations.md, \"The chart's Redis password\")") from None
+            if exc.status in (404, 409):
+                return exc.status, None
+            raise
+        return 200, found if found is not None else {}
 
     async def create_secret(self, namespace: str, body: Mapping[str, Any]) -> bool:
         status, _ = await self._call("POST", namespace, body=body)
