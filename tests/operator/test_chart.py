@@ -224,8 +224,8 @@ def _cluster_scoped(objects: list[dict[str, Any]]) -> set[tuple[str, str]]:
 
 
 def test_a_second_release_in_another_namespace_claims_no_cluster_scoped_object_of_the_first(helm: Path) -> None:
-    first = _render(helm, "rhymerl", "team-a", "operator.watchNamespaces={team-a,team-a-jobs}")
-    second = _render(helm, "rhymerl", "team-b", "crds.enabled=false", "operator.watchNamespaces={team-b}",
+    first = _render(helm, "rhymerl", "team-a", "operator.watchNamespace={team-a,team-a-jobs}")
+    second = _render(helm, "rhymerl", "team-b", "crds.enabled=false", "operator.watchNamespace={team-b}",
                      "operator.readNodes=true")
     assert ("CustomResourceDefinition", "rljobs.rhymerl.io") in _cluster_scoped(first)
     assert not _cluster_scoped(first) & _cluster_scoped(second), "one owner per cluster-scoped object"

@@ -116,12 +116,10 @@ events. It may grant the per-job Role only because it holds the same rljobs/stat
   verbs: [create, patch]
 {{- end }}
 
-{{/* The namespaces the operator watches (watchNamespace, then watchNamespaces) as a JSON list; empty: all. */}}
+{{/* The namespaces the operator watches (watchNamespace: one name, or a list) as a JSON list; empty: all. */}}
 {{- define "rhymerl.watchNamespaces" -}}
-{{- $all := .Values.operator.watchNamespaces | default list }}
-{{- with .Values.operator.watchNamespace }}
-{{- $all = prepend $all . }}
-{{- end }}
+{{- $named := .Values.operator.watchNamespace }}
+{{- $all := kindIs "string" $named | ternary (compact (list $named)) ($named | default list) }}
 {{- $all | uniq | toJson }}
 {{- end }}
 
