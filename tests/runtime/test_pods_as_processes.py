@@ -22,7 +22,8 @@ from pods_as_processes import POD_IP, Cluster, Kubelet, Pod, gcs_answers, pods_o
 from rhymerl.api import RLJob
 from rhymerl.api.load import parse_job
 from rhymerl.operator.manifests import desired
-from rhymerl.operator.manifests.builders import Manifest, ray_token_secret
+from rhymerl.operator.manifests.access import ray_token_secret
+from rhymerl.operator.manifests.objects import Manifest
 from rhymerl.workers import dumps
 
 pytestmark = pytest.mark.slow
@@ -55,9 +56,15 @@ def _wait(what: str, done: Callable[[], bool], timeout_s: float, kubelet: Kubele
     deadline = time.monotonic() + timeout_s
     while not done():
         if time.monotonic() > deadline:
-            logs = "\n".join(f"--- {p.name}\n{p.output()[-3000:]}" for p in kubelet.pods)
+            logs = "\n".join(f"--- {p.name}\n{p.output()[-3000:]}{_ray_logs(p)}" for p in kubelet.pods)
             raise AssertionError(f"{what}: not within {timeout_s:.0f}s\n{logs}")
         time.sleep(0.5)
+
+
+def _ray_logs(pod: Pod) -> str:
+    """The last lines of the pod's Ray node logs (`ray start`'s output: why a node did not come up)."""
+    return "".join(f"\n- {log.name}: " + " / ".join(log.read_text(errors="replace").strip().splitlines()[-8:])
+                   for log in sorted(pod.root.rglob("ray-*.log")))
 
 
 def _metrics_rows(controller: Pod) -> list[dict[str, object]]:

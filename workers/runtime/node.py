@@ -103,6 +103,15 @@ def reachable(address: str) -> bool:
         return False
 
 
+def _log_tail(log: Path | None, lines: int = 3) -> str:
+    if log is None:
+        return ""
+    try:
+        return " / ".join(log.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
 def wait_reachable(address: str, timeout_s: float, head: subprocess.Popen[bytes] | None = None,
                    head_log: Path | None = None) -> None:
     """Until the head's port accepts connections (the controller pod may start after this one);
@@ -110,8 +119,7 @@ def wait_reachable(address: str, timeout_s: float, head: subprocess.Popen[bytes]
     deadline = time.monotonic() + timeout_s
     while True:
         if head is not None and head.poll() is not None:
-            tail = head_log.read_text(errors="replace").strip().splitlines()[-3:] if head_log else []
-            raise NodeError(f"the Ray head exited ({head.returncode}): {' / '.join(tail)}")
+            raise NodeError(f"the Ray head exited ({head.returncode}): {_log_tail(head_log)}")
         if reachable(address):
             return
         if time.monotonic() > deadline:
@@ -122,11 +130,26 @@ def wait_reachable(address: str, timeout_s: float, head: subprocess.Popen[bytes]
 def connect(address: str, timeout_s: float, head: subprocess.Popen[bytes] | None = None,
             head_log: Path | None = None) -> None:
     """Connect this process to the head at `address` as the driver of the steps; a SIGTERM meanwhile
-    reaches this process's own handler once connected, as in cluster.local_ray."""
+    reaches this process's own handler once connected, as in cluster.local_ray.
+
+    The head's GCS answers before its raylet has registered, and `ray.init` gives up on finding the
+    raylet after Ray's GCS request timeout (60 s): on a loaded machine the head's raylet and agents can
+    take longer to start. So with our own `head` still running and `timeout_s` not spent, a failed
+    attempt is tried again; otherwise the error says what the head last logged."""
+    deadline = time.monotonic() + timeout_s
     wait_reachable(address, timeout_s, head, head_log)
     os.environ.update(auth_env(os.environ))
-    with held_signals(), ray_leaves_signals_alone():
-        ray.init(address=address, namespace=NAMESPACE, configure_logging=False, log_to_driver=True)
+    while True:
+        try:
+            with held_signals(), ray_leaves_signals_alone():
+                ray.init(address=address, namespace=NAMESPACE, configure_logging=False, log_to_driver=True)
+            return
+        except ConnectionError as failed:
+            ray.shutdown()
+            if head is None or head.poll() is not None or time.monotonic() > deadline:
+                raise NodeError(f"could not connect to the Ray head at {address} ({failed.__cause__ or failed}); "
+                                f"the head logged: {_log_tail(head_log)}") from failed
+            print(f"the Ray head at {address} has no node registered yet; trying again", flush=True)
 
 
 def wanted_roles(job: RLJob) -> dict[Role, int]:
