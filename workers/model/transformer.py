@@ -30,6 +30,7 @@ from torch.utils.checkpoint import checkpoint
 from rhymerl.workers.model import cached_attention
 from rhymerl.workers.model.folder import ModelConfig, ModelError, check_native, read_config
 from rhymerl.workers.model.policy import PolicyModel, at_positions, read_weights
+from rhymerl.workers.model.row_invariant import padded_rows
 
 
 class KVCache:
@@ -200,14 +201,13 @@ class Attention(nn.Module):
                        cells: Cells) -> Tensor:
         """Attention of the block's real cells x [T, d] over their slots' cached keys; returns [T, d]."""
         t, slots = x.shape[0], cells.shape[0]
-        qs = _rotate(self.q_proj(x).view(t, self.h, self.hd), cos, sin)
-        ks = _rotate(self.k_proj(x).view(t, self.kv, self.hd), cos, sin)
-        vs = self.v_proj(x).view(t, self.kv, self.hd)
+        qs = _rotate(padded_rows(self.q_proj, x).view(t, self.h, self.hd), cos, sin)
+        ks = _rotate(padded_rows(self.k_proj, x).view(t, self.kv, self.hd), cos, sin)
+        vs = padded_rows(self.v_proj, x).view(t, self.kv, self.hd)
         if cache.native:  # every pass, one token or many: a token's bits never depend on its pass (module docstring)
             out = cached_attention.attend(qs, ks, vs, cache.k[layer, :slots], cache.v[layer, :slots], cells.start,
                                           cells.counts)
-            result: Tensor = self.o_proj(out.reshape(t, -1))
-            return result
+            return padded_rows(self.o_proj, out.reshape(t, -1))
         cache.write_cells(layer, cells, ks, vs)
         queries = cells.pad(qs).transpose(1, 2)  # [S, heads, W, head_dim]
         span = cells.span
@@ -222,8 +222,7 @@ class Attention(nn.Module):
         else:
             out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=cells.bias,
                                                  enable_gqa=self.group > 1)
-        attended: Tensor = self.o_proj(cells.unpad(out.transpose(1, 2)).reshape(t, -1))
-        return attended
+        return padded_rows(self.o_proj, cells.unpad(out.transpose(1, 2)).reshape(t, -1))
 
 
 class MLP(nn.Module):
@@ -371,13 +370,13 @@ class TinyLlama(PolicyModel):
         sin = self.rope_sin[cells.positions].to(x.dtype).unsqueeze(1)
         for i, layer in enumerate(self.blocks):
             x = x + layer.self_attn.forward_cached(layer.input_layernorm(x), cos, sin, cache, i, cells)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + padded_rows(layer.mlp, layer.post_attention_layernorm(x))
         if not last:
-            return cells.pad(self._logits(x))
+            return cells.pad(padded_rows(self._logits, x))
         ends = torch.cumsum(cells.counts, 0) - 1
         real = cells.counts > 0
         out: Tensor = x.new_zeros(cells.shape[0], self.cfg.vocab_size)
-        out[real] = self._logits(x[ends[real]])
+        out[real] = padded_rows(self._logits, x[ends[real]])
         return out
 
 
