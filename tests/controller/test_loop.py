@@ -212,6 +212,8 @@ def test_a_first_epoch_drafts_from_the_earlier_steps_responses_to_other_prompts(
     for job, budget in ((with_recent, 1 << 18), (without, 0)):
         job.spec.rollout.speculation.group_drafts = False  # no other source: what drafts is the recent window
         job.spec.rollout.speculation.recent_tokens = budget
+        # the fixed rule (drafts at every batch size), not the cap priced on this machine's measured pass times
+        job.spec.rollout.speculation.disable_above_batch = 1024
     _run(with_recent, tmp_path / "recent")
     _run(without, tmp_path / "none")
     recent, none = dumps.read_run(tmp_path / "recent"), dumps.read_run(tmp_path / "none")

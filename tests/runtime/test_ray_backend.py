@@ -12,12 +12,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 import torch
 import yaml
+from local_servers import redis_server
 from safetensors.torch import load_file
 
 from rhymerl.workers import dumps
@@ -143,25 +145,25 @@ def assert_step_2_kept_step_3s_round(out: Path) -> None:
     assert (ckpt / "in_flight_v1.weights").is_file()
 
 
-@pytest.mark.parametrize(("crash_at", "step"), [("rollout-worker:3", 3), ("reward-worker:2", 2)])
 def test_a_worker_that_dies_mid_step_is_restarted_and_its_samples_are_not_lost_or_doubled(
-        in_process: Path, tmp_path: Path, crash_at: str, step: int) -> None:
+        in_process: Path, tmp_path: Path) -> None:
+    """A reward worker dies in step 2 and a rollout worker in step 3, in one run (each step loses one)."""
     once = tmp_path / "once"
     once.mkdir()
     out = tmp_path / "run"
-    res = run(out, [*TINY, *RAY], {"RHYMERL_CRASH_AT": crash_at, "RHYMERL_CRASH_ONCE_DIR": str(once)})
+    res = run(out, [*TINY, *RAY], {"RHYMERL_CRASH_AT": "reward-worker:2,rollout-worker:3",
+                                   "RHYMERL_CRASH_ONCE_DIR": str(once)})
     assert res.returncode == 0, res.stderr
-    assert (once / crash_at.replace(":", "-")).exists(), "the worker never reached its crash point"
-    assert samples(out) == samples(in_process)  # position-keyed sampling: the same tokens after the re-run
+    for crash_at in ("reward-worker-2", "rollout-worker-3"):
+        assert (once / crash_at).exists(), f"the worker never reached its crash point {crash_at}"
+    assert samples(out) == samples(in_process)  # position-keyed sampling: the same tokens after the re-runs
     rows = metrics(out)
-    assert [m["worker_reruns"] for m in rows] == [1 if m["step"] == step else 0 for m in rows]
+    assert [m["worker_reruns"] for m in rows] == [0, 1, 1, 0]
     events = (out / "events.log").read_text()
-    if crash_at.startswith("rollout"):
-        # the re-run went on from the tokens the lost call had reported
-        assert rows[step - 1]["rollout_resumed_tokens"] > 0
-        assert "go on elsewhere from the tokens they had" in events
-    else:
-        assert "scoring rollout worker 0's 8 samples again" in events
+    assert "scoring rollout worker 0's 8 samples again" in events  # the reward worker's
+    # the rollout worker's re-run went on from the tokens the lost call had reported
+    assert rows[2]["rollout_resumed_tokens"] > 0
+    assert "go on elsewhere from the tokens they had" in events
 
 
 TWO_WORKERS = ["rollout.replicas=2", "rollout.max_replicas=2"]
@@ -274,14 +276,26 @@ def groups_once(out: Path, epochs: int, prompts: int, group_size: int) -> dict[t
     return steps
 
 
+@pytest.fixture(scope="module")
+def deferred(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[bool]]:
+    """A run at off-policy 1 with outliers, killed at step 5 and resumed from its checkpoint; and for
+    each checkpoint, whether it left deferred groups open."""
+    out = tmp_path_factory.mktemp("deferred") / "run"
+    job = ["data.num_prompts=4", "algorithm.prompts_per_step=2", "algorithm.epochs=3",
+           "algorithm.max_off_policy_steps=1", *OUTLIERS, *RAY]
+    res = run(out, job, {"RHYMERL_CRASH_AT": "train:5"})
+    assert res.returncode != 0
+    opened = [bool(json.loads(p.read_text())["open_groups"]) for p in (out / "checkpoints").glob("step_*/extra.json")]
+    res = run(out, [], resume=True)
+    assert res.returncode == 0, res.stderr
+    return out, opened
+
+
 def test_at_off_policy_1_with_outliers_moved_within_and_across_rounds_every_group_trains_once_from_one_version(
-        tmp_path: Path) -> None:
+        deferred: tuple[Path, list[bool]]) -> None:
     # whether an outlier moves, and where, depends on when its worker's reports arrive: this checks
     # what must hold whatever moved (the moves themselves are forced in tests/controller/test_fleet.py)
-    out = tmp_path / "run"
-    res = run(out, ["data.num_prompts=4", "algorithm.prompts_per_step=2", "algorithm.epochs=3",
-                    "algorithm.max_off_policy_steps=1", *OUTLIERS, *RAY])
-    assert res.returncode == 0, res.stderr
+    out, _ = deferred
     steps = groups_once(out, epochs=3, prompts=4, group_size=4)
     rows = metrics(out)
     assert sum(int(str(m["prompts"])) for m in rows) == 3 * 4 == len(steps)
@@ -316,11 +330,21 @@ def test_with_its_redis_down_the_run_is_refused_before_it_starts_ray_or_writes_a
     assert len(res.stderr.strip().splitlines()) == 1 and not out.exists()
 
 
+@pytest.fixture(scope="module")
+def redis_and_object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    """A run whose history lives in a real Redis and whose weights travel by the object store alone
+    (no broadcast): two settings apart from each other, asserted on one run; and its Redis's URL."""
+    out = tmp_path_factory.mktemp("redis") / "run"
+    with redis_server() as url:
+        res = run(out, [*TINY, *RAY, "history.store=redis", f"history.redis_url={url}",
+                        "rollout.weight_sync=object-store"])
+        assert res.returncode == 0, res.stderr
+        yield out, url
+
+
 def test_history_in_a_real_redis_drafts_as_the_memory_store_does(
-        in_process: Path, tmp_path: Path, redis_url: str) -> None:
-    out = tmp_path / "run"
-    res = run(out, [*TINY, *RAY, "history.store=redis", f"history.redis_url={redis_url}"])
-    assert res.returncode == 0, res.stderr
+        in_process: Path, redis_and_object_store: tuple[Path, str]) -> None:
+    out, redis_url = redis_and_object_store
     assert samples(out) == samples(in_process)
     rows = metrics(out)
     assert all(m["history_ok"] for m in rows)
@@ -427,15 +451,8 @@ def test_rollout_workers_run_vllm_with_history_drafts_and_the_transformers_train
 
 
 def test_a_run_resumed_from_a_checkpoint_that_left_deferred_groups_open_trains_each_of_them_once(
-        tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    job = ["data.num_prompts=4", "algorithm.prompts_per_step=2", "algorithm.epochs=3",
-           "algorithm.max_off_policy_steps=1", *OUTLIERS, *RAY]
-    res = run(out, job, {"RHYMERL_CRASH_AT": "train:5"})
-    assert res.returncode != 0
-    opened = [json.loads(p.read_text())["open_groups"] for p in (out / "checkpoints").glob("step_*/extra.json")]
-    res = run(out, [], resume=True)
-    assert res.returncode == 0, res.stderr
+        deferred: tuple[Path, list[bool]]) -> None:
+    out, opened = deferred
     groups_once(out, epochs=3, prompts=4, group_size=4)
     assert [m["step"] for m in metrics(out)] == [1, 2, 3, 4, 5, 6]
     if not any(opened):
@@ -493,10 +510,9 @@ def test_a_rollout_worker_killed_as_a_weight_broadcast_starts_costs_a_fallback_n
     assert "took the object store's" in (out / "events.log").read_text()
 
 
-def test_without_a_broadcast_the_object_store_alone_carries_the_weights(in_process: Path, tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    res = run(out, [*TINY, *RAY, "rollout.weight_sync=object-store"])
-    assert res.returncode == 0, res.stderr
+def test_without_a_broadcast_the_object_store_alone_carries_the_weights(
+        in_process: Path, redis_and_object_store: tuple[Path, str]) -> None:
+    out, _ = redis_and_object_store
     assert samples(out) == samples(in_process)
     assert all(m["weight_fallbacks"] == 0 for m in metrics(out))
 

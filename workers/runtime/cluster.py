@@ -33,6 +33,16 @@ from rhymerl.workers.runtime.reaper import Reaper
 NAMESPACE = "rhymerl"
 RESTARTS: dict[Role, int] = {"rollout": 0, "train": 0, "reward": -1, "history": -1, "controller": -1}  # -1: always
 LOCAL_ROLE_UNITS = 1024  # a local instance hosts any number of each role's workers
+NO_IDLE_WORKERS = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
+"""Ray's settings that keep a node from starting idle worker processes in advance (one per CPU as the
+first driver connects, each importing Ray: about a CPU-second and 100 MB apiece): they would serve
+plain tasks, and a run starts only actors, each in a process of its own. `ray_config_env` passes
+them to `ray start` (node.py), `_system_config` to a local instance."""
+
+
+def ray_config_env(config: dict[str, bool]) -> dict[str, str]:
+    """Ray's settings as the environment of the processes that read them (`RAY_<name>`)."""
+    return {f"RAY_{name}": str(value).lower() for name, value in config.items()}
 
 
 def role_resource(role: Role) -> str:
@@ -78,7 +88,7 @@ def local_ray(job_name: str) -> Iterator[None]:
             with ray_leaves_signals_alone():
                 ray.init(address="local", num_cpus=os.cpu_count() or 1, resources=units,
                          namespace=NAMESPACE, include_dashboard=False, configure_logging=False, log_to_driver=True,
-                         runtime_env={"env_vars": {"RHYMERL_JOB": job_name}})
+                         runtime_env={"env_vars": {"RHYMERL_JOB": job_name}}, _system_config=NO_IDLE_WORKERS)
             reaper.look()  # the agents the raylet started, which its death would orphan
             faults.point("ray-start", 0)
         yield

@@ -2,7 +2,7 @@
 
 Each is `ray start --block` run as a child process: the node lives exactly as long as that child.
 When the head goes away (the controller pod restarted), a joined node's `ray start` exits; the
-pod's process stays up and joins the next head when it answers (rhymerl/cli/worker.py), so a
+pod's process stays up and joins the next head when it answers (pod_supervisor.py), so a
 controller restart restarts no other container: no restart counted, no image pulled again, no
 CrashLoopBackOff delay.
 """
@@ -24,7 +24,14 @@ from rhymerl.api import RLJob
 from rhymerl.api.roles import ROLES, Role, train_ranks
 from rhymerl.errors import UserError
 from rhymerl.workers.controller.stopping import held_signals
-from rhymerl.workers.runtime.cluster import NAMESPACE, ray_leaves_signals_alone, role_capacity, role_resources
+from rhymerl.workers.runtime.cluster import (
+    NAMESPACE,
+    NO_IDLE_WORKERS,
+    ray_config_env,
+    ray_leaves_signals_alone,
+    role_capacity,
+    role_resources,
+)
 from rhymerl.workers.runtime.ray_network import POD_PORTS, SHARED_HOST_WORKER_PORTS, RayPorts, auth_env
 
 
@@ -51,13 +58,14 @@ def _ports(head: bool) -> list[str]:
 
 
 def _start(args: list[str], log: Path, head: bool = False) -> subprocess.Popen[bytes]:
-    """`ray start --block` with `args`, the fixed ports, and token authentication when the pod has a
-    token (ray_network.auth_env)."""
+    """`ray start --block` with `args`, the fixed ports, token authentication when the pod has a
+    token (ray_network.auth_env), and no idle workers started in advance (cluster.NO_IDLE_WORKERS)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     args = [*args, *_ports(head)]
     with log.open("ab") as out:
         return subprocess.Popen([_ray_cli(), "start", "--block", "--disable-usage-stats", *args],
-                                stdout=out, stderr=subprocess.STDOUT, env=os.environ | auth_env(os.environ))
+                                stdout=out, stderr=subprocess.STDOUT,
+                                env=os.environ | auth_env(os.environ) | ray_config_env(NO_IDLE_WORKERS))
 
 
 def _ip() -> str:
