@@ -15,7 +15,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from rhymerl.api.crd import PLURAL
-from rhymerl.api.spec import GROUP, VERSION, Progress
+from rhymerl.api.spec import GROUP, VERSION
+from rhymerl.api.status import Progress
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient

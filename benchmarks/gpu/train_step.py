@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from rhymerl.api.spec import AlgorithmSpec
+from rhymerl.api.algorithm import AlgorithmSpec
 from rhymerl.workers.model.folder import ModelConfig
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.train import ranks

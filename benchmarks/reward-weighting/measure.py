@@ -24,7 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from rhymerl.algorithms.drafting import HistoryIndex
-from rhymerl.api.spec import SpeculationSpec
+from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.tools.bench import report
 from rhymerl.tools.bench.draft_replay import ReplayStats, replay_units
 from rhymerl.tools.bench.draft_sources import FastestOfNSource, HistoSpecSource, NgramSource, Source

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from rhymerl.algorithms.scheduling import RooflineProfile, make_scheduler
 from rhymerl.algorithms.scheduling.histopipe import HistoPipe
-from rhymerl.api.spec import MigrationSpec, SchedulingSpec
+from rhymerl.api.scheduling import MigrationSpec, SchedulingSpec
 from rhymerl.tools.sim import SimConfig, simulate
 from rhymerl.tools.traces import load_trace
 

@@ -12,7 +12,7 @@ import dataclasses
 import sys
 
 from rhymerl.algorithms.scheduling import RooflineProfile, make_scheduler
-from rhymerl.api.spec import SchedulingSpec
+from rhymerl.api.scheduling import SchedulingSpec
 from rhymerl.tools.sim import SimConfig, simulate
 from rhymerl.tools.traces import load_trace
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from rhymerl.algorithms.scheduling import RooflineProfile, make_scheduler
 from rhymerl.algorithms.scheduling.costmodel import NO_SPECULATION
-from rhymerl.api.spec import SchedulingSpec
+from rhymerl.api.scheduling import SchedulingSpec
 from rhymerl.tools.sim import SimConfig, simulate
 from rhymerl.tools.sim.metrics import lower_bound
 from rhymerl.tools.traces import Trace, load_trace

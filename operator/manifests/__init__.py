@@ -5,19 +5,12 @@ reads its commands, environment and ports from `roles` — one definition for al
 """
 
 from rhymerl.api.roles import ROLES, Role
-from rhymerl.operator.manifests.builders import (
-    RESOURCES,
-    SPEC_HASH_ANNOTATION,
-    Owner,
-    desired,
-    replicas,
-    rollout_replicas,
-    spec_hash,
-    spec_yaml,
-    to_yaml,
-)
+from rhymerl.operator.manifests.builders import RESOURCES, desired, to_yaml
 from rhymerl.operator.manifests.labels import labels, selector, selector_string
+from rhymerl.operator.manifests.objects import Owner
+from rhymerl.operator.manifests.replicas import replicas, rollout_replicas
 from rhymerl.operator.manifests.roles import child_name
+from rhymerl.operator.manifests.spec_config import SPEC_HASH_ANNOTATION, spec_hash, spec_yaml
 
 __all__ = [
     "RESOURCES",

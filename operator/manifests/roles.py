@@ -1,7 +1,7 @@
 """What each role's process is: its command, environment, ports and health endpoints.
 
 The one place the operator (pod templates) and the "pods as processes" tests read them from; the
-pods run `rhymerl worker` (the distributed runtime). Plain data: builders.py turns it into
+pods run `rhymerl worker` (the distributed runtime). Plain data: pods.py and containers.py turn it into
 Kubernetes shapes.
 """
 
@@ -119,7 +119,7 @@ def environment(job_name: str, role: Role) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
         GRACE_ENV: str(RUNTIME[role].stop_grace_s),  # a pod cannot read its own grace period otherwise
         AUTH_MODE_ENV: "token",  # Ray refuses any peer or client without the job's token
-        TOKEN_PATH_ENV: TOKEN_PATH,  # the job's Secret, mounted (builders.py)
+        TOKEN_PATH_ENV: TOKEN_PATH,  # the job's Secret, mounted (access.py)
     }
 
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rhymerl.api.placement import Resources
 from rhymerl.api.sources import CACHE_ROOT, Fetches
-from rhymerl.api.spec import Resources
 
 EPHEMERAL_STORAGE = "ephemeral-storage"
 MODEL_ALLOWANCE_GI = 20  # a fetched model: about an 8B-parameter model in bfloat16 (Qwen2.5-7B is 15 GiB)

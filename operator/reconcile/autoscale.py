@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from rhymerl.api.spec import AutoscalingStatus, RolloutSpec
+from rhymerl.api.rollout import RolloutSpec
+from rhymerl.api.status import AutoscalingStatus
 from rhymerl.operator.manifests import rollout_replicas
 from rhymerl.operator.manifests.labels import COMPONENT_KEY
 from rhymerl.operator.reconcile.lifecycle import format_time, parse_time

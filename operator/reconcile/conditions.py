@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rhymerl.api.roles import ROLES
-from rhymerl.api.spec import (
+from rhymerl.api.status import (
     CONDITION_TYPES,
     AutoscalingStatus,
     Condition,

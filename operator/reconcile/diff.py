@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from rhymerl.operator.manifests.builders import SPEC_HASH_ANNOTATION
 from rhymerl.operator.manifests.labels import COMPONENT_KEY
+from rhymerl.operator.manifests.spec_config import SPEC_HASH_ANNOTATION
 
 Manifest = dict[str, Any]
 

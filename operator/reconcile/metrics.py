@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from rhymerl.api.spec import Phase
+from rhymerl.api.status import Phase
 
 PHASES: tuple[Phase, ...] = ("Pending", "Running", "Suspended", "Succeeded", "Failed")
 

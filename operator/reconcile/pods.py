@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rhymerl.api.roles import CLEAN_EXIT_CODES, MEMBER_LOST_EXIT_CODE
-from rhymerl.api.spec import CountedPod, Failures
+from rhymerl.api.status import CountedPod, Failures
 from rhymerl.operator.manifests.labels import COMPONENT_KEY
 from rhymerl.operator.reconcile.kueue import bypassed, stopped
 

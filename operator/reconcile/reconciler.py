@@ -29,9 +29,12 @@ from rhymerl.api.history_keys import (
     history_key_prefix,
     serves,
 )
-from rhymerl.api.spec import KIND, Condition, FailurePolicySpec, Failures, HistorySpec, RLJob, RLJobSpec
+from rhymerl.api.services import HistorySpec
+from rhymerl.api.spec import KIND, FailurePolicySpec, RLJob, RLJobSpec
+from rhymerl.api.status import Condition, Failures
 from rhymerl.operator.manifests import Owner, desired, replicas, selector_string
-from rhymerl.operator.manifests.builders import ray_token_name, ray_token_secret, stop_grace_s
+from rhymerl.operator.manifests.access import ray_token_name, ray_token_secret
+from rhymerl.operator.manifests.containers import stop_grace_s
 from rhymerl.operator.manifests.labels import COMPONENT_KEY
 from rhymerl.operator.manifests.roles import child_name
 from rhymerl.operator.reconcile import admission, token

@@ -21,13 +21,13 @@ from typing import Any
 
 import yaml
 
-from rhymerl.api import spec as api_spec
+from rhymerl.api import placement as api_placement
+from rhymerl.api.placement import ImagesSpec
 from rhymerl.api.roles import ROLES
-from rhymerl.api.spec import ImagesSpec, RLJob, RLJobSpec
-from rhymerl.operator.manifests import builders
-from rhymerl.operator.manifests.builders import localized
+from rhymerl.api.spec import RLJob, RLJobSpec
 from rhymerl.operator.manifests.labels import COMPONENT_KEY, KUEUE_QUEUE_LABEL
 from rhymerl.operator.manifests.roles import SPEC_FILE
+from rhymerl.operator.manifests.spec_config import localized, spec_hash
 from rhymerl.operator.reconcile.diff import Source, applied_record
 from rhymerl.operator.reconcile.validate import parse
 
@@ -41,7 +41,7 @@ def _repo_tag(image: str) -> tuple[str, str]:
 
 def _ours() -> dict[str, str]:
     """This release's default images by repository (worker-cpu, worker-gpu)."""
-    return {_repo_tag(i)[0]: i for i in (api_spec.WORKER_CPU_IMAGE, api_spec.WORKER_GPU_IMAGE)}
+    return {_repo_tag(i)[0]: i for i in (api_placement.WORKER_CPU_IMAGE, api_placement.WORKER_GPU_IMAGE)}
 
 
 def _tag_of_ours(image: object) -> str | None:
@@ -103,7 +103,7 @@ def on_its_release(objects: Sequence[Manifest], job: RLJob, stored_spec: Mapping
     release's that the spec does not name, at the job's tag; the spec.yaml without this release's
     defaults when that tag is another release's. Unchanged for a job on this release."""
     tag = job_release(stored_spec, children)
-    if tag is None or tag == _repo_tag(api_spec.WORKER_CPU_IMAGE)[1]:
+    if tag is None or tag == _repo_tag(api_placement.WORKER_CPU_IMAGE)[1]:
         return list(objects)
     images = RLJobSpec.written(stored_spec, "images")
     unnamed = {role for role in ROLES if ImagesSpec.written(images, role) is None}
@@ -124,13 +124,13 @@ def pin_source(body: Mapping[str, Any], job: RLJob) -> Source:
     is the same when it hashes as `job` under this release's defaults."""
     meta = body.get("metadata") or {}
     queue = (meta.get("labels") or {}).get(KUEUE_QUEUE_LABEL)
-    digest = builders.spec_hash(job)
+    digest = spec_hash(job)
 
     def same(recorded: Mapping[str, Any]) -> bool:
         labels = {} if recorded.get("queue") is None else {KUEUE_QUEUE_LABEL: recorded["queue"]}
         then = parse({"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
                       "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"), "labels": labels},
                       "spec": recorded.get("spec")}).job
-        return then is not None and builders.spec_hash(then) == digest
+        return then is not None and spec_hash(then) == digest
 
     return Source(int(meta.get("generation") or 0), {"spec": copy.deepcopy(body.get("spec")), "queue": queue}, same)

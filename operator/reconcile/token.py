@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rhymerl.operator.manifests.builders import ray_token_name
+from rhymerl.operator.manifests.access import ray_token_name
 from rhymerl.operator.manifests.roles import child_name
 
 RECORD = "rhymerl.io/ray-token-for"  # on the spec ConfigMap: the job uid its token Secret was created for

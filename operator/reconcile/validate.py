@@ -18,7 +18,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from rhymerl.api.load import problems_from, size_problems
-from rhymerl.api.spec import RLJob, RolloutSpec
+from rhymerl.api.rollout import RolloutSpec
+from rhymerl.api.spec import RLJob
 
 _METADATA = ("name", "namespace", "labels", "annotations")
 

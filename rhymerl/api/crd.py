@@ -17,26 +17,15 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from rhymerl.api.spec import (
-    EMBEDDED_DRAFTS,
-    GROUP,
-    KIND,
-    MAX_JOB_NAME,
-    VERSION,
-    AlgorithmSpec,
-    DataSpec,
-    DraftPrefixSpec,
-    DraftWindowSpec,
-    HistorySpec,
-    ModelSpec,
-    RLJobSpec,
-    RLJobStatus,
-    RolloutSpec,
-    SpotSpec,
-    StorageSpec,
-    Toleration,
-    camel_text,
-)
+from rhymerl.api.algorithm import AlgorithmSpec
+from rhymerl.api.inputs import DataSpec, ModelSpec
+from rhymerl.api.placement import SpotSpec, Toleration
+from rhymerl.api.rollout import RolloutSpec
+from rhymerl.api.services import HistorySpec
+from rhymerl.api.spec import GROUP, KIND, MAX_JOB_NAME, VERSION, RLJobSpec, StorageSpec
+from rhymerl.api.speculation import EMBEDDED_DRAFTS, DraftPrefixSpec, DraftWindowSpec
+from rhymerl.api.spelling import camel_text
+from rhymerl.api.status import RLJobStatus
 
 PLURAL = "rljobs"
 SINGULAR = "rljob"

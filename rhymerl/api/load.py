@@ -26,7 +26,8 @@ from pydantic import BaseModel, ValidationError
 from rhymerl.api.credentials import masked_set_item
 from rhymerl.api.k8s_values import MAX_CONFIG_MAP_BYTES, MAX_OBJECT_BYTES, json_bytes, yaml_bytes_bound
 from rhymerl.api.roles import ROLES
-from rhymerl.api.spec import API_VERSION, KIND, RLJob, camel_text, field_of, inner_model
+from rhymerl.api.spec import API_VERSION, KIND, RLJob
+from rhymerl.api.spelling import camel_text, field_of, inner_model
 from rhymerl.errors import UserError
 
 # An RLJob is a few KB; Kubernetes refuses objects past ~1.5 MiB (etcd's request limit).

@@ -40,7 +40,7 @@ from rhymerl.api.sources import CACHE_ROOT, PVC_ROOT
 PRESERVE: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
 MAX_ITEMS = 32  # of each list or map: CEL cost bounds and etcd's object size want a cap
 MAX_INIT_CONTAINERS = 8
-# What the operator's pods already use (operator/manifests: labels.py, builders.py, roles.py);
+# What the operator's pods already use (operator/manifests: labels.py, containers.py, pods.py, roles.py);
 # tests/operator/test_rendered_overrides.py checks these against what the builders write.
 OPERATOR_LABELS = frozenset({"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component",
                              "app.kubernetes.io/part-of", "app.kubernetes.io/managed-by"})
@@ -235,7 +235,7 @@ class PodOverrides(BaseModel):
     """What a user adds to one role's pods; the operator's own settings stay and win nowhere by surprise:
     what would replace one of them is refused."""
 
-    # Pod's own field names (serviceAccountName, volumeMounts, ...) as aliases, as in rhymerl.api.spec.Strict
+    # Pod's own field names (serviceAccountName, volumeMounts, ...) as aliases, as in rhymerl.api.blocks.Strict
     model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=to_camel, allow_inf_nan=False,
                               hide_input_in_errors=True)
 

@@ -110,7 +110,7 @@ def respell(source: Annotated[str, typer.Argument(help="YAML file of RLJobs (one
     import yaml
 
     from rhymerl.api.load import decode, safe_load_all
-    from rhymerl.api.spec import camel_keys
+    from rhymerl.api.spelling import camel_keys
 
     out = []
     try:

@@ -10,7 +10,8 @@ import pytest
 
 from rhymerl.api import SpecError, dump_job, parse_job
 from rhymerl.api.crd import crd
-from rhymerl.api.spec import RLJob, camel_keys
+from rhymerl.api.spec import RLJob
+from rhymerl.api.spelling import camel_keys
 
 HEAD = "apiVersion: rhymerl.io/v1alpha1\nkind: RLJob\n"
 SNAKE = HEAD + """spec:

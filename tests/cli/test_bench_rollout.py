@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from cli_runner import rhymerl
 
-from rhymerl.api.spec import SpeculationSpec
+from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.errors import UserError
 from rhymerl.tools.bench.rollout import _sources, method_spec
 from rhymerl.tools.bench.workload import load_run_workload

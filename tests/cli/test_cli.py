@@ -156,7 +156,7 @@ def test_a_ray_join_is_judged_by_its_own_lines_of_the_node_log_every_join_append
     as failed, so a pod whose joins keep failing exits for a fresh container (REJOIN_EXIT_CODE)."""
     import threading
 
-    from rhymerl.cli.worker import _started
+    from rhymerl.workers.runtime.pod_supervisor import started as _started
 
     class Running:
         def poll(self) -> int | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from cli_runner import rhymerl
 
-from rhymerl.api.spec import DataSpec
+from rhymerl.api.inputs import DataSpec
 from rhymerl.workers.model.tokenizer import load_tokenizer
 from rhymerl.workers.task.prompts import load_prompts, prompt_text, prompt_tokens
 

@@ -1,7 +1,7 @@
 """One job, one identity: a pod's run folder records its RLJob's uid, and a job created again under the
 same name (its checkpoint volume kept and reused by name) starts fresh rather than going on with, or
 finishing at once as, the earlier job's run; unless its annotation asks to go on with that run
-(rhymerl/cli/worker.py, workers/run_folder/identity.py). No Ray: the run folder as the controller opens it."""
+(workers/runtime/controller_pod.py, workers/run_folder/identity.py). No Ray: the run folder as the controller opens it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from rhymerl.api import RLJob
-from rhymerl.cli.worker import _open_run
 from rhymerl.errors import UserError
 from rhymerl.workers.run_folder.identity import (
     JOB_UID_ENV,
@@ -23,6 +22,7 @@ from rhymerl.workers.run_folder.identity import (
     recorded_uid,
 )
 from rhymerl.workers.run_folder.run_dir import DATA_DIR_ENV, RunDir
+from rhymerl.workers.runtime.controller_pod import open_run as _open_run
 
 OLD, NEW = "uid-old", "uid-new"
 

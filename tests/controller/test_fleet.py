@@ -14,8 +14,7 @@ from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
 from rhymerl.algorithms.scheduling.base import SampleState, Scheduler
 from rhymerl.algorithms.scheduling.baselines import Reallocate
 from rhymerl.algorithms.scheduling.costmodel import TableProfile
-from rhymerl.algorithms.scheduling.executor import Executor
-from rhymerl.algorithms.scheduling.freed_drafters import WorkerView
+from rhymerl.algorithms.scheduling.freed_drafters import DrafterPlan, WorkerView
 from rhymerl.algorithms.scheduling.histopipe import HistoPipe
 from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.algorithms.scheduling.types import Action, Move, RoundPlan, Sample, Watch
@@ -95,10 +94,7 @@ class Fleet:
         encoded = encode_prompts(load_job_tokenizer(job), load_prompts(job.spec.data))
         self.fleet = RolloutFleet(job, t, LengthHistory(), encoded, reward,
                                   lambda: t.start("rollout", RolloutWorker, job), wanted or (lambda: job.spec.rollout.replicas),
-                                  self.notes.append, self.notes.append, in_use=self.in_use.append)
-        if scheduler is not None:
-            self.fleet.sched = scheduler
-            self.fleet.executor = Executor(scheduler, self.fleet)
+                                  self.notes.append, self.notes.append, in_use=self.in_use.append, scheduler=scheduler)
         self.fleet.start(0, t.get(t.call(self.train, TrainAPI.weights)), history)
 
     def round(self, prompts: list[str], epoch: int = 1) -> tuple[dict[tuple[str, int], tuple[int, ...]], object]:
@@ -171,11 +167,12 @@ def test_a_freed_worker_drafts_for_a_straggling_one_and_the_tokens_stay_one_work
     f = Fleet(job, tmp_path / "two", scheduler=AllOnZero())
     asked: list[tuple[list[int], list[int]]] = []
 
-    def forced(views: Sequence[WorkerView], freed: Sequence[int], current: Mapping[int, int]) -> dict[int, int]:
+    def forced(views: Sequence[WorkerView], freed: Sequence[int], current: Mapping[int, int],
+               may_merge: bool) -> DrafterPlan:
         asked.append(([v.worker for v in views], list(freed)))
-        return {freed[0]: views[0].worker} if freed and views else {}
+        return DrafterPlan({freed[0]: views[0].worker} if freed and views else {}, None)
 
-    f.fleet.pair_drafters = forced
+    f.fleet.drafters.decide = forced
     rnd = f.fleet.launch([(1, p) for p in PROMPTS], step=1, inter_step=False)
     results = [s.result for _, scored in f.fleet.collect(rnd) for s in f.t.get(scored)]
     assert {(s.sample.prompt_id, s.sample.index): tuple(s.result.response_ids)
@@ -218,13 +215,15 @@ def test_a_straggling_worker_no_freed_one_drafts_for_is_emptied_onto_another_and
     monkeypatch.setenv(faults.FORCE_ENV, "freed-drafters")  # the real decisions, on costs where every merge pays
     f = Fleet(job, tmp_path / "three", scheduler=SplitOverTwo())
     merges: list[tuple[int, int] | None] = []
-    priced = f.fleet.merge_workers
+    priced = f.fleet.drafters.decide
 
-    def seen(views: Sequence[WorkerView], wanted: Mapping[int, int]) -> tuple[int, int] | None:
-        merges.append(priced(views, wanted))
-        return merges[-1]
+    def seen(views: Sequence[WorkerView], freed: Sequence[int], current: Mapping[int, int],
+             may_merge: bool) -> DrafterPlan:
+        plan = priced(views, freed, current, may_merge)
+        merges.append(plan.merge)
+        return plan
 
-    f.fleet.merge_workers = seen
+    f.fleet.drafters.decide = seen
     out, rnd = f.round(PROMPTS[:2])
     assert out == one and len(out) == 8  # every sample once, each with plain decoding's tokens
     # worker 2 drafts for 0 (more work left, or the lower id); 1, left without a drafter, empties onto 0
@@ -337,7 +336,7 @@ def test_a_sample_deferred_to_the_next_round_goes_on_there_with_the_weights_it_b
     f = Fleet(_job(model_dir, 2), tmp_path / "two", scheduler=sched)
     rnd1 = f.fleet.launch([(1, p) for p in first], step=1, inter_step=True)
     done1 = {s.sample: tuple(s.result.response_ids) for _, scored in f.fleet.collect(rnd1) for s in f.t.get(scored)}
-    deferred = {f.fleet.ref[m.sid] for m in sched.moves} - set(done1)
+    deferred = {f.fleet.book.key(m.sid) for m in sched.moves} - set(done1)
     assert deferred and rnd1.counts["deferred"] == len(deferred) == sched.stats.inter_step
     # new weights before the next round: the deferred samples must not use them
     weights = {k: v + 0.5 for k, v in f.t.get(f.t.call(f.train, TrainAPI.weights)).items()}

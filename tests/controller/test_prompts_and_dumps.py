@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from rhymerl.api.spec import DataSpec
+from rhymerl.api.inputs import DataSpec
 from rhymerl.workers import dumps
 from rhymerl.workers.reward.verifiers import RewardError, final_answer, load_user_function
 from rhymerl.workers.task import arith_chain

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rhymerl.algorithms.drafting import AimdWindows
-from rhymerl.api.spec import DraftWindowSpec
+from rhymerl.api.speculation import DraftWindowSpec
 
 
 def reference(window: int, drafted: int, accepted: int, spec: DraftWindowSpec) -> int:

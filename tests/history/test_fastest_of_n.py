@@ -7,7 +7,7 @@ import pytest
 
 from rhymerl.algorithms.drafting import HistoryIndex
 from rhymerl.algorithms.drafting.fastest_of_n import SourceChoice, costly_pays, matched, told_accepted
-from rhymerl.api.spec import SpeculationSpec
+from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.tools.bench.draft_replay import replay_units
 from rhymerl.tools.bench.draft_sources import FastestOfNSource, HistoSpecSource
 from rhymerl.tools.bench.draft_workloads import PromptWork

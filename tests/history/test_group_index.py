@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rhymerl.algorithms.drafting import GroupIndex, HistoryDrafter, HistoryIndex
-from rhymerl.api.spec import DraftPrefixSpec, DraftWindowSpec, SpeculationSpec
+from rhymerl.api.speculation import DraftPrefixSpec, DraftWindowSpec, SpeculationSpec
 
 DEPTH = 5
 WINDOW = 6

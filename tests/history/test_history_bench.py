@@ -14,7 +14,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from rhymerl.algorithms.drafting import _suffix_index as native
-from rhymerl.api.spec import SpeculationSpec
+from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.cli.bench import bench_app
 from rhymerl.tools.bench.acceptance import (
     BOUND,

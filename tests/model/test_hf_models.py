@@ -15,7 +15,8 @@ pytest.importorskip("transformers")
 from hf_models import write_model, write_tokenizer
 
 from rhymerl.api import SpecError, parse_job
-from rhymerl.api.spec import AlgorithmSpec, ModelSpec
+from rhymerl.api.algorithm import AlgorithmSpec
+from rhymerl.api.inputs import ModelSpec
 from rhymerl.workers import dumps
 from rhymerl.workers.controller.preflight import preflight
 from rhymerl.workers.model.folder import ModelError, model_dir

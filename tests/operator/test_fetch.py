@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
+from rhymerl.api.inputs import ModelSpec
 from rhymerl.api.sources import MARKER, fetched_data, fetched_model, parse
-from rhymerl.api.spec import ModelSpec
 from rhymerl.workers.model.registry import load_policy
 from rhymerl.workers.runtime import fetch as fetching
 from rhymerl.workers.runtime.fetch import FetchError, fetch_all, fetched_source

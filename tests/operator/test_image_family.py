@@ -15,10 +15,11 @@ import pytest
 from helm_runner import REPO
 from test_images import DOCKERFILES, IMAGES, _parse, _readme_images
 
+from rhymerl.api.placement import WORKER_CPU_IMAGE, WORKER_GPU_IMAGE, ImagesSpec
 from rhymerl.api.roles import ROLES
-from rhymerl.api.spec import WORKER_CPU_IMAGE, WORKER_GPU_IMAGE, ImagesSpec, RLJob
+from rhymerl.api.spec import RLJob
 from rhymerl.operator.manifests import desired
-from rhymerl.operator.manifests.builders import image
+from rhymerl.operator.manifests.containers import image
 
 WORKERS = [d for d in DOCKERFILES if d.name.startswith("Dockerfile.worker-")]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())

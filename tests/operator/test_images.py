@@ -16,7 +16,7 @@ import yaml
 from dockerfile_parse import DockerfileParser
 from helm_runner import CHART, REPO
 
-from rhymerl.api.spec import WORKER_CPU_IMAGE, WORKER_GPU_IMAGE
+from rhymerl.api.placement import WORKER_CPU_IMAGE, WORKER_GPU_IMAGE
 
 IMAGES = REPO / "images"
 DOCKERFILES = sorted(IMAGES.glob("Dockerfile.*"))

@@ -9,7 +9,8 @@ import pytest
 
 from rhymerl.api import RLJob, dump_job, load_job, parse_job
 from rhymerl.api.history_keys import REDIS_PASSWORD_ENV
-from rhymerl.api.spec import RolloutSpec
+from rhymerl.api.placement import GPU_RESOURCE
+from rhymerl.api.rollout import RolloutSpec
 from rhymerl.operator.manifests import (
     ROLES,
     SPEC_HASH_ANNOTATION,
@@ -22,8 +23,8 @@ from rhymerl.operator.manifests import (
     selector_string,
     spec_hash,
 )
-from rhymerl.operator.manifests.builders import GPU_RESOURCE, localized, spec_yaml
 from rhymerl.operator.manifests.roles import argv, environment
+from rhymerl.operator.manifests.spec_config import localized, spec_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 OWNER = Owner("rhymerl.io/v1alpha1", "RLJob", "math-grpo", "6a3c1f0e-0000-4000-8000-000000000001")

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from rhymerl.api import RLJob
 from rhymerl.api.sources import CACHE_ROOT, cache_key, cache_lock, cached_model, parse
 from rhymerl.operator.manifests import desired
-from rhymerl.operator.manifests.builders import spec_yaml
+from rhymerl.operator.manifests.spec_config import spec_yaml
 from rhymerl.operator.manifests.storage import DATA_ALLOWANCE_GI
 
 MODEL = "hf://Qwen/Qwen2.5-0.5B-Instruct"

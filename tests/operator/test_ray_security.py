@@ -16,7 +16,7 @@ import pytest
 from rhymerl.api.roles import ROLES
 from rhymerl.api.spec import RLJob
 from rhymerl.operator.manifests import Owner, desired
-from rhymerl.operator.manifests.builders import ray_token_name, ray_token_secret
+from rhymerl.operator.manifests.access import ray_token_name, ray_token_secret
 from rhymerl.operator.manifests.roles import HTTP_PORT, RAY_GCS_PORT, environment
 from rhymerl.workers.runtime import node
 from rhymerl.workers.runtime.ray_network import (

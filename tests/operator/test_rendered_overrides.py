@@ -1,4 +1,4 @@
-"""spec.<role>.pod and the fetch step in the rendered StatefulSets (operator/manifests/builders.py): the
+"""spec.<role>.pod and the fetch step in the rendered StatefulSets (operator/manifests/pods.py, containers.py): the
 overrides land where Kubernetes reads them, beside the operator's own settings and never over them; the
 names the spec reserves (rhymerl/api/pod.py) are the ones the builders use; the fetched sources are
 where the pods' spec points; and examples/cluster.yaml meets the chart's Redis."""
@@ -15,6 +15,7 @@ from helm_runner import CHART, REPO, run_helm
 from pydantic import ValidationError
 
 from rhymerl.api import RLJob, load_job
+from rhymerl.api.blocks import MAX_REPLICAS
 from rhymerl.api.k8s_values import dns1123_label, dns1123_subdomain, label_value, qualified_name
 from rhymerl.api.load import SpecError, parse_job
 from rhymerl.api.pod import (
@@ -27,10 +28,10 @@ from rhymerl.api.pod import (
     mount_path,
 )
 from rhymerl.api.roles import ROLES
-from rhymerl.api.spec import MAX_JOB_NAME, MAX_REPLICAS
+from rhymerl.api.spec import MAX_JOB_NAME
 from rhymerl.cli.report import error_lines
 from rhymerl.operator.manifests import desired
-from rhymerl.operator.manifests.builders import ray_token_secret
+from rhymerl.operator.manifests.access import ray_token_secret
 from rhymerl.operator.manifests.roles import FETCH_DIR
 from rhymerl.operator.reconcile.validate import parse as parse_stored
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rhymerl.api.spec import RewardSpec
+from rhymerl.api.services import RewardSpec
 from rhymerl.workers.reward.verifiers import BUILTIN, boxed, last_boxed
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rhymerl.api.spec import RewardSpec
+from rhymerl.api.services import RewardSpec
 from rhymerl.workers.reward.outcome import Outcome, check_failures, judge, raised
 from rhymerl.workers.reward.verifiers import RewardError
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rhymerl.api.spec import RewardSpec
+from rhymerl.api.services import RewardSpec
 from rhymerl.workers.reward.outcome import Outcome
 from rhymerl.workers.reward.pool import InProcess, RewardPool, Sample, open_scorer
 from rhymerl.workers.reward.verifiers import RewardError

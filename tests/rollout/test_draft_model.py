@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rhymerl.algorithms.drafting.adaptive_cap import AcceptanceTracker, CostProfile
-from rhymerl.api.spec import SpeculationSpec
+from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.workers.model.folder import ModelConfig, ModelError, model_dir, read_config
 from rhymerl.workers.model.policy import save_model
 from rhymerl.workers.model.tokenizer import CharTokenizer

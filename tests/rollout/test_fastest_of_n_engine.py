@@ -8,7 +8,7 @@ import torch
 
 from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
 from rhymerl.algorithms.drafting.index import HistoryIndex
-from rhymerl.api.spec import SpeculationSpec
+from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, TorchEngine
 from rhymerl.workers.rollout.fastest_of_n import FastestOfNDrafts

@@ -4,7 +4,7 @@ gap, only for the call's own prompts."""
 from __future__ import annotations
 
 from rhymerl.algorithms.drafting import GroupIndex
-from rhymerl.api.spec import SpeculationSpec
+from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.workers.rollout.group_drafts import GroupDrafts, GrownTokens
 
 SPEC = SpeculationSpec()

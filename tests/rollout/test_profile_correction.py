@@ -23,7 +23,7 @@ from rhymerl.algorithms.drafting.adaptive_cap import (
     profile_cells,
 )
 from rhymerl.api import parse_job
-from rhymerl.api.spec import SpeculationSpec
+from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.cli.local_run import profile_reporter
 from rhymerl.workers.history.store import MemoryHistoryStore
 from rhymerl.workers.model.transformer import ModelConfig, TinyLlama

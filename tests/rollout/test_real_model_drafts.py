@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rhymerl.algorithms.drafting.index import HistoryIndex
-from rhymerl.api.spec import SpeculationSpec
+from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.workers.model.policy import read_weights, save_weights
 from rhymerl.workers.model.tokenizer import load_tokenizer
 from rhymerl.workers.model.transformer import TinyLlama, load_model

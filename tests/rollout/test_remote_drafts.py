@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from rhymerl.api.spec import SpeculationSpec
+from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.workers.model.folder import model_dir
 from rhymerl.workers.model.tokenizer import CharTokenizer
 from rhymerl.workers.model.transformer import TinyLlama, load_model

@@ -11,7 +11,7 @@ import torch
 
 from rhymerl.algorithms.drafting.adaptive_cap import AcceptanceTracker, CostProfile
 from rhymerl.algorithms.drafting.index import HistoryDrafter, HistoryIndex
-from rhymerl.api.spec import SpeculationSpec
+from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, TorchEngine
 from rhymerl.workers.rollout.sampling import sample_key

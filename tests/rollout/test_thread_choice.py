@@ -204,7 +204,7 @@ def test_the_profile_is_remeasured_at_its_own_count(tiny_model: TinyLlama, tmp_p
 
 def test_passes_at_another_count_than_the_profiles_do_not_correct_its_cells() -> None:
     from rhymerl.algorithms.drafting.adaptive_cap import CostEvidence, CostProfile
-    from rhymerl.api.spec import SpeculationSpec
+    from rhymerl.api.speculation import SpeculationSpec
     from rhymerl.workers.rollout.speculators import DraftCapController
 
     profile = CostProfile((1, 4), (1, 2), ((0.02, 0.03), (0.04, 0.06)), (0.025, 0.05))

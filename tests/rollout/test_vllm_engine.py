@@ -18,7 +18,9 @@ pytest.importorskip("vllm")
 from scipy.stats import chisquare
 
 from rhymerl.algorithms.drafting.index import HistoryIndex
-from rhymerl.api.spec import AlgorithmSpec, ModelSpec, SpeculationSpec
+from rhymerl.api.algorithm import AlgorithmSpec
+from rhymerl.api.inputs import ModelSpec
+from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.workers.model.folder import ModelConfig, model_dir
 from rhymerl.workers.model.policy import save_model
 from rhymerl.workers.model.registry import load_policy
@@ -39,7 +41,7 @@ def tok() -> CharTokenizer:
 
 
 def _prompts(tok: CharTokenizer, n: int = 24) -> list[list[int]]:
-    from rhymerl.api.spec import DataSpec
+    from rhymerl.api.inputs import DataSpec
     from rhymerl.workers.task.prompts import load_prompts
 
     prompts = load_prompts(DataSpec.model_validate({"source": "builtin:arith-chain", "num_prompts": n, "seed": 0}))

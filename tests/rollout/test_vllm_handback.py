@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from rhymerl.api import RLJob, parse_job
+from rhymerl.workers.roles.rollout_engine import engine_abilities
 from rhymerl.workers.roles.rollout_worker import RolloutWorker, encode_prompts, load_job_tokenizer
 from rhymerl.workers.roles.samples import (
     CallState,
@@ -21,6 +22,7 @@ from rhymerl.workers.roles.samples import (
     RolloutProgress,
     SampleRef,
 )
+from rhymerl.workers.roles.vllm_rollout import VllmRollout
 from rhymerl.workers.rollout.engine import GenRequest
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.rollout.vllm_engine import VllmEngine
@@ -61,14 +63,15 @@ def test_a_vllm_call_told_to_leave_hands_back_its_unfinished_samples_and_another
         monkeypatch: pytest.MonkeyPatch) -> None:
     job = _job()
     worker = RolloutWorker(job)
-    engine = worker.vllm
-    assert engine is not None
+    rollout = worker.engine
+    assert isinstance(rollout, VllmRollout) and rollout.abilities == engine_abilities(job.spec)
+    engine = rollout.vllm
     try:
         encoded = encode_prompts(load_job_tokenizer(job), load_prompts(job.spec.data))
         samples = [SampleRef(p, k, 1) for p in sorted(encoded) for k in range(2)]
         requests = [GenRequest(encoded[s.prompt_id], sample_key(s.prompt_id, 1, s.index), s.prompt_id)
                     for s in samples]
-        whole = dict(zip(samples, engine.generate(requests, worker.params, worker.stop_ids), strict=True))
+        whole = dict(zip(samples, engine.generate(requests, rollout.params, rollout.stop_ids), strict=True))
 
         out, reports, before = _run(worker.generate(RolloutCall(1, samples, requests, step=1, report_every=1), None),
                                     leave=worker)

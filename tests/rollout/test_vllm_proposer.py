@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rhymerl.algorithms.drafting.index import HistoryDrafter, HistoryIndex
-from rhymerl.api.spec import SpeculationSpec
+from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.workers.rollout.engine import GenRequest
 from rhymerl.workers.rollout.fastest_of_n import job_sources
 from rhymerl.workers.rollout.speculators import DraftCapController

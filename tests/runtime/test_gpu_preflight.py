@@ -146,10 +146,10 @@ def test_the_build_check_compiles_a_module_with_tritons_builder_and_names_a_miss
 
 def test_a_gpu_worker_pod_runs_the_preflight_before_it_joins_the_head(monkeypatch: pytest.MonkeyPatch,
                                                                       tmp_path: Path) -> None:
-    from rhymerl.cli import worker
+    from rhymerl.workers.runtime import pod_supervisor
 
     monkeypatch.delenv(gpu_probe.SKIP_ENV, raising=False)
     monkeypatch.delenv("RHYMERL_CONTROLLER", raising=False)  # a join would fail on it, naming it
     monkeypatch.setattr(gpu_probe, "facts", lambda: _with(compiler=None))
     with pytest.raises(gpu_probe.GpuPreflightError, match="no C compiler"):
-        worker._member(_job(1), "rollout", None, tmp_path)
+        pod_supervisor.run_member(_job(1), "rollout", None, tmp_path)

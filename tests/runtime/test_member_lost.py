@@ -8,10 +8,10 @@ import pytest
 import ray.exceptions
 
 from rhymerl.api.roles import CLEAN_EXIT_CODES, MEMBER_LOST_EXIT_CODE, REJOIN_EXIT_CODE
-from rhymerl.cli.worker import member_lost_exit
 from rhymerl.errors import RunFailed
 from rhymerl.workers.controller.fleet import WorkerLost
 from rhymerl.workers.controller.transport import ResultLost, WorkerGone
+from rhymerl.workers.runtime.controller_pod import member_lost_exit
 from rhymerl.workers.runtime.ray_transport import MemberLost, run_failure
 
 

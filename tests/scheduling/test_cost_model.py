@@ -16,7 +16,7 @@ from rhymerl.algorithms.scheduling import (
     make_scheduler,
 )
 from rhymerl.algorithms.scheduling.costmodel import NO_SPECULATION, walk_decode_time, worker_decode_time
-from rhymerl.api.spec import SchedulingSpec
+from rhymerl.api.scheduling import SchedulingSpec
 from rhymerl.tools.sim import SimConfig, simulate
 from rhymerl.tools.traces import Trace
 

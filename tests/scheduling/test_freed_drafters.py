@@ -16,9 +16,11 @@ from rhymerl.algorithms.scheduling import EqualSplit, HistoPipe, RooflineProfile
 from rhymerl.algorithms.scheduling.costmodel import verify_time
 from rhymerl.algorithms.scheduling.freed_drafters import (
     DraftCosts,
+    DrafterPlan,
     WorkerView,
     assign,
     consolidation,
+    decide,
     drafted_pass_seconds,
     pays,
 )
@@ -172,6 +174,40 @@ def test_a_straggler_without_a_drafter_moves_onto_another_when_the_merged_drafte
     # 1.2124 tokens a pass: merged, 1 ends in 100 / 1.2124 = 82.5 s, short of the 20% margin below 100 s
     assert consolidation(views, {}, ONE, _costs(acceptance=0.18)) is None
     assert consolidation(views, {}, ONE, _costs(acceptance=0.18, consolidation_margin=1.0)) == (0, 1)
+
+
+def test_the_decision_pairs_then_merges_once_and_the_emptied_worker_then_drafts_for_the_one_it_filled() -> None:
+    views = [_view(0, 1, remaining=40), _view(1, 1, remaining=100), _view(2, 1, remaining=60)]
+    costs = _costs(consolidate=True)
+    assert decide(views, [], {}, ONE, costs) == DrafterPlan({}, (0, 1))  # as consolidation alone found above
+    assert decide(views, [], {}, ONE, costs, may_merge=False) == DrafterPlan({}, None)  # a merge under way
+    assert decide(views, [], {}, ONE, _costs()) == DrafterPlan({}, None)  # consolidation not asked for
+    # the next event: 0 emptied onto 1 (2 samples there now), counted as drafting for it; 2 would end in
+    # 60 s alone, merged onto 1 in max(60, 100) / 1.75 = 57 s: not within 80% of 60 s, so no second merge
+    after = [_view(0), _view(1, 2, remaining=100), _view(2, 1, remaining=60)]
+    assert decide(after, [0], {0: 1}, ONE, costs) == DrafterPlan({0: 1}, None)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.integers(1, 120)), min_size=1,
+                         max_size=5), min_size=1, max_size=6))
+def test_an_event_sequence_gets_the_same_pairs_and_merges_from_the_decision_as_from_its_two_rules(
+        events: list[list[tuple[int, int, int]]]) -> None:
+    """What the fleet does after each event (pairs in force carried over, an emptied worker drafting
+    for the one it filled) gives, through `decide`, what the simulator's glue of `assign` and
+    `consolidation` gives."""
+    costs = _costs(consolidate=True, max_batch=4)
+    by_decide: dict[int, int] = {}
+    by_rules: dict[int, int] = {}
+    for loads in events:
+        views = [_view(w, r, q, rem) for w, (r, q, rem) in enumerate(loads)]
+        freed = [v.worker for v in views if not v.running and not v.queued]
+        plan = decide(views, freed, by_decide, ONE, costs)
+        pairs = assign(views, freed, by_rules, ONE, costs)
+        merge = consolidation(views, pairs, ONE, costs)
+        assert (plan.pairs, plan.merge) == (pairs, merge)
+        by_decide = {**plan.pairs, **({plan.merge[0]: plan.merge[1]} if plan.merge else {})}
+        by_rules = {**pairs, **({merge[0]: merge[1]} if merge else {})}
 
 
 def test_two_lone_samples_share_one_worker_while_the_other_drafts_for_both() -> None:

@@ -13,7 +13,7 @@ from rhymerl.algorithms.scheduling import (
     Watch,
 )
 from rhymerl.algorithms.scheduling import migration as mig
-from rhymerl.api.spec import MigrationSpec
+from rhymerl.api.scheduling import MigrationSpec
 
 
 def test_the_tail_is_the_last_fraction_of_a_group_and_at_least_one_sample() -> None:

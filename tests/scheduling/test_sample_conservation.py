@@ -26,7 +26,7 @@ from rhymerl.algorithms.scheduling import (
     SpeculationSpeedup,
     TableProfile,
 )
-from rhymerl.api.spec import MigrationSpec
+from rhymerl.api.scheduling import MigrationSpec
 from rhymerl.tools.sim import SimConfig, simulate
 from rhymerl.tools.traces import Trace
 

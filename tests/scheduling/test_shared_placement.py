@@ -7,7 +7,7 @@ import pytest
 from rhymerl.algorithms.scheduling import HistoPipe, TableProfile, make_scheduler
 from rhymerl.algorithms.scheduling.baselines import AsyncRollout
 from rhymerl.algorithms.scheduling.types import Sample
-from rhymerl.api.spec import SchedulingSpec
+from rhymerl.api.scheduling import SchedulingSpec
 from rhymerl.tools.sim import SimConfig, simulate
 from rhymerl.tools.traces import Trace
 

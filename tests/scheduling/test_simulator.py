@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -14,7 +17,7 @@ from rhymerl.algorithms.scheduling import (
     TableProfile,
 )
 from rhymerl.algorithms.scheduling.costmodel import NO_SPECULATION
-from rhymerl.api.spec import MigrationSpec
+from rhymerl.api.scheduling import MigrationSpec
 from rhymerl.tools.sim import SimConfig, simulate
 from rhymerl.tools.sim.metrics import lower_bound
 from rhymerl.tools.traces import Trace
@@ -184,3 +187,26 @@ def test_the_sequence_admitted_last_is_preempted_whatever_its_trace_order() -> N
     assert r.preemptions == 1
     assert r.finished[1][0] == pytest.approx(20.0)
     assert r.finished[0][0] == pytest.approx(25.0)
+
+
+def test_the_simulators_modules_import_one_another_without_a_circle_and_only_the_top_imports_the_engine() -> None:
+    package = Path(__file__).resolve().parents[2] / "rhymerl" / "tools" / "sim"
+    imports: dict[str, set[str]] = {}
+    for path in package.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        imports[path.stem] = {n.module for n in ast.walk(tree)
+                              if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module is not None}
+    assert {m for m, deps in imports.items() if "engine" in deps} == {"__init__", "elastic"}
+    state: dict[str, str] = {}
+
+    def visit(m: str) -> None:
+        state[m] = "open"
+        for d in imports.get(m, set()):
+            assert state.get(d) != "open", f"import circle through {m} -> {d}"
+            if d not in state:
+                visit(d)
+        state[m] = "done"
+
+    for m in sorted(imports):
+        if m not in state:
+            visit(m)

@@ -9,7 +9,7 @@ import pytest
 
 from rhymerl.algorithms.scheduling import HistoPipe, Move, Sample, SchedulingError, TableProfile
 from rhymerl.algorithms.scheduling.factory import make_scheduler
-from rhymerl.api.spec import MigrationSpec, SchedulingSpec
+from rhymerl.api.scheduling import MigrationSpec, SchedulingSpec
 from rhymerl.tools.sim import SimConfig, simulate
 from rhymerl.tools.traces import Trace
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rhymerl.api.spec import DataSpec
+from rhymerl.api.inputs import DataSpec
 from rhymerl.workers.model.hf_tokenizer import HfTokenizer
 from rhymerl.workers.model.tokenizer import CharTokenizer
 from rhymerl.workers.task.prompts import DataError, Prompt, located_prompts, prompt_text, prompt_tokens

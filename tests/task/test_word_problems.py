@@ -104,7 +104,7 @@ def test_bad_arguments_are_refused_naming_the_argument(kwargs: dict[str, object]
 
 
 def test_the_builtin_source_gives_the_splits_problems_as_chat_prompts_located_by_id() -> None:
-    from rhymerl.api.spec import DataSpec
+    from rhymerl.api.inputs import DataSpec
     from rhymerl.workers.task.prompts import DataError, located_prompts
 
     located = located_prompts(DataSpec(source="builtin:word-problems", num_prompts=5, seed=3, split="heldout"))

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from rhymerl.api.spec import AlgorithmSpec
+from rhymerl.api.algorithm import AlgorithmSpec
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.train.guards import NonFiniteError
 from rhymerl.workers.train.trainer import Trainer, TrainSample, _Packed

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rhymerl.api.spec import AlgorithmSpec
+from rhymerl.api.algorithm import AlgorithmSpec
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.train.trainer import Trainer, TrainSample, micro_batches
 

@@ -27,7 +27,7 @@ from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.api import RLJob
 from rhymerl.api.history_keys import LOCAL_NAMESPACE, REDIS_PASSWORD_ENV, RUN_ID, run_key_prefix
-from rhymerl.api.spec import SpeculationSpec
+from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.workers import atomic
 from rhymerl.workers.dumps import RolloutRecord
 from rhymerl.workers.history.recent import RecentResponses

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rhymerl.api.spec import ModelSpec
+from rhymerl.api.inputs import ModelSpec
 from rhymerl.workers.model.folder import model_dir
 from rhymerl.workers.model.policy import PolicyModel
 from rhymerl.workers.model.tokenizer import Tokenizer, load_tokenizer

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from rhymerl.workers.reward.verifiers import RewardError
 
 if TYPE_CHECKING:  # reward workers import this module; they need no pydantic
-    from rhymerl.api.spec import RewardSpec
+    from rhymerl.api.services import RewardSpec
 
 _MAX_REASON = 300
 

@@ -50,7 +50,7 @@ from rhymerl.workers.reward.outcome import Outcome, judge, raised
 from rhymerl.workers.reward.verifiers import BUILTIN, RewardError, RewardFn, load_user_function
 
 if TYPE_CHECKING:
-    from rhymerl.api.spec import RewardSpec
+    from rhymerl.api.services import RewardSpec
 
 Sample = tuple[str, str, str] | tuple[str, str, str, dict[str, Any]]
 """(prompt, response, answer[, extras]): the arguments of one reward call; `extras` (a row's

@@ -31,7 +31,7 @@ import torch
 
 from rhymerl.algorithms.drafting.adaptive_cap import CostCalibration, CostProfile, choose_cap
 from rhymerl.algorithms.drafting.index import AimdWindows
-from rhymerl.api.spec import EMBEDDED_DRAFTS, SpeculationSpec
+from rhymerl.api.speculation import EMBEDDED_DRAFTS, SpeculationSpec
 from rhymerl.workers.model.folder import ModelError, model_dir, read_config, read_json
 from rhymerl.workers.model.transformer import KVCache, TinyLlama, load_model
 from rhymerl.workers.rollout.engine import GenRequest

@@ -28,7 +28,7 @@ from numpy.typing import NDArray
 
 from rhymerl.algorithms.drafting.fastest_of_n import SourceChoice, costly_pays, matched, told_accepted
 from rhymerl.algorithms.drafting.index import HistoryIndex
-from rhymerl.api.spec import SpeculationSpec
+from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.rollout.draft_model import MAX_PROBE_GAP, DraftModelDrafts
 from rhymerl.workers.rollout.engine import DraftSource, GenRequest

@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rhymerl.algorithms.drafting.index import GroupFeed, GroupIndex
-from rhymerl.api.spec import SpeculationSpec
+from rhymerl.api.speculation import SpeculationSpec
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ import torch
 
 from rhymerl.algorithms.drafting.fastest_of_n import SourceChoice, matched, told_accepted
 from rhymerl.algorithms.drafting.index import AimdWindows
-from rhymerl.api.spec import SpeculationSpec
+from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.rollout.draft_model import DraftModelDrafts
 from rhymerl.workers.rollout.engine import DraftSource, GenRequest

@@ -29,7 +29,7 @@ from rhymerl.algorithms.drafting.index import (
     HistoryIndex,
     ngram_draft,
 )
-from rhymerl.api.spec import SpeculationSpec
+from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.workers.rollout.engine import GenRequest
 from rhymerl.workers.rollout.group_drafts import GroupDrafts
 

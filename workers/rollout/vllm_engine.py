@@ -41,7 +41,7 @@ import torch
 from rhymerl.algorithms.drafting.adaptive_cap import CAPS, CostProfile
 from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api import RLJob
-from rhymerl.api.spec import SpeculationSpec
+from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.errors import UserError
 from rhymerl.workers import atomic
 from rhymerl.workers.model.folder import model_dir, read_config

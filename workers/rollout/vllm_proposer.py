@@ -41,7 +41,7 @@ from numpy.typing import NDArray
 
 from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
 from rhymerl.algorithms.drafting.index import HistoryIndex
-from rhymerl.api.spec import SpeculationSpec
+from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.workers.rollout.engine import DraftSource, GenRequest, SourceCount
 from rhymerl.workers.rollout.fastest_of_n import job_sources
 from rhymerl.workers.rollout.speculators import DraftCapController, HistoryDrafts

@@ -1,7 +1,7 @@
 """Where a pod's Ray node listens and how its peers prove they belong to the job.
 
 Ray picks most of its ports at random unless told; here every port it opens is fixed, so that the
-operator's NetworkPolicy (operator/manifests/builders.py) names the very ports `ray start` is given
+operator's NetworkPolicy (operator/manifests/network.py) names the very ports `ray start` is given
 (workers/runtime/node.py): one definition for both. Token authentication (Ray's own, RAY_AUTH_MODE
 token) keeps out any client that does not hold the job's token, which the operator keeps in a
 Secret per job and mounts at TOKEN_PATH. Plain data: no Ray import.

@@ -304,7 +304,7 @@ INFRASTRUCTURE = MEMBER_LOSSES + OWN_LOSSES
 
 class MemberLost(RunFailed):
     """A member of the run (a worker, node or object of another pod) was lost, not the driver's own
-    Ray: exit 1 on one machine; a cluster's controller exits roles.MEMBER_LOST_EXIT_CODE (cli/worker.py),
+    Ray: exit 1 on one machine; a cluster's controller exits roles.MEMBER_LOST_EXIT_CODE (controller_pod.py),
     which the operator does not count as its crash."""
 _ROLE_OF_CLASS = {"TrainWorker": "the train worker", "RolloutWorker": "a rollout worker",
                   "RewardWorker": "a reward worker", "HistoryWorker": "the history worker"}

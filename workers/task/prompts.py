@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rhymerl.api.spec import DataSpec
+from rhymerl.api.inputs import DataSpec
 from rhymerl.errors import UserError
 from rhymerl.workers.model.chat_template import Message
 from rhymerl.workers.model.tokenizer import Tokenizer

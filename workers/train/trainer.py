@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from rhymerl.algorithms import objectives as obj
-from rhymerl.api.spec import AlgorithmSpec
+from rhymerl.api.algorithm import AlgorithmSpec
 from rhymerl.workers.model.policy import PolicyModel
 from rhymerl.workers.train import guards
 from rhymerl.workers.train.ranks import ONE_RANK, Ranks, idle_loss, shard, share

@@ -30,7 +30,7 @@ from rhymerl.algorithms.scheduling import RooflineProfile, make_scheduler
 from rhymerl.algorithms.scheduling.base import SampleState
 from rhymerl.algorithms.scheduling.histopipe import HistoPipe
 from rhymerl.algorithms.scheduling.types import Action, Move, RoundPlan, Sample, SampleId, Watch
-from rhymerl.api.spec import SchedulingSpec
+from rhymerl.api.scheduling import SchedulingSpec
 from rhymerl.tools.sim import SimConfig, simulate
 from rhymerl.tools.traces import load_trace
 

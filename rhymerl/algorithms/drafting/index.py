@@ -28,7 +28,7 @@ from numpy.typing import ArrayLike, NDArray
 from rhymerl.algorithms.drafting import _suffix_index as _native
 
 if TYPE_CHECKING:
-    from rhymerl.api.spec import DraftWindowSpec, SpeculationSpec
+    from rhymerl.api.speculation import DraftWindowSpec, SpeculationSpec
 
 IndexFormatError = _native.IndexFormatError
 """Raised for bytes that are not a valid serialised index (a subclass of ValueError)."""

@@ -293,8 +293,10 @@ class Scheduler:
     def deferred(self) -> list[SampleId]:
         return list(self._deferred)
 
-    def may_start(self, round_no: int, trained_through: int, completed_through: int) -> bool:
-        """Whether rollout of `step` may begin on a worker whose own previous sub-batch is done.
+    def may_start(self, step: int, trained_through: int, completed_through: int) -> bool:
+        """Whether rollout of training step `step` may begin on a worker whose own previous sub-batch
+        is done (the simulator's gate, where each step is one round; the fleet's step loop bounds the
+        lag itself: workers/controller/batches.py).
 
         trained_through: the last step whose training finished (its weights are loadable);
         completed_through: the last step all of whose samples finished (earlier ones too). Every
@@ -302,9 +304,9 @@ class Scheduler:
         s - 1 - staleness); the barrier pipeline also waits for the previous step's rollout.
         Shared pipelines apply this per sample: a step's samples are released when it holds.
         """
-        if trained_through < round_no - 1 - self.staleness:
+        if trained_through < step - 1 - self.staleness:
             return False
-        return not (self.pipeline == "barrier" and completed_through < round_no - 1)
+        return not (self.pipeline == "barrier" and completed_through < step - 1)
 
     def later_round_possible(self) -> bool:
         return self.final_round is None or self.last_planned < self.final_round

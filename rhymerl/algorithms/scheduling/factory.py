@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import get_args
 
-from rhymerl.api.spec import SchedulingSpec
+from rhymerl.api.scheduling import SchedulingSpec
 
 from .base import Scheduler, SchedulerOptions
 from .baselines import AsyncRollout, EqualSplit, LongestFirst, Reallocate, SkewAware

@@ -1,6 +1,6 @@
 """Drafters on freed rollout workers (SPECATOR §4.2): which idle workers draft for which stragglers,
-and what a drafted verify pass costs. Pure: the simulator (rhymerl.tools.sim) carries it out, and
-the rollout controller would drive the same decision from its fleet's state.
+and what a drafted verify pass costs. Pure: the simulator (rhymerl.tools.sim) and the rollout
+fleet (workers/controller/) take the same decision, `decide`, each on its own workers' state.
 
 In a round's tail most workers hold nothing while a few run the stragglers. A freed worker's GPU is
 already held by its rollout pod, so it can run a draft model for one straggling worker's running
@@ -25,9 +25,10 @@ The rule (SPECATOR's Algorithm 3, coupled to one drafter per request's worker):
   margin (`consolidation`). Without drafting, moving a tail onto fewer workers measured worse
   (docs/scheduling.md, "tail consolidation"); with the emptied worker drafting it pays.
 
-The rollout fleet (workers/controller/fleet.py) runs `assign` on its workers' reported state and
-links the pairs (workers/rollout/remote_drafts.py), and carries out `consolidation` through the
-executor (`speculation.consolidateTail`).
+`decide` is the decision both fleets take after an event: the rollout fleet (workers/controller/)
+on its workers' reported state, linking the pairs (workers/rollout/remote_drafts.py) and carrying
+out a merge through the executor (`speculation.consolidateTail`); the simulator on its modelled
+workers.
 Not built: several drafter workers per straggler (SPECATOR's parallel drafters; a verifier chooses per
 sequence between its own method's drafts and its one drafter's, workers/rollout/remote_drafts.py),
 refreshing the draft model on the step's finished responses.
@@ -231,3 +232,26 @@ def consolidation(workers: Sequence[WorkerView], plan: Mapping[int, int], profil
             if after <= costs.consolidation_margin * before:
                 return src.worker, dst.worker
     return None
+
+
+@dataclass(frozen=True)
+class DrafterPlan:
+    """What the fleet does about freed workers after an event."""
+
+    pairs: dict[int, int]
+    """Drafter -> verifier (`assign`)."""
+    merge: tuple[int, int] | None
+    """(source, destination): a straggling worker to empty onto another, after which the source drafts
+    for the destination (`consolidation`); None: none."""
+
+
+def decide(workers: Sequence[WorkerView], freed: Sequence[int], current: Mapping[int, int],
+           profile: IterationProfile, costs: DraftCosts, spec: SpeculationSpeedup = NO_SPECULATION,
+           may_merge: bool = True) -> DrafterPlan:
+    """The pairs in force from now and at most one merge (only with `costs.consolidate` and
+    `may_merge`: a fleet whose earlier merge, or another move, is still under way asks for none).
+    `current`: the pairs in force, a worker emptied by a merge counted as drafting for the worker it
+    filled."""
+    pairs = assign(workers, freed, current, profile, costs, spec)
+    merge = consolidation(workers, pairs, profile, costs, spec) if costs.consolidate and may_merge else None
+    return DrafterPlan(pairs, merge)

@@ -31,7 +31,7 @@ from typing import Literal, Unpack
 
 import numpy as np
 
-from rhymerl.api.spec import MigrationSpec
+from rhymerl.api.scheduling import MigrationSpec
 
 from . import migration as mig
 from .base import SampleState, Scheduler, SchedulerOptions

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from rhymerl.api.spec import SpeculationSpec
+from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.tools.bench.draft_sources import Source
 from rhymerl.tools.bench.draft_workloads import PromptWork
 

@@ -28,7 +28,7 @@ from numpy.typing import NDArray
 
 from rhymerl.algorithms.drafting import AimdWindows, GroupIndex, HistoryDrafter, HistoryIndex, ngram_draft
 from rhymerl.algorithms.drafting.fastest_of_n import SourceChoice, matched, told_accepted
-from rhymerl.api.spec import SpeculationSpec
+from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.tools.bench.draft_workloads import PromptWork
 
 I32 = NDArray[np.int32]

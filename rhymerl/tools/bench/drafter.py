@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rhymerl.algorithms.drafting import HistoryIndex
-from rhymerl.api.spec import SpeculationSpec
+from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.errors import user_paths
 from rhymerl.tools.bench import report
 from rhymerl.tools.bench.draft_replay import replay, replay_units

@@ -27,10 +27,11 @@ from rich.table import Table
 
 from rhymerl.algorithms.scheduling import make_scheduler
 from rhymerl.algorithms.scheduling.freed_drafters import DraftCosts
-from rhymerl.api.spec import SchedulingSpec
+from rhymerl.api.scheduling import SchedulingSpec
 from rhymerl.tools.bench.report import machine, write_results
 from rhymerl.tools.bench.tables import print_table
-from rhymerl.tools.sim.engine import SimConfig, Simulator
+from rhymerl.tools.sim.config import SimConfig
+from rhymerl.tools.sim.engine import Simulator
 from rhymerl.tools.traces import load_trace
 
 TRACES = ("synthetic:math", "synthetic:code")

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rhymerl.api.spec import ModelSpec
+from rhymerl.api.inputs import ModelSpec
 from rhymerl.errors import OptionError, user_paths
 from rhymerl.tools.bench import report
 from rhymerl.tools.bench.tables import print_table

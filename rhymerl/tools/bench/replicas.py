@@ -33,7 +33,7 @@ from rich.table import Table
 
 from rhymerl.algorithms.scheduling.factory import POLICIES
 from rhymerl.algorithms.scheduling.history import LengthHistory
-from rhymerl.api.spec import SchedulingSpec
+from rhymerl.api.scheduling import SchedulingSpec
 from rhymerl.errors import OptionError
 from rhymerl.tools.bench import report
 from rhymerl.tools.bench.tables import print_table

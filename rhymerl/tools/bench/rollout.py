@@ -47,7 +47,7 @@ from rich.table import Table
 
 from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
 from rhymerl.algorithms.drafting.index import HistoryIndex
-from rhymerl.api.spec import SpeculationSpec
+from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.errors import UserError, user_paths
 from rhymerl.tools.bench import report
 from rhymerl.tools.bench.tables import print_table

@@ -33,10 +33,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from rhymerl.algorithms.scheduling import make_scheduler
-from rhymerl.api.spec import SchedulingSpec
+from rhymerl.api.scheduling import SchedulingSpec
 from rhymerl.tools.bench.report import machine, write_json, write_text
 from rhymerl.tools.bench.tables import print_table
-from rhymerl.tools.sim.engine import SimConfig, Simulator
+from rhymerl.tools.sim.config import SimConfig
+from rhymerl.tools.sim.engine import Simulator
 from rhymerl.tools.traces.synthetic import synthetic
 
 INDEX_BYTES_PER_TOKEN = 20_604 / 2_784  # benchmarks/history-store: one prompt's index / its response tokens

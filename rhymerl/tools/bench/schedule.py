@@ -25,7 +25,7 @@ from rich.table import Table
 from rhymerl.algorithms.scheduling import POLICIES, SpeculationSpeedup, make_scheduler
 from rhymerl.algorithms.scheduling.costmodel import IterationProfile, TableProfile
 from rhymerl.algorithms.scheduling.histopipe import HistoPipe, Placement
-from rhymerl.api.spec import MigrationSpec, SchedulingSpec
+from rhymerl.api.scheduling import MigrationSpec, SchedulingSpec
 from rhymerl.errors import OptionError, user_paths
 from rhymerl.tools.bench.report import machine, write_json, write_text
 from rhymerl.tools.bench.tables import print_table

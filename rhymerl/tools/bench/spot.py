@@ -30,11 +30,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from rhymerl.algorithms.scheduling import make_scheduler
-from rhymerl.api.spec import SchedulingSpec
+from rhymerl.api.scheduling import SchedulingSpec
 from rhymerl.tools.bench.report import machine, write_results
 from rhymerl.tools.bench.tables import print_table
+from rhymerl.tools.sim.config import SimConfig
 from rhymerl.tools.sim.elastic import ElasticFleet, FleetPlan, run_fleet
-from rhymerl.tools.sim.engine import SimConfig
 from rhymerl.tools.sim.metrics import SimResult
 from rhymerl.tools.sim.spot import PreemptionModel, Prices, SpotReport
 from rhymerl.tools.traces.model import Trace

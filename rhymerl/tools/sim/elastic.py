@@ -3,7 +3,9 @@ worker hands its samples back with their tokens through the executor's evacuatio
 usable notice, it is lost and its samples' generated tokens are decoded again elsewhere),
 replacements joining after a delay, and the fleet-size recommendation (scheduling/fleet_size.py)
 resizing the fleet between steps. The simulator calls in here through its hooks
-(engine.FleetHooks); prices, preemption draws and the bill are spot.py's.
+(engine.FleetHooks), and this module changes the fleet through the simulator's public `join`,
+`leave` and `compact` (membership.py carries them out); prices, preemption draws and the bill are
+spot.py's.
 
 Resizing between steps needs the synchronous pipeline (max_off_policy 0): every sample of a step
 is done before the next is planned, and the workers that stay are renumbered 0..n-1 for the next
@@ -24,10 +26,10 @@ from rhymerl.algorithms.scheduling.base import Scheduler
 from rhymerl.algorithms.scheduling.fleet_size import FleetAdvice, calibration, predicted_lengths, recommend
 from rhymerl.tools.traces.model import Trace
 
-from .engine import SimConfig, SimulationError, Simulator
+from .config import SimConfig, SimulationError
+from .engine import Simulator
 from .metrics import SimResult
 from .spot import Ledger, Preemption, PreemptionModel, Prices, SpotReport
-from .state import SimWorker
 
 
 @dataclass(frozen=True)
@@ -46,100 +48,6 @@ class FleetPlan:
     @property
     def label(self) -> str:
         return f"{'elastic ' if self.elastic else 'fixed '}{'spot' if self.spot else 'on-demand'}"
-
-
-# ---------------------------------------------------------------------- simulator mechanics
-def live_slots(sim: Simulator) -> list[int]:
-    return [i for i in range(len(sim.workers)) if i not in sim.gone]
-
-
-def quiescent(sim: Simulator) -> bool:
-    """No worker holds a sample, none is out at a tool call and no plan waits to be taken up: the
-    fleet may be renumbered."""
-    return (not sim.at_tool and all(not w.running and not w.waiting for w in sim.workers)
-            and all(not q for queues in sim.pending.values() for q in queues))
-
-
-def leave(sim: Simulator, slot: int, keep_tokens: bool) -> int:
-    """Worker `slot` leaves now. Its running samples stop (keeping their tokens when `keep_tokens`,
-    the hand-back of a usable notice; else losing them) and go, with its queued ones, to the live
-    workers through the executor's evacuation. Returns the generated tokens lost."""
-    w = sim.workers[slot]
-    sim._advance(w, sim.now)
-    for q in sorted(w.running.values(), key=lambda r: -r.admitted):
-        sim._remove(w, q)
-        q.recompute = True
-        w.waiting.appendleft(q)
-    lost = 0
-    if not keep_tokens:
-        for q in w.waiting:
-            lost += q.generated
-            q.generated = 0
-    w.version += 1
-    sim._close(w, sim.now)
-    sim.gone.add(slot)
-    sim.idle.discard(slot)
-    hand_back(sim)
-    return lost
-
-
-def hand_back(sim: Simulator) -> None:
-    """Spread the samples that workers who left still hold over the live workers (none live: they
-    wait for one to join), then let the workers that received some admit them."""
-    live = live_slots(sim)
-    if not live:
-        return
-    outer, sim.dirty = sim.dirty, set()
-    for slot in sorted(sim.gone):
-        held = sim.workers[slot].waiting
-        for step in sorted({q.step for q in held}):
-            sim.executor.evacuate(slot, step, [(q.sid, q.generated) for q in held if q.step == step], live)
-    touched, sim.dirty = sim.dirty, outer
-    for idx in sorted(touched - sim.gone):
-        sim._refill(sim.workers[idx])
-
-
-def compact(sim: Simulator, keep: list[int]) -> None:
-    """Between steps (the fleet quiescent): the workers `keep` become 0..n-1, the others are gone."""
-    if not keep:
-        raise SimulationError("compact: a fleet needs at least one worker")
-    workers = [sim.workers[i] for i in keep]
-    fresh = max((w.version for w in sim.workers), default=0) + 1  # events of the old numbering go stale
-    for idx, w in enumerate(workers):
-        w.idx = idx
-        w.waiting.owner = idx
-        w.version = fresh
-    sim.workers = workers
-    sim.gone = set()
-    sim.idle = set(range(len(workers)))
-    sim.sched.set_workers(len(workers))
-    _shared_cap(sim)
-
-
-def join(sim: Simulator) -> int:
-    """A worker joins now; its index. Between steps with nobody live it starts a new numbering."""
-    if not live_slots(sim) and quiescent(sim):
-        sim.workers, sim.gone = [], set()
-        idx = 0
-        sim.sched.set_workers(1)
-    else:
-        idx = sim.sched.add_worker()
-    if idx != len(sim.workers):
-        raise SimulationError(f"join: the scheduler numbered the new worker {idx}, the simulator has {len(sim.workers)}")
-    w = SimWorker(idx, sim.last_plan, sim.alpha)
-    w.clock = sim.now
-    w.version = max((v.version for v in sim.workers), default=0) + 1
-    sim.workers.append(w)
-    _shared_cap(sim)
-    sim.idle.add(idx)
-    hand_back(sim)
-    sim._on_gate(2, 0)  # plans what may start, deals the shared queue, lets idle workers start or steal
-    return idx
-
-
-def _shared_cap(sim: Simulator) -> None:
-    """The workers' concurrency for the live fleet (Simulator.concurrency)."""
-    sim.cap = sim.concurrency(len(live_slots(sim)))
 
 
 # ---------------------------------------------------------------------- the fleet's controller
@@ -176,7 +84,7 @@ class ElasticFleet:
             self._start(sim, slot, 0.0)
         if self.plan.elastic:
             self._resize(sim, sim.first_step)
-        self.sizes.append(len(live_slots(sim)))
+        self.sizes.append(len(sim.live_slots()))
 
     def _start(self, sim: Simulator, slot: int, at: float) -> None:
         serial = self.next_serial
@@ -212,7 +120,7 @@ class ElasticFleet:
             if arg not in self.requested:  # cancelled
                 return
             self.requested.discard(arg)
-            slot = join(sim)
+            slot = sim.join()
             del self.serials[slot:]  # a join into an empty fleet starts a new numbering
             self._start(sim, slot, sim.now)
             self.joins += 1
@@ -224,8 +132,8 @@ class ElasticFleet:
         self.preemptions += 1
         self.missed += not usable
         self.ledger.stop(serial, sim.now)
-        self.tokens_lost += leave(sim, slot, keep_tokens=usable)
-        live = len(live_slots(sim))
+        self.tokens_lost += sim.leave(slot, keep_tokens=usable)
+        live = len(sim.live_slots())
         if live + len(self.requested) < self.target:
             self._request(sim, self.target - live - len(self.requested))
 
@@ -235,14 +143,14 @@ class ElasticFleet:
         if not self.plan.elastic and not sim.gone:  # nothing to change
             self.sizes.append(len(sim.workers))
             return
-        if not quiescent(sim):
+        if not sim.quiescent():
             raise SimulationError("a fleet that changes needs the synchronous pipeline (max_off_policy 0): "
                                   f"samples are on workers when step {trained} has trained")
         if self.plan.elastic:
             self._resize(sim, trained + 1)
-        elif sim.gone and live_slots(sim):
-            self._compact(sim, live_slots(sim))
-        self.sizes.append(len(live_slots(sim)))
+        elif sim.gone and sim.live_slots():
+            self._compact(sim, sim.live_slots())
+        self.sizes.append(len(sim.live_slots()))
 
     # ------------------------------------------------------------------ sizing
     def _resize(self, sim: Simulator, step: int) -> None:
@@ -250,7 +158,7 @@ class ElasticFleet:
         advice = self.recommendation(sim, step)
         self.advice.append(advice)
         self.target = advice.workers
-        live = live_slots(sim)
+        live = sim.live_slots()
         for slot in live[self.target:]:
             serial = self.serials[slot]
             assert serial is not None
@@ -265,7 +173,7 @@ class ElasticFleet:
 
     def _compact(self, sim: Simulator, keep: list[int]) -> None:
         serials = [self.serials[i] for i in keep]
-        compact(sim, keep)
+        sim.compact(keep)
         self.serials = list(serials)
 
     def recommendation(self, sim: Simulator, step: int) -> FleetAdvice:

@@ -1,9 +1,9 @@
-"""The simulator's state of one sample and one worker (engine.py drives and moves them), and its
-queues of samples.
+"""The simulator's state of one sample and one worker (engine.py drives and moves them), its
+queues of samples, and the trace's steps read into them.
 
 A queue (`SeqQueue`: a worker's waiting samples, a step's planned share of a worker, the shared
 pipeline's queue) is a deque whose samples can also be taken out from anywhere in O(1): a move
-(engine.Simulator.request) takes a waiting sample out of its queue, and a step of hundreds of
+(port.ExecutorPort.request) takes a waiting sample out of its queue, and a step of hundreds of
 thousands of samples queues thousands on each worker, so finding it by a scan and removing it from
 a deque (O(queue) each) made a large step's moves quadratic. Each sample knows its queue
 (`SimSeq.queue`); a removal leaves a stale entry behind that the front and the iteration skip, and
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from rhymerl.algorithms.scheduling.base import Scheduler
 from rhymerl.algorithms.scheduling.types import Sample
 from rhymerl.tools.traces.model import PromptIds, Trace
 
@@ -225,3 +226,14 @@ def trace_seqs(trace: Trace, rows: list[NDArray[np.int64]], first: int, last: in
                 q.tool_s = tuple(tool_s[:-1])
         step_samples[s] = batch
     return step_samples, seqs
+
+
+def prime_history(scheduler: Scheduler, trace: Trace, rows: list[NDArray[np.int64]]) -> None:
+    """Warm-up steps are not simulated: their lengths become the scheduler's history, as last
+    epoch's would (`rows`: each warm-up step's rows)."""
+    for step_rows in rows:
+        per: dict[str, list[int]] = {}
+        for i in step_rows.tolist():
+            per.setdefault(trace.prompt_id[i], []).append(int(trace.output_len[i]))
+        for pid, lens in per.items():
+            scheduler.prime(pid, lens)

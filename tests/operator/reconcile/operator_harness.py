@@ -15,7 +15,8 @@ import kopf
 from kube_emulator import FIXTURE_AGENT, ApiServer, Cluster
 from kubernetes.aio.client import Configuration
 
-from rhymerl.api.spec import API_VERSION, KIND, RLJob, camel_keys
+from rhymerl.api.spec import API_VERSION, KIND, RLJob
+from rhymerl.api.spelling import camel_keys
 from rhymerl.operator.reconcile.handlers import Operator
 from rhymerl.operator.reconcile.run import serve, settings
 

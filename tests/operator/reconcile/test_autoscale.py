@@ -7,7 +7,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from rhymerl.api.spec import Failures, RLJob, RolloutSpec
+from rhymerl.api.rollout import RolloutSpec
+from rhymerl.api.spec import RLJob
+from rhymerl.api.status import Failures
 from rhymerl.cli.worker import wanted_rollout
 from rhymerl.operator.manifests import Owner, desired
 from rhymerl.operator.reconcile.autoscale import decide, with_rollout_replicas

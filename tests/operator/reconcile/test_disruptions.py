@@ -12,7 +12,7 @@ import pytest
 from operator_harness import Kube
 
 from rhymerl.api.roles import MEMBER_LOST_EXIT_CODE
-from rhymerl.api.spec import Failures
+from rhymerl.api.status import Failures
 from rhymerl.operator.progress import report
 from rhymerl.operator.reconcile.conditions import Observation, conditions, phase
 from rhymerl.operator.reconcile.pods import MEMBER_LOST_LIMIT, count, view

@@ -14,7 +14,8 @@ from pod_security import ENFORCE_LABEL
 from statefulset_controller import KUEUE_GATE, KUEUE_MANAGED, REVISION
 
 from rhymerl.api.crd import TRANSITION_SPEC, crd
-from rhymerl.api.spec import API_VERSION, KIND, WORKER_CPU_IMAGE
+from rhymerl.api.placement import WORKER_CPU_IMAGE
+from rhymerl.api.spec import API_VERSION, KIND
 from rhymerl.operator.manifests.labels import KUEUE_GROUP_LABEL
 
 NS = "team-a"

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rhymerl.api.spec import KUEUE_QUEUE_LABEL, Failures
+from rhymerl.api.spec import KUEUE_QUEUE_LABEL
+from rhymerl.api.status import Failures
 from rhymerl.operator.reconcile.conditions import Observation, conditions
 from rhymerl.operator.reconcile.kueue import ADMISSION_GATE, MANAGED_LABEL
 from rhymerl.operator.reconcile.pods import PodView, count, view

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from rhymerl.api.spec import CountedPod, Failures
+from rhymerl.api.status import CountedPod, Failures
 from rhymerl.operator.reconcile.conditions import (
     Observation,
     conditions,

@@ -13,14 +13,16 @@ import pytest
 from operator_harness import Kube
 
 from rhymerl.api.crd import crd
-from rhymerl.api.spec import RLJob, camel_keys
-from rhymerl.operator.manifests import SPEC_HASH_ANNOTATION, builders, spec_hash
+from rhymerl.api.spec import RLJob
+from rhymerl.api.spelling import camel_keys
+from rhymerl.operator.manifests import SPEC_HASH_ANNOTATION, spec_hash, workloads
+from rhymerl.operator.manifests.pods import pod_template
 from rhymerl.operator.reconcile.diff import APPLIED, Source, pinned
 from rhymerl.workers.runtime.ray_network import AUTH_MODE_ENV, TOKEN_PATH_ENV
 
 NS = "team-a"
 RLJOBS = "rhymerl.io/v1alpha1/rljobs"
-_CURRENT = builders._pod_template
+_CURRENT = pod_template
 
 
 def _without_ray_token(job: Any, role: Any, digest: str) -> dict[str, Any]:
@@ -63,7 +65,7 @@ def test_the_spec_hash_reads_snake_case_field_names_so_the_camel_case_crd_restar
 @pytest.mark.asyncio
 async def test_an_upgraded_operator_writes_no_pod_template_until_the_user_changes_the_spec(
         kube: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(builders, "_pod_template", _without_ray_token)
+    monkeypatch.setattr(workloads, "pod_template", _without_ray_token)
     kube.server.install_crd(crd(transition=True))  # keeps the snake_case job as the snake_case CRD stored it
     async with kube.operator():
         await kube.create_job(NS, "alpha", {"algorithm": {"lr": 1e-5, "kl_coef": 0.001}}, respell=False)

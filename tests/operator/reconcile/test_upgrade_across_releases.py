@@ -14,10 +14,11 @@ import pytest
 import yaml
 from operator_harness import Kube
 
-from rhymerl.api import parse_job, spec
+from rhymerl.api import parse_job, placement
 from rhymerl.api.crd import crd
-from rhymerl.api.spec import WORKER_CPU_IMAGE, WORKER_GPU_IMAGE, ImagesSpec, RLJob, RLJobSpec
-from rhymerl.operator.manifests import builders
+from rhymerl.api.placement import WORKER_CPU_IMAGE, WORKER_GPU_IMAGE, ImagesSpec
+from rhymerl.api.spec import RLJob, RLJobSpec
+from rhymerl.operator.manifests import containers
 from rhymerl.operator.manifests.roles import SPEC_FILE
 
 pytestmark = pytest.mark.asyncio
@@ -40,7 +41,7 @@ def release(tag: str) -> Iterator[None]:
     fields = ImagesSpec.model_fields
     saved = {role: fields[role].default for role in ("controller", "reward", "history")}
     with pytest.MonkeyPatch.context() as patch:
-        for module in (spec, builders):
+        for module in (placement, containers):
             patch.setattr(module, "WORKER_CPU_IMAGE", cpu)
             patch.setattr(module, "WORKER_GPU_IMAGE", gpu)
         try:
