@@ -189,9 +189,21 @@ class Kubelet:
             pod.proc = subprocess.Popen(pod.argv, env=pod.env, cwd=pod.root, stdout=out, stderr=subprocess.STDOUT,
                                         start_new_session=True)
 
-    def start_all(self) -> None:
-        for pod in self.pods:
+    def start_all(self, head_timeout_s: float = 240.0) -> None:
+        """Every pod, the controller's first, the others once its Ray head has started (or
+        `head_timeout_s` passed). On one machine the member pods' Ray nodes starting beside the head
+        (each a raylet and several Python agents) can keep the head's GCS from answering its own
+        raylet within the 30 s Ray allows it (fixed in ray/_private/node.py), which a cluster, where
+        each pod has its own cores, does not see; the members still join a head that is up."""
+        controllers = [p for p in self.pods if p.role == "controller"]
+        for pod in controllers:
             self.start(pod)
+        deadline = time.monotonic() + head_timeout_s
+        while controllers and time.monotonic() < deadline and not all(_head_started(p) for p in controllers):
+            time.sleep(0.5)
+        for pod in self.pods:
+            if pod not in controllers:
+                self.start(pod)
 
     def restart_exited(self) -> None:
         """restartPolicy: Always. A container whose main process exited is torn down first (what its
@@ -267,6 +279,13 @@ class Kubelet:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         return codes
+
+
+def _head_started(pod: Pod) -> bool:
+    """Whether the pod's Ray head said it started (`ray start`'s own line), or its process ended."""
+    if pod.proc is not None and pod.proc.poll() is not None:
+        return True
+    return any(b"Ray runtime started" in log.read_bytes() for log in pod.root.rglob("ray-head.log"))
 
 
 def processes_of(pod: Pod) -> list[int]:

@@ -102,7 +102,6 @@ def test_a_job_runs_across_the_rendered_pods_while_its_fleet_grows_shrinks_loses
     cluster = Cluster(_objects(parse_job(JOB), token), tmp_path / "pods",
                       {"PYTHONPATH": str(code), "RHYMERL_OBJECT_STORE_BYTES": str(200 * 2**20),
                        "RAY_gcs_rpc_server_reconnect_timeout_s": "5",  # a node gives up on a lost head sooner
-                       "RAY_raylet_start_wait_time_s": "120",  # eight nodes starting on two cores register slowly
                        "RHYMERL_HOLD_AT": "metrics:1,rollout-worker:2,rollout-worker:3,metrics:3",
                        "RHYMERL_FORCE": "freed-drafters",  # a worker whose call ended drafts for one still running
                        "RHYMERL_HOLD_DIR": str(holds)})
@@ -204,8 +203,7 @@ def test_rollout_pods_run_vllm_with_the_train_pods_weights(tmp_path: Path) -> No
                     .replace("num_prompts: 8", "num_prompts: 4").replace("max_off_policy_steps: 0",
                                                                          "max_off_policy_steps: 1"))
     pods = pods_of(_objects(job), tmp_path / "pods",
-                   {"PYTHONPATH": str(user_code), "RHYMERL_OBJECT_STORE_BYTES": str(200 * 2**20),
-                    "RAY_raylet_start_wait_time_s": "120"})
+                   {"PYTHONPATH": str(user_code), "RHYMERL_OBJECT_STORE_BYTES": str(200 * 2**20)})
     kubelet = Kubelet(pods)
     controller = next(p for p in pods if p.role == "controller")
     kubelet.start_all()
