@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -85,6 +86,14 @@ def _update(loss: torch.Tensor, model: torch.nn.Module, opt: torch.optim.Optimiz
     sched.step()
 
 
+def _save(out: Path, model: TinyLlama, tok: CharTokenizer, card: dict[str, Any]) -> None:
+    """The model, its tokenizer and its card (pretrain.json) into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    save_model(model, out)
+    tok.save(out / "tokenizer.json")
+    atomic.write_text(out / "pretrain.json", json.dumps(card, indent=2) + "\n")
+
+
 def pretrain(cfg: PretrainConfig, out: Path, on_step: Callable[[int, float], None] | None = None,
              on_eval: Callable[[dict[str, float]], None] | None = None) -> list[dict[str, float]]:
     """Train from scratch, saving the model, tokenizer and a card (pretrain.json) into `out` at every
@@ -123,14 +132,11 @@ def pretrain(cfg: PretrainConfig, out: Path, on_step: Callable[[int, float], Non
                             "seconds": round(time.time() - t0, 1)})
             if on_eval is not None:
                 on_eval(history[-1])
-            out.mkdir(parents=True, exist_ok=True)
-            save_model(model, out)
-            tok.save(out / "tokenizer.json")
             card = {"params": model.num_parameters(), "steps": step, "planned_steps": cfg.steps,
                     "short_steps": cfg.short_steps, "batch": cfg.batch, "lr": cfg.lr, "seed": cfg.seed,
                     "max_ops": cfg.max_ops, "torch": torch.__version__, "threads": torch.get_num_threads(),
                     "history": history}
-            atomic.write_text(out / "pretrain.json", json.dumps(card, indent=2) + "\n")
+            _save(out, model, tok, card)
             model.train()
     return history
 
@@ -174,6 +180,37 @@ def draft_agreement(student: TinyLlama, teacher: TinyLlama, batches: list[tuple[
     return {"greedy_match": round(match / count, 4), "sampled_acceptance": round(accept / count, 4)}
 
 
+def _load_teacher(teacher_dir: Path, tok: CharTokenizer) -> TinyLlama:
+    """The frozen teacher in `teacher_dir`; a ModelError unless it has the character tokenizer's vocabulary."""
+    teacher = load_model(teacher_dir).eval()
+    if teacher.cfg.vocab_size != tok.vocab_size:
+        raise ModelError(f"{teacher_dir / 'config.json'}: vocab_size {teacher.cfg.vocab_size} is not the "
+                         f"embedded character tokenizer's {tok.vocab_size}; the draft is distilled on arith-chain")
+    teacher.requires_grad_(False)
+    return teacher
+
+
+def _distill_loss(student: TinyLlama, teacher: TinyLlama, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """KL(teacher || student) of the next-token distributions on the response positions."""
+    real = targets != -100
+    with torch.no_grad():
+        teacher_logp = F.log_softmax(teacher(tokens)[real], -1)
+    student_logp = F.log_softmax(student(tokens)[real], -1)
+    return F.kl_div(student_logp, teacher_logp, log_target=True, reduction="batchmean")
+
+
+def _draft_card(cfg: DraftConfig, student: TinyLlama, teacher_layers: int, step: int, ceiling: float,
+                history: list[dict[str, float]]) -> dict[str, Any]:
+    """The draft's pretrain.json after `step`; `ceiling`: the teacher's acceptance drafting for itself."""
+    return {"draft_of": cfg.teacher, "command": cfg.command(), "params": student.num_parameters(),
+            "layers": cfg.layers,
+            "teacher_blocks": draft_blocks(teacher_layers, cfg.layers),
+            "steps": step, "planned_steps": cfg.steps, "batch": cfg.batch, "lr": cfg.lr, "seed": cfg.seed,
+            "max_ops": cfg.max_ops, "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "teacher_sampled_acceptance": ceiling,
+            "history": history}
+
+
 def distill_draft(cfg: DraftConfig, teacher_dir: Path, out: Path, on_step: Callable[[int, float], None] | None = None,
                   on_eval: Callable[[dict[str, float]], None] | None = None) -> list[dict[str, float]]:
     """Distil a small draft model from the teacher in `teacher_dir` (the embedded model's tokenizer) and
@@ -190,11 +227,7 @@ def distill_draft(cfg: DraftConfig, teacher_dir: Path, out: Path, on_step: Calla
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     tok = CharTokenizer()
-    teacher = load_model(teacher_dir).eval()
-    if teacher.cfg.vocab_size != tok.vocab_size:
-        raise ModelError(f"{teacher_dir / 'config.json'}: vocab_size {teacher.cfg.vocab_size} is not the "
-                         f"embedded character tokenizer's {tok.vocab_size}; the draft is distilled on arith-chain")
-    teacher.requires_grad_(False)
+    teacher = _load_teacher(teacher_dir, tok)
     student = draft_student(teacher, cfg.layers)
     opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
     warmup = max(1, cfg.steps // 20)
@@ -207,11 +240,7 @@ def distill_draft(cfg: DraftConfig, teacher_dir: Path, out: Path, on_step: Calla
     history: list[dict[str, float]] = []
     for step in range(1, cfg.steps + 1):
         tokens, targets = make_batch(tok, rng, cfg.batch, cfg.max_ops)
-        real = targets != -100
-        with torch.no_grad():
-            teacher_logp = F.log_softmax(teacher(tokens)[real], -1)
-        student_logp = F.log_softmax(student(tokens)[real], -1)
-        loss = F.kl_div(student_logp, teacher_logp, log_target=True, reduction="batchmean")
+        loss = _distill_loss(student, teacher, tokens, targets)
         _update(loss, student, opt, sched)
         if on_step is not None:
             on_step(step, loss.item())
@@ -223,16 +252,6 @@ def distill_draft(cfg: DraftConfig, teacher_dir: Path, out: Path, on_step: Calla
             history.append(row)
             if on_eval is not None:
                 on_eval(row)
-            out.mkdir(parents=True, exist_ok=True)
-            save_model(student, out)
-            tok.save(out / "tokenizer.json")
-            card = {"draft_of": cfg.teacher, "command": cfg.command(), "params": student.num_parameters(),
-                    "layers": cfg.layers,
-                    "teacher_blocks": draft_blocks(teacher.cfg.num_hidden_layers, cfg.layers),
-                    "steps": step, "planned_steps": cfg.steps, "batch": cfg.batch, "lr": cfg.lr, "seed": cfg.seed,
-                    "max_ops": cfg.max_ops, "torch": torch.__version__, "threads": torch.get_num_threads(),
-                    "teacher_sampled_acceptance": ceiling,
-                    "history": history}
-            atomic.write_text(out / "pretrain.json", json.dumps(card, indent=2) + "\n")
+            _save(out, student, tok, _draft_card(cfg, student, teacher.cfg.num_hidden_layers, step, ceiling, history))
             student.train()
     return history

@@ -36,7 +36,7 @@ from rhymerl.api.scheduling import MigrationSpec
 from . import migration as mig
 from .base import SampleState, Scheduler, SchedulerOptions
 from .costmodel import group_decode_time
-from .ranking import FirstEpoch, equal_share, layout, rank_prompts, step_order
+from .ranking import FirstEpoch, Ranking, equal_share, layout, rank_prompts, step_order
 from .tiering import allocate
 from .types import Action, Move, Pipeline, RoundPlan, Sample, SampleId, Watch
 
@@ -73,6 +73,14 @@ def lpt(weights: list[tuple[SampleId, float]], workers: list[int]) -> dict[int, 
         out[w].append(sid)
         heapq.heappush(heap, (load + wt, i, w))
     return out
+
+
+def _by_prompt(samples: Sequence[Sample]) -> dict[str, list[Sample]]:
+    """Samples by prompt id, prompts in order of first appearance."""
+    by_prompt: dict[str, list[Sample]] = {}
+    for s in samples:
+        by_prompt.setdefault(s.prompt_id, []).append(s)
+    return by_prompt
 
 
 class HistoPipe(Scheduler):
@@ -134,16 +142,42 @@ class HistoPipe(Scheduler):
         return np.quantile(hist, q)
 
     def _plan(self, round_no: int, samples: list[Sample], carried: list[Sample]) -> RoundPlan:
-        by_prompt: dict[str, list[Sample]] = {}
-        for s in samples:
-            by_prompt.setdefault(s.prompt_id, []).append(s)
+        by_prompt = _by_prompt(samples)
         input_len = {p: float(np.mean([s.input_len for s in ss])) for p, ss in by_prompt.items()}
         k = max(1, min(self.groups, self.workers, len(by_prompt) or 1))
         ranking = rank_prompts(list(by_prompt), input_len, self.history, k, self.first_epoch, self.seed + round_no)
         lam = self.history.growth_lambda(self.migration.growth_percentile, self.migration.min_lambda)
         self.last_lambda = lam
         with_lengths = ranking.source == "history"
+        group_samples, preds, weights = self._group_predictions(ranking, by_prompt, with_lengths)
+        self._join_longest(carried, group_samples, preds, weights, lam, with_lengths)
+        counts, predicted_times = self._worker_counts(group_samples, preds, with_lengths)
+        self._weight.update(weights)
+        if with_lengths:
+            self._predicted.update({sid: w for sid, w in weights.items() if sid not in self._predicted})
+        queues, info = self._place_groups(group_samples, layout(counts, round_no), weights, ranking, lam,
+                                          predicted_times)
+        self._rounds[round_no] = info
+        for g, grp in enumerate(info.groups):
+            for sid in grp.members:
+                self._samples[sid].group = g
+        self._forget_finished(round_no)
+        if self.placement == "shared":
+            return RoundPlan(round_no=round_no, queues=[],
+                             shared=self._shared_order(queues, carried, with_lengths, by_prompt), ranking=ranking.source)
+        return RoundPlan(
+            round_no=round_no,
+            queues=queues,
+            ranking=ranking.source,
+            order=step_order(round_no),
+            workers_per_group=list(counts),
+            predicted_group_time=predicted_times,
+        )
 
+    def _group_predictions(self, ranking: Ranking, by_prompt: Mapping[str, Sequence[Sample]], with_lengths: bool
+                           ) -> tuple[list[list[Sample]], list[np.ndarray], dict[SampleId, float]]:
+        """Each ranking group's samples, their predicted lengths (history's quantiles; none without
+        history) and each sample's weight (its prompt's ranking key; 1 without history)."""
         group_samples: list[list[Sample]] = [[s for p in grp for s in by_prompt[p]] for grp in ranking.groups] or [[]]
         preds: list[np.ndarray] = []
         weights: dict[SampleId, float] = {}
@@ -156,8 +190,14 @@ class HistoPipe(Scheduler):
                 if pl is not None:
                     parts.append(pl)
             preds.append(np.concatenate(parts) if parts else np.zeros(0))
+        return group_samples, preds, weights
+
+    def _join_longest(self, carried: list[Sample], group_samples: list[list[Sample]], preds: list[np.ndarray],
+                      weights: dict[SampleId, float], lam: float, with_lengths: bool) -> None:
+        """Outliers deferred from the last step join the longest group, each weighted by what lambda
+        times its prompt's longest response leaves it to generate."""
         top = len(group_samples) - 1
-        for s in carried:  # outliers deferred from the last step join the longest group
+        for s in carried:
             group_samples[top].append(s)
             base = self.history.max(s.prompt_id) or (max(weights.values()) if weights else 1.0)
             remaining = max(1.0, lam * base - s.generated)
@@ -165,27 +205,28 @@ class HistoPipe(Scheduler):
             if with_lengths:
                 preds[top] = np.append(preds[top], remaining)
                 self._predicted[s.sid] = s.generated + remaining
+
+    def _worker_counts(self, group_samples: list[list[Sample]], preds: list[np.ndarray], with_lengths: bool
+                       ) -> tuple[list[int], list[float]]:
+        """Workers per group and each group's predicted time: tier 2 (the cost model) where it
+        applies, else an equal share and no prediction."""
         k = len(group_samples)
+        if not (self.two_tier and with_lengths and k > 1 and self.placement == "per-worker"):
+            return equal_share(k, self.workers), []
+        mean_in = [float(np.mean([s.input_len for s in g])) if g else 0.0 for g in group_samples]
+        costs = np.zeros((k, self.workers))
+        for g in range(k):
+            for n in range(1, self.workers + 1):
+                costs[g, n - 1] = group_decode_time(preds[g], mean_in[g], n, self.profile, self.speculation)
+        alloc = allocate(costs, self.workers)
+        return alloc.workers_per_group, alloc.predicted
 
-        predicted_times: list[float] = []
-        if self.two_tier and with_lengths and k > 1 and self.placement == "per-worker":
-            mean_in = [float(np.mean([s.input_len for s in g])) if g else 0.0 for g in group_samples]
-            costs = np.zeros((k, self.workers))
-            for g in range(k):
-                for n in range(1, self.workers + 1):
-                    costs[g, n - 1] = group_decode_time(preds[g], mean_in[g], n, self.profile, self.speculation)
-            alloc = allocate(costs, self.workers)
-            counts = alloc.workers_per_group
-            predicted_times = alloc.predicted
-        else:
-            counts = equal_share(k, self.workers)
-        ranges = layout(counts, round_no)
-
+    def _place_groups(self, group_samples: list[list[Sample]], ranges: list[range], weights: Mapping[SampleId, float],
+                      ranking: Ranking, lam: float, predicted_times: list[float]
+                      ) -> tuple[list[list[SampleId]], _RoundGroups]:
+        """Each group's samples balanced over its workers (`lpt`), and the round's group records."""
         queues: list[list[SampleId]] = [[] for _ in range(self.workers)]
         info = _RoundGroups()
-        self._weight.update(weights)
-        if with_lengths:
-            self._predicted.update({sid: w for sid, w in weights.items() if sid not in self._predicted})
         for g, members in enumerate(group_samples):
             placed = lpt([(s.sid, weights[s.sid]) for s in members], list(ranges[g]))
             for w, sids in placed.items():
@@ -206,27 +247,16 @@ class HistoPipe(Scheduler):
             if self.migration.enabled and max_hist is not None:
                 grp.threshold = mig.threshold_tokens(lam, max_hist)
             info.groups.append(grp)
-        self._rounds[round_no] = info
-        for g, grp in enumerate(info.groups):
-            for sid in grp.members:
-                self._samples[sid].group = g
+        return queues, info
+
+    def _forget_finished(self, round_no: int) -> None:
+        """Keep the books small: rounds before the last that have finished need no migration state."""
         for old in [s for s in self._rounds if s < round_no - 1 and self.round_left(s) == 0]:
             for grp in self._rounds[old].groups:
                 for sid in grp.members:
                     self._weight.pop(sid, None)
                     self._predicted.pop(sid, None)
-            del self._rounds[old]  # keep the books small: finished steps need no migration state
-        if self.placement == "shared":
-            return RoundPlan(round_no=round_no, queues=[],
-                             shared=self._shared_order(queues, carried, with_lengths, by_prompt), ranking=ranking.source)
-        return RoundPlan(
-            round_no=round_no,
-            queues=queues,
-            ranking=ranking.source,
-            order=step_order(round_no),
-            workers_per_group=list(counts),
-            predicted_group_time=predicted_times,
-        )
+            del self._rounds[old]
 
     def _shared_order(self, queues: list[list[SampleId]], carried: list[Sample], with_lengths: bool,
                       by_prompt: Mapping[str, Sequence[Sample]]) -> list[SampleId]:

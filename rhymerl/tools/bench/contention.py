@@ -33,10 +33,12 @@ from rich.table import Table
 
 from rhymerl.algorithms.thread_choice import ThreadChooser
 from rhymerl.api.load import load_job
+from rhymerl.api.spec import RLJobSpec
 from rhymerl.errors import user_paths
 from rhymerl.tools.bench import report
 from rhymerl.tools.bench.tables import print_table
 from rhymerl.workers.model.registry import load_native_policy
+from rhymerl.workers.model.tokenizer import Tokenizer
 from rhymerl.workers.rollout.engine import GenRequest, SamplingParams, TorchEngine
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.task.prompts import epoch_order, load_prompts, prompt_tokens
@@ -71,17 +73,38 @@ def busy_processes(n: int) -> Iterator[list[int]]:
             p.wait()
 
 
+def _first_epoch(spec: RLJobSpec, tok: Tokenizer, steps: int) -> list[list[GenRequest]]:
+    """The job's first epoch as `rhymerl run` rolls it out, one engine call per training step, cut to
+    `steps` training steps."""
+    prompts = load_prompts(spec.data)
+    order = [prompts[i] for i in epoch_order(len(prompts), spec.data.seed, 0, spec.data.shuffle)]
+    per_step = spec.algorithm.prompts_per_step
+    return [[GenRequest(prompt_tokens(tok, p), sample_key(p.prompt_id, 0, g), p.prompt_id)
+             for p in order[s * per_step:(s + 1) * per_step] for g in range(spec.algorithm.group_size)]
+            for s in range(min(steps, len(order) // per_step))]
+
+
+def _level_rows(level: int, runs: dict[str, list[float]], same: dict[str, bool] | None,
+                chosen: dict[str, dict[int, int]]) -> list[dict[str, Any]]:
+    """One contention level's rows, a setting each (in `runs`' order); `same`: whether each setting's
+    tokens were the reference's (None: no reference)."""
+    fair = statistics.median(runs["1"])
+    rows = []
+    for name, seconds in runs.items():
+        median = statistics.median(seconds)
+        rows.append({"busy": level, "threads": name, "seconds": round(median, 3),
+                     "vs_fair": round(median / fair, 3), "runs": [round(t, 3) for t in seconds],
+                     "identical": same[name] if same is not None else None,
+                     "passes_at": {str(n): k for n, k in sorted(chosen.get(name, {}).items())}})
+    return rows
+
+
 def run_bench(cfg: ContentionBenchConfig, console: Console) -> dict[str, Any]:
     with user_paths("read the job", cfg.job):
         job = load_job(cfg.job)
     spec = job.spec
     model, tok = load_native_policy(spec.model)
-    prompts = load_prompts(spec.data)
-    order = [prompts[i] for i in epoch_order(len(prompts), spec.data.seed, 0, spec.data.shuffle)]
-    per_step = spec.algorithm.prompts_per_step
-    steps = [[GenRequest(prompt_tokens(tok, p), sample_key(p.prompt_id, 0, g), p.prompt_id)
-              for p in order[s * per_step:(s + 1) * per_step] for g in range(spec.algorithm.group_size)]
-             for s in range(min(cfg.steps, len(order) // per_step))]
+    steps = _first_epoch(spec, tok, cfg.steps)
     params = SamplingParams(spec.rollout.temperature, spec.rollout.top_p, spec.rollout.seed,
                             spec.algorithm.max_response_length)
     machine = len(os.sched_getaffinity(0))
@@ -120,13 +143,7 @@ def run_bench(cfg: ContentionBenchConfig, console: Console) -> dict[str, Any]:
                                 chosen.setdefault(name, {})[n] = chosen.get(name, {}).get(n, 0) + k
                         console.print(f"    [dim]{level} busy, run {rep + 1}/{cfg.repeats}, threads {name}: "
                                       f"{seconds:.2f}s[/]", highlight=False)
-            fair = statistics.median(runs["1"])
-            for name in names:
-                median = statistics.median(runs[name])
-                rows.append({"busy": level, "threads": name, "seconds": round(median, 3),
-                             "vs_fair": round(median / fair, 3), "runs": [round(t, 3) for t in runs[name]],
-                             "identical": same[name] if reference is not None else None,
-                             "passes_at": {str(n): k for n, k in sorted(chosen.get(name, {}).items())}})
+            rows += _level_rows(level, runs, same if reference is not None else None, chosen)
     finally:
         torch.set_num_threads(was)
     return {"job": str(cfg.job), "samples": sum(map(len, steps)), "steps": len(steps), "repeats": cfg.repeats,

@@ -51,10 +51,10 @@ from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.errors import UserError, user_paths
 from rhymerl.tools.bench import report
 from rhymerl.tools.bench.tables import print_table
-from rhymerl.tools.bench.workload import EpochDrafting, load_run_workload
+from rhymerl.tools.bench.workload import EpochDrafting, RunWorkload, load_run_workload
 from rhymerl.workers.model.folder import model_dir
 from rhymerl.workers.model.transformer import TinyLlama
-from rhymerl.workers.reward.pool import open_scorer
+from rhymerl.workers.reward.pool import Scorer, open_scorer
 from rhymerl.workers.rollout.draft_model import DraftModelDrafts, default_draft, load_draft_model
 from rhymerl.workers.rollout.engine import (
     DraftSource,
@@ -189,11 +189,11 @@ def _timed(engine: TorchEngine, chunks: list[list[GenRequest]], params: Sampling
     return results, seconds
 
 
-def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str, Any]], CostProfile]:
-    w = load_run_workload(cfg.run, cfg.epoch)
-    job, tok, reqs, params, per_step = w.job, w.tokenizer, w.requests, w.params, w.per_step
-    model = w.native.to(cfg.device)
-    draft = None
+def _draft_model(cfg: RolloutBenchConfig, w: RunWorkload, model: TinyLlama, console: Console
+                 ) -> tuple[RolloutBenchConfig, TinyLlama | None]:
+    """The draft model the methods need (the job's, else the policy's known draft), and `cfg`
+    without `draft-model` where the default methods ask for one the policy lacks."""
+    job = w.job
     name = job.spec.rollout.speculation.draft_model or default_draft(job.spec.model.path)
     if name is None and "draft-model" in cfg.methods:
         if cfg.methods != METHODS:
@@ -202,61 +202,104 @@ def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str,
         console.print(f"[dim]draft-model left out: {job.spec.model.path} has no known draft model[/]")
         cfg = replace(cfg, methods=tuple(m for m in cfg.methods if m != "draft-model"))
     if name is not None and {"draft-model", "fastest-of-n"} & set(cfg.methods):
-        draft = load_draft_model(name, model_dir(job.spec.model.path), next(model.parameters()).dtype, cfg.device)
+        return cfg, load_draft_model(name, model_dir(job.spec.model.path), next(model.parameters()).dtype, cfg.device)
+    return cfg, None
+
+
+def _measure_profile(model: TinyLlama, sizes: list[int]) -> CostProfile:
+    """The verify-cost profile, measured afresh (not the start-up cache) so the committed profile is
+    this run's machine state, up to the largest batch a workload runs at."""
+    grid = {b for b in (1, 4, 16, 64, 128, 256) if b < max(sizes)} | set(sizes)
+    return measure(model, batches=tuple(sorted(grid)))
+
+
+def _describe(cfg: RolloutBenchConfig, w: RunWorkload) -> str:
+    """The bench's first line: the policy, the epoch and what it drafts from, the samples, the device."""
+    where = torch.cuda.get_device_name(cfg.device) if cfg.device.startswith("cuda") else \
+        f"torch threads {torch.get_num_threads()}"
+    drafted_from = f"history of epochs {max(1, w.epoch - w.job.spec.rollout.speculation.history_epochs)}-{w.last_epoch}" \
+        if w.epoch > 1 else "no history of its own (group and recent responses)"
+    return f"policy {w.checkpoint}, epoch {w.epoch} drafting from {drafted_from}, {len(w.requests)} samples, {where}"
+
+
+def _workload(cfg: RolloutBenchConfig, w: RunWorkload, model: TinyLlama, batch: int | str, scorer: Scorer,
+              weightings: set[bool], at_start: dict[bool, dict[str, HistoryIndex]]
+              ) -> tuple[TorchEngine, list[list[GenRequest]], _Drafting]:
+    """The engine, engine calls and drafting of one workload."""
+    tok, max_batch = w.tokenizer, w.job.spec.rollout.max_batch_size
+    if batch == JOB:  # the job's rollout: each step's prompts x group_size, decoded together
+        engine = TorchEngine(model, tok.stop_ids, max_batch_size=max_batch, device=cfg.device)
+        return engine, w.steps(), _Drafting(steps={v: w.drafting(scorer, reward_weighted=v) for v in weightings})
+    # one pool of all samples, continuously batched at `batch`, drafting as the epoch began
+    engine = TorchEngine(model, tok.stop_ids, max_batch_size=int(batch), device=cfg.device)
+    return engine, [w.requests], _Drafting(at_start)
+
+
+_Runs = dict[str, tuple[list[GenResult], dict[int, int]]]
+"""Each method's last repeat: its results and the draft caps it chose (cap: passes)."""
+
+
+def _run_methods(cfg: RolloutBenchConfig, w: RunWorkload, batch: int | str, engine: TorchEngine,
+                 chunks: list[list[GenRequest]], drafting: _Drafting, profile: CostProfile, draft: TinyLlama | None,
+                 console: Console) -> tuple[dict[str, list[float]], _Runs]:
+    """Every method's repeats on one workload: each repeat's seconds, and its last repeat's runs."""
+    times: dict[str, list[float]] = {m: [] for m in cfg.methods}
+    last: _Runs = {}
+    for rep in range(cfg.repeats):
+        # interleaved, the order reversed every other repeat: drift on a shared machine, and
+        # a method's position in the round, hit every method alike
+        for method in cfg.methods if rep % 2 == 0 else cfg.methods[::-1]:
+            spec = method_spec(method, w.job.spec.rollout.speculation)
+            control = DraftCapController(spec, None if method.endswith("-fixed") else profile)
+            results, seconds = _timed(engine, chunks, w.params, drafting,
+                                      partial(_sources, method, spec, control=control, draft=draft))
+            times[method].append(seconds)
+            console.print(f"    [dim]run {rep + 1}/{cfg.repeats} batch {batch} {method}: "
+                          f"{times[method][-1]:.2f}s[/]", highlight=False)
+            last[method] = (results, dict(sorted(control.caps_chosen.items())))
+    return times, last
+
+
+def _rows(methods: tuple[str, ...], batch: int | str, times: dict[str, list[float]], last: _Runs) -> list[Row]:
+    """Each method's row on one workload; `identical` against the first method's tokens."""
+    reference = last[methods[0]][0]
+    rows = []
+    for method in methods:
+        results, caps = last[method]
+        row = Row(method, batch, statistics.median(times[method]), sum(len(r.response_ids) for r in results),
+                  sum(r.forward_passes for r in results), sum(r.drafted for r in results),
+                  sum(r.accepted for r in results),
+                  [r.response_ids for r in results] == [r.response_ids for r in reference], caps,
+                  times[method])
+        row.sources = speculation_metrics(row.tokens, row.drafted, row.accepted, row.passes,
+                                          merged_counts(r.by_source for r in results)).get("spec_sources")
+        rows.append(row)
+    return rows
+
+
+def run_bench(cfg: RolloutBenchConfig, console: Console) -> tuple[list[dict[str, Any]], CostProfile]:
+    w = load_run_workload(cfg.run, cfg.epoch)
+    job = w.job
+    model = w.native.to(cfg.device)
+    cfg, draft = _draft_model(cfg, w, model, console)
     # only the weightings the chosen methods draft from: each one's history is built and fed every step
     weightings = {_weighting(m, method_spec(m, job.spec.rollout.speculation)) for m in cfg.methods
                   if m not in NO_HISTORY}
     pools = [b for b in cfg.batch_sizes if b != JOB]  # they draft from the epoch's start, built once for all
     at_start = {v: w.drafting_at_start(reward_weighted=v) for v in weightings} if pools else {}
-    sizes = [b if isinstance(b, int) else min(per_step, job.spec.rollout.max_batch_size) for b in cfg.batch_sizes]
-    # measured afresh (not the start-up cache) so the committed profile is this run's machine state;
-    # up to the largest batch a workload runs at
-    grid = {b for b in (1, 4, 16, 64, 128, 256) if b < max(sizes)} | set(sizes)
-    profile = measure(model, batches=tuple(sorted(grid)))
-    where = torch.cuda.get_device_name(cfg.device) if cfg.device.startswith("cuda") else \
-        f"torch threads {torch.get_num_threads()}"
-    drafted_from = f"history of epochs {max(1, w.epoch - job.spec.rollout.speculation.history_epochs)}-{w.last_epoch}" \
-        if w.epoch > 1 else "no history of its own (group and recent responses)"
-    console.print(f"policy {w.checkpoint}, epoch {w.epoch} drafting from {drafted_from}, {len(reqs)} samples, {where}")
+    sizes = [b if isinstance(b, int) else min(w.per_step, job.spec.rollout.max_batch_size) for b in cfg.batch_sizes]
+    profile = _measure_profile(model, sizes)
+    console.print(_describe(cfg, w))
     out: list[dict[str, Any]] = []
     with open_scorer(job.spec.reward) as scorer:  # rewards the epoch's own steps, as the job's history has them
         for batch in cfg.batch_sizes:
-            if batch == JOB:  # the job's rollout: each step's prompts x group_size, decoded together
-                engine = TorchEngine(model, tok.stop_ids, max_batch_size=job.spec.rollout.max_batch_size, device=cfg.device)
-                chunks = w.steps()
-                drafting = _Drafting(steps={v: w.drafting(scorer, reward_weighted=v) for v in weightings})
-            else:  # one pool of all samples, continuously batched at `batch`, drafting as the epoch began
-                engine = TorchEngine(model, tok.stop_ids, max_batch_size=int(batch), device=cfg.device)
-                chunks = [reqs]
-                drafting = _Drafting(at_start)
-            times: dict[str, list[float]] = {m: [] for m in cfg.methods}
-            last: dict[str, tuple[list[GenResult], dict[int, int]]] = {}
-            for rep in range(cfg.repeats):
-                # interleaved, the order reversed every other repeat: drift on a shared machine, and
-                # a method's position in the round, hit every method alike
-                for method in cfg.methods if rep % 2 == 0 else cfg.methods[::-1]:
-                    spec = method_spec(method, job.spec.rollout.speculation)
-                    control = DraftCapController(spec, None if method.endswith("-fixed") else profile)
-                    results, seconds = _timed(engine, chunks, params, drafting,
-                                              partial(_sources, method, spec, control=control, draft=draft))
-                    times[method].append(seconds)
-                    console.print(f"    [dim]run {rep + 1}/{cfg.repeats} batch {batch} {method}: "
-                                  f"{times[method][-1]:.2f}s[/]", highlight=False)
-                    last[method] = (results, dict(sorted(control.caps_chosen.items())))
-            reference = last[cfg.methods[0]][0]
+            engine, chunks, drafting = _workload(cfg, w, model, batch, scorer, weightings, at_start)
+            times, last = _run_methods(cfg, w, batch, engine, chunks, drafting, profile, draft, console)
             base = 0.0
-            for method in cfg.methods:
-                results, caps = last[method]
-                row = Row(method, batch, statistics.median(times[method]), sum(len(r.response_ids) for r in results),
-                          sum(r.forward_passes for r in results), sum(r.drafted for r in results),
-                          sum(r.accepted for r in results),
-                          [r.response_ids for r in results] == [r.response_ids for r in reference], caps,
-                          times[method])
-                row.sources = speculation_metrics(row.tokens, row.drafted, row.accepted, row.passes,
-                                                  merged_counts(r.by_source for r in results)).get("spec_sources")
+            for row in _rows(cfg.methods, batch, times, last):
                 base = base or row.seconds
                 out.append({"epoch": w.epoch, **row.as_dict(base)})
-                console.print(f"  batch {batch!s:>4} {method:<26} {row.seconds:7.2f}s  x{base / row.seconds:5.2f}  "
+                console.print(f"  batch {batch!s:>4} {row.method:<26} {row.seconds:7.2f}s  x{base / row.seconds:5.2f}  "
                               f"identical={row.identical}", highlight=False)
     return out, profile
 

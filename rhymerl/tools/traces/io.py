@@ -13,7 +13,7 @@ import math
 import os
 import re
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -127,22 +127,9 @@ def parse_turns(path: Path | str, lineno: int, text: str, output_len: int) -> li
     return turns
 
 
-def parse_trace(stream: IO[bytes], path: Path | str, name: str | None = None, size: int = 0,
-                progress: Progress | None = None) -> Trace:
-    """Read CSV rows from a binary stream, one line at a time; `path` labels error messages, `size`
-    (bytes, when known) is passed on to `progress`. Columns are kept in typed arrays, eight bytes a
-    cell, and prompt ids as codes into a table of the distinct ids."""
-    lines = (text for _, text in text_lines(stream, str(path), TraceError, MAX_LINE_BYTES))
+def _records(lines: Iterable[str], path: Path | str) -> Iterator[tuple[int, list[str]]]:
+    """The CSV rows of `lines` with their line numbers, blank and comment rows left out."""
     reader = csv.reader(lines)
-    header: list[str] | None = None
-    header_line = 0
-    steps, inputs, outputs, codes = array("q"), array("q"), array("q"), array("q")
-    table: dict[str, int] = {}
-    names: list[str] = []
-    col: dict[str, int] = {}
-    width = 0
-    cs = ci = co = cp = ct = -1
-    turns: list[list[tuple[int, float]]] = []
     while True:
         try:
             row = next(reader, None)
@@ -150,72 +137,114 @@ def parse_trace(stream: IO[bytes], path: Path | str, name: str | None = None, si
             reason = f"a field longer than {csv.field_size_limit()} characters" if "field limit" in str(exc) else exc
             raise TraceError(f"{path}:{reader.line_num}: not CSV: {reason}") from None
         if row is None:
-            break
-        lineno = reader.line_num
+            return
         if not row or row[0].lstrip().startswith("#") or all(not cell.strip() for cell in row):
             continue
-        if header is None:
-            header = [c.strip().lower() for c in row]
-            header_line = lineno
-            dupes = sorted({c for c in header if header.count(c) > 1})
-            if dupes:
-                raise TraceError(f"{path}:{lineno}: header: duplicate column(s) {', '.join(dupes)}")
-            missing = [c for c in REQUIRED if c not in header]
-            if missing:
-                raise TraceError(
-                    f"{path}:{lineno}: header: missing column(s) {', '.join(missing)}; "
-                    f"expected {','.join(HEADER)} (prompt_id optional), got {','.join(header)}"
-                )
-            col = {c: header.index(c) for c in (*REQUIRED, *OPTIONAL) if c in header}
-            width = len(header)
-            cs, ci, co, cp = col["step"], col["input_len"], col["output_len"], col.get("prompt_id", -1)
-            ct = col.get("turns", -1)
-            continue
-        if len(row) != width:
-            raise TraceError(f"{path}:{lineno}: expected {width} fields ({','.join(header)}), got {len(row)}")
-        step = _cell(row[cs], MAX_STEP)
-        if step < 0:
-            step = _int(path, lineno, "step", row[cs], MAX_STEP)
-        inp = _cell(row[ci], MAX_LEN)
-        if inp < 0:
-            inp = _int(path, lineno, "input_len", row[ci], MAX_LEN)
-        out = _cell(row[co], MAX_LEN)
-        if out < 0:
-            out = _int(path, lineno, "output_len", row[co], MAX_LEN)
-        if cp >= 0:
-            code = table.get(row[cp])
-            if code is None:
-                pid = _prompt_id(path, lineno, row[cp])
-                code = table.get(pid)
-                if code is None:
-                    code = table[pid] = len(names)
-                    names.append(pid)
-                table[row[cp]] = code
-            codes.append(code)
-        if ct >= 0:
-            turns.append(parse_turns(path, lineno, row[ct], out))
-        steps.append(step)
-        inputs.append(inp)
-        outputs.append(out)
-        if progress is not None and len(steps) % PROGRESS_ROWS == 0:
-            progress(stream.tell(), size)
-    if header is None:
+        yield reader.line_num, row
+
+
+def _header(path: Path | str, lineno: int, row: list[str]) -> tuple[list[str], dict[str, int]]:
+    """A header row's column names, and where each known column is; a TraceError for duplicate or
+    missing columns."""
+    header = [c.strip().lower() for c in row]
+    dupes = sorted({c for c in header if header.count(c) > 1})
+    if dupes:
+        raise TraceError(f"{path}:{lineno}: header: duplicate column(s) {', '.join(dupes)}")
+    missing = [c for c in REQUIRED if c not in header]
+    if missing:
+        raise TraceError(
+            f"{path}:{lineno}: header: missing column(s) {', '.join(missing)}; "
+            f"expected {','.join(HEADER)} (prompt_id optional), got {','.join(header)}"
+        )
+    return header, {c: header.index(c) for c in (*REQUIRED, *OPTIONAL) if c in header}
+
+
+class _Columns:
+    """The rows read so far under one header, in typed arrays (eight bytes a cell), prompt ids as
+    codes into a table of the distinct ids."""
+
+    def __init__(self, path: Path | str, header: list[str], col: dict[str, int], header_line: int) -> None:
+        self.path = path
+        self.header, self.col, self.header_line = header, col, header_line
+        self.width = len(header)
+        self.cs, self.ci, self.co = col["step"], col["input_len"], col["output_len"]
+        self.cp, self.ct = col.get("prompt_id", -1), col.get("turns", -1)
+        self.steps, self.inputs, self.outputs, self.codes = array("q"), array("q"), array("q"), array("q")
+        self.table: dict[str, int] = {}
+        self.names: list[str] = []
+        self.turns: list[list[tuple[int, float]]] = []
+
+    def read(self, records: Iterator[tuple[int, list[str]]], tick: Callable[[], None] | None) -> None:
+        """The data rows, each checked (a TraceError names the line and the field); `tick` is called
+        every PROGRESS_ROWS rows."""
+        path, width, cs, ci, co, cp, ct = self.path, self.width, self.cs, self.ci, self.co, self.cp, self.ct
+        steps, inputs, outputs, codes, table = self.steps, self.inputs, self.outputs, self.codes, self.table
+        for lineno, row in records:
+            if len(row) != width:
+                raise TraceError(f"{path}:{lineno}: expected {width} fields ({','.join(self.header)}), got {len(row)}")
+            step = _cell(row[cs], MAX_STEP)
+            if step < 0:
+                step = _int(path, lineno, "step", row[cs], MAX_STEP)
+            inp = _cell(row[ci], MAX_LEN)
+            if inp < 0:
+                inp = _int(path, lineno, "input_len", row[ci], MAX_LEN)
+            out = _cell(row[co], MAX_LEN)
+            if out < 0:
+                out = _int(path, lineno, "output_len", row[co], MAX_LEN)
+            if cp >= 0:
+                code = table.get(row[cp])
+                codes.append(self._new_code(lineno, row[cp]) if code is None else code)
+            if ct >= 0:
+                self.turns.append(parse_turns(path, lineno, row[ct], out))
+            steps.append(step)
+            inputs.append(inp)
+            outputs.append(out)
+            if tick is not None and len(steps) % PROGRESS_ROWS == 0:
+                tick()
+
+    def _new_code(self, lineno: int, text: str) -> int:
+        """The code of a prompt id cell not seen before: its id's, or a new one for a new id."""
+        pid = _prompt_id(self.path, lineno, text)
+        code = self.table.get(pid)
+        if code is None:
+            code = self.table[pid] = len(self.names)
+            self.names.append(pid)
+        self.table[text] = code
+        return code
+
+    def trace(self, name: str) -> Trace:
+        """The rows read as a trace named `name`; a TraceError if there were none."""
+        if not self.steps:
+            raise TraceError(f"{self.path}:{self.header_line}: no rows after the header")
+        notes = []
+        extra = [c for c in self.header if c not in self.col]
+        if extra:
+            notes.append(f"ignored column(s): {', '.join(extra)}")
+        return Trace.build(
+            name=name,
+            steps=np.frombuffer(self.steps, dtype=np.int64),
+            prompt_ids=PromptIds(np.frombuffer(self.codes, dtype=np.int64), self.names) if self.cp >= 0 else None,
+            input_len=np.frombuffer(self.inputs, dtype=np.int64),
+            output_len=np.frombuffer(self.outputs, dtype=np.int64),
+            notes=notes,
+            turns=Turns.of(self.turns) if self.ct >= 0 else None,
+        )
+
+
+def parse_trace(stream: IO[bytes], path: Path | str, name: str | None = None, size: int = 0,
+                progress: Progress | None = None) -> Trace:
+    """Read CSV rows from a binary stream, one line at a time; `path` labels error messages, `size`
+    (bytes, when known) is passed on to `progress`. Columns are kept in typed arrays, eight bytes a
+    cell, and prompt ids as codes into a table of the distinct ids."""
+    lines = (text for _, text in text_lines(stream, str(path), TraceError, MAX_LINE_BYTES))
+    records = _records(lines, path)
+    first = next(records, None)
+    if first is None:
         raise TraceError(f"{path}:1: empty trace: expected a header {','.join(HEADER)} and one row per response")
-    if not steps:
-        raise TraceError(f"{path}:{header_line}: no rows after the header")
-    notes = []
-    extra = [c for c in header if c not in col]
-    if extra:
-        notes.append(f"ignored column(s): {', '.join(extra)}")
-    return Trace.build(
-        name=name or Path(path).stem,
-        steps=np.frombuffer(steps, dtype=np.int64),
-        prompt_ids=PromptIds(np.frombuffer(codes, dtype=np.int64), names) if cp >= 0 else None,
-        input_len=np.frombuffer(inputs, dtype=np.int64),
-        output_len=np.frombuffer(outputs, dtype=np.int64),
-        notes=notes,
-        turns=Turns.of(turns) if ct >= 0 else None,
-    )
+    lineno, row = first
+    columns = _Columns(path, *_header(path, lineno, row), header_line=lineno)
+    columns.read(records, None if progress is None else lambda: progress(stream.tell(), size))
+    return columns.trace(name or Path(path).stem)
 
 
 def read_trace(path: Path, progress: Progress | None = None) -> Trace:
