@@ -27,7 +27,7 @@ from rhymerl.algorithms.drafting import HistoryIndex
 from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.tools.bench import report
 from rhymerl.tools.bench.draft_replay import ReplayStats, replay_units
-from rhymerl.tools.bench.draft_sources import FastestOfNSource, HistoSpecSource, NgramSource, Source
+from rhymerl.tools.bench.draft_sources import Source, fastest_of_n, histospec, ngram
 from rhymerl.tools.bench.draft_workloads import (
     PromptWork,
     dump_workload,
@@ -47,10 +47,10 @@ def compare(units: list[PromptWork], knobs: SpeculationSpec, groups: bool) -> di
     indexes: dict[str, list[HistoryIndex | None]] = {
         name: [HistoryIndex.build(u.history, reward_weighted=weighted) for u in units]
         for name, weighted in (("reward", True), ("frequency", False))}
-    sources: dict[str, Source] = {name: HistoSpecSource(ix, knobs, groups=groups) for name, ix in indexes.items()}
-    sources["fastest-of-n"] = FastestOfNSource([HistoSpecSource(indexes["frequency"], knobs, groups=groups),
-                                                HistoSpecSource(indexes["reward"], knobs, groups=groups),
-                                                NgramSource(SpeculationSpec.paper_rule())])
+    sources: dict[str, Source] = {name: histospec(ix, knobs, name, groups=groups) for name, ix in indexes.items()}
+    sources["fastest-of-n"] = fastest_of_n([histospec(indexes["frequency"], knobs, "frequency", groups=groups),
+                                            histospec(indexes["reward"], knobs, "reward", groups=groups),
+                                            ngram(SpeculationSpec.paper_rule())], knobs)
     row: dict[str, dict[str, float]] = {}
     for name, source in sources.items():
         stats: ReplayStats = replay_units(source, units)

@@ -1,4 +1,4 @@
-"""Fastest-of-N: the per-request choice (pure) and the replay source built on it."""
+"""Fastest-of-N: the per-request choice (pure) and the engine's Fastest-of-N replayed by the benches."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from rhymerl.algorithms.drafting import HistoryIndex
 from rhymerl.algorithms.drafting.fastest_of_n import SourceChoice, costly_pays, matched, told_accepted
 from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.tools.bench.draft_replay import replay_units
-from rhymerl.tools.bench.draft_sources import FastestOfNSource, HistoSpecSource
+from rhymerl.tools.bench.draft_sources import fastest_of_n, histospec
 from rhymerl.tools.bench.draft_workloads import PromptWork
 
 
@@ -53,12 +53,12 @@ def test_fastest_of_n_over_one_source_twice_replays_exactly_as_that_source() -> 
     units = [_unit(0), _unit(1)]
     knobs = SpeculationSpec()
     indexes = [HistoryIndex.build(u.history) for u in units]
-    alone = replay_units(HistoSpecSource(indexes, knobs), units)
-    both = FastestOfNSource([HistoSpecSource(indexes, knobs), HistoSpecSource(indexes, knobs)])
+    alone = replay_units(histospec(indexes, knobs), units)
+    both = fastest_of_n([histospec(indexes, knobs, name="a"), histospec(indexes, knobs, name="b")], knobs)
     twice = replay_units(both, units)
     assert (twice.generated, twice.accepted, twice.drafted, twice.verify_steps) == (
         alone.generated, alone.accepted, alone.drafted, alone.verify_steps)
-    assert both.served[1] == 0 and both.served[0] > 0  # equal scores: the first source
+    assert "b" not in both.served and both.served["a"] > 0  # equal scores: the first source
 
 
 def test_fastest_of_n_moves_each_request_to_the_source_whose_drafts_its_tokens_confirm() -> None:
@@ -66,10 +66,10 @@ def test_fastest_of_n_moves_each_request_to_the_source_whose_drafts_its_tokens_c
     knobs = SpeculationSpec()
     good = [HistoryIndex.build(units[0].history)]
     useless = [HistoryIndex.build([(np.full(50, 99, dtype=np.int32), 1.0)])]  # never continues a target
-    alone = replay_units(HistoSpecSource(good, knobs), units)
-    fastest = FastestOfNSource([HistoSpecSource(useless, knobs), HistoSpecSource(good, knobs)])
+    alone = replay_units(histospec(good, knobs), units)
+    fastest = fastest_of_n([histospec(useless, knobs, name="useless"), histospec(good, knobs, name="good")], knobs)
     got = replay_units(fastest, units)
-    assert fastest.served[0] == 0 and fastest.served[1] > 0
+    assert "useless" not in fastest.served and fastest.served["good"] > 0
     assert got.accepted >= alone.accepted - 2 * len(units[0].targets)  # a pass or two per request to switch
 
 

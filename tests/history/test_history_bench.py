@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 from typer.testing import CliRunner
 
+from rhymerl.algorithms.drafting import HistoryIndex
 from rhymerl.algorithms.drafting import _suffix_index as native
 from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.cli.bench import bench_app
@@ -25,8 +26,8 @@ from rhymerl.tools.bench.acceptance import (
     AcceptanceConfig,
 )
 from rhymerl.tools.bench.acceptance import run as run_acceptance
-from rhymerl.tools.bench.draft_replay import accepted_lengths, replay_units
-from rhymerl.tools.bench.draft_sources import HistoSpecSource, arctic_status
+from rhymerl.tools.bench.draft_replay import accepted_lengths, replay, replay_units
+from rhymerl.tools.bench.draft_sources import arctic_status, fastest_of_n, histospec, ngram
 from rhymerl.tools.bench.draft_workloads import PromptWork, late_divergence_workload, synthetic_workload
 from rhymerl.tools.bench.drafter import DrafterBenchConfig
 from rhymerl.tools.bench.drafter import run as run_drafter
@@ -65,16 +66,12 @@ def test_synthetic_histories_share_long_spans_between_epochs() -> None:
     (unit,) = synthetic_workload(prompts=1, responses=4, length=2000, seed=1)
     assert len(unit.history) == 4 and len(unit.targets) == 4
     assert all(len(t) == 2000 for t, _ in unit.history)
-    from rhymerl.algorithms.drafting import HistoryIndex
-
     index = HistoryIndex.build(unit.history)
     bound = sum(index.oracle_accepted(t, 3) for t in unit.targets) / sum(len(t) for t in unit.targets)
     assert 0.6 < bound < 0.99  # similar, not identical (RhymeRL §5.1 reports 75-93%)
 
 
 def test_a_late_divergence_history_drafts_the_rewarded_tail_only_when_weighted() -> None:
-    from rhymerl.algorithms.drafting import HistoryIndex
-
     (unit,) = late_divergence_workload(prompts=1, responses=4, trunk=40, tail=10, wrong_share=0.75, noise=0.0)
     assert [r for _, r in unit.history] == [0.0, 0.0, 0.0, 1.0]  # three slipped, one correct
     right, wrong = unit.history[3][0], unit.history[0][0]
@@ -142,7 +139,7 @@ def test_a_batch_limited_replay_lets_a_groups_later_samples_draft_from_its_earli
     units = [PromptWork(f"p{i}", np.zeros(1, dtype=np.int32), [], [base, base.copy()])
              for i, base in enumerate(rng.permutation(500)[:60].astype(np.int32).reshape(2, 30))]
     def replayed(batch: int | None, spread: bool) -> tuple[int, int]:
-        stats = replay_units(HistoSpecSource([None, None], SpeculationSpec(), groups=True), units, batch=batch,
+        stats = replay_units(histospec([None, None], SpeculationSpec(), groups=True), units, batch=batch,
                              spread=spread)
         return stats.verify_steps, len(stats.step_seconds)
     together, together_steps = replayed(None, False)
@@ -153,6 +150,26 @@ def test_a_batch_limited_replay_lets_a_groups_later_samples_draft_from_its_earli
     assert spread_steps - 30 < 15 and spread < 2 * 30 + 2 * 15
     one, _ = replayed(1, False)  # one at a time: every second sample drafts from its finished sibling
     assert one == spread
+
+
+def test_a_sequence_replayed_from_mid_response_drafts_from_the_tokens_it_starts_with() -> None:
+    target = np.random.default_rng(0).integers(0, 1000, size=300).astype(np.int32)
+    index = HistoryIndex.build([(target, 1.0)])
+    stats = replay(histospec([index], SpeculationSpec()), [0], [np.zeros(1, dtype=np.int32)], [target], [150],
+                   iterations=1)
+    assert stats.drafted > 0 and stats.accepted == stats.drafted  # its history continues the 150 tokens it has
+
+
+def test_an_ngram_replay_keeps_drafting_past_the_engines_default_context_of_2048_tokens() -> None:
+    pattern = np.random.default_rng(1).permutation(1000)[:50].astype(np.int32)
+    unit = PromptWork("p", np.zeros(1, dtype=np.int32), [], [np.tile(pattern, 60)])  # 3000 tokens
+    assert replay_units(ngram(SpeculationSpec()), [unit]).accepted_fraction > 0.9
+
+
+def test_fastest_of_n_tells_its_sources_apart_by_name() -> None:
+    knobs = SpeculationSpec()
+    with pytest.raises(ValueError, match="distinct names"):
+        fastest_of_n([ngram(knobs), ngram(knobs)], knobs)
 
 
 def test_drafter_bench_runs_end_to_end_on_tiny_synthetic_data(tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
 """`rhymerl bench acceptance`: how much of each epoch the previous epoch's responses could draft.
 
 Why: speculation pays only in proportion to accepted tokens. This replays every response of epoch e
-against the index built from the same prompt's epoch e-1 responses (RhymeRL §5.1), through the real
-AIMD drafter, and through the baselines on the same footing (same AIMD window policy):
+against the index built from the same prompt's epoch e-1 responses (RhymeRL §5.1), through the
+rollout engine's own draft sources (draft_sources.py), and through the baselines on the same footing
+(same AIMD window policy):
 accepted fraction (accepted draft tokens / response tokens: the paper's speculation rate), acceptance
 rate (accepted / drafted) and mean tokens per verify step. Also the paper's §5.1 upper bound: a
 3-token prefix match with an unlimited draft that follows whichever history branch fits.
@@ -21,6 +22,7 @@ group, n-gram) its own emitted tokens confirmed most so far (rhymerl/algorithms/
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,12 +39,12 @@ from rhymerl.tools.bench.draft_replay import ReplayStats, replay_units
 from rhymerl.tools.bench.draft_sources import (
     ArcticCaches,
     ArcticSource,
-    FastestOfNSource,
-    HistoSpecSource,
-    NgramSource,
     Source,
     arctic_status,
+    fastest_of_n,
+    histospec,
     knob_record,
+    ngram,
 )
 from rhymerl.tools.bench.draft_workloads import PromptWork, dump_workload
 from rhymerl.workers.dumps import DumpError
@@ -135,55 +137,17 @@ def run(cfg: AcceptanceConfig, out: Path, console: Console | None = None) -> dic
         n_resp = sum(len(u.targets) for u in pair_units)
         console.log(f"epochs {label}: {len(pair_units)} prompts, {n_resp} responses")
         results["group_index"].append({"epochs": label, **group_update_cost(pair_units, depth)})
-        if not with_history:  # only the group (and a sequence's own context) can draft
-            row: dict[str, Any] = {"epochs": label, "prompts": len(pair_units), "responses": n_resp, "methods": {}}
-            first: list[tuple[Source, int]] = [
-                (HistoSpecSource([None] * len(pair_units), cfg.tuned, name=GROUP, groups=True), 0),
-                (HistoSpecSource([recent[u.step] for u in pair_units], cfg.tuned, name=RECENT_GROUP, groups=True), 0),
-                (HistoSpecSource([None] * len(pair_units), cfg.tuned, name=_lead(GROUP, cfg.lead), groups=True),
-                 cfg.lead),
-                (NgramSource(cfg.knobs), 0),
-                (FastestOfNSource([HistoSpecSource([None] * len(pair_units), cfg.tuned, groups=True),
-                                   NgramSource(cfg.knobs)], name=FASTEST_GROUP), 0),
-            ]
-            for source, lead in first:
-                stats = replay_units(source, pair_units, lead=lead)
-                row["methods"][source.name] = _metrics(stats)
-                _add(totals, source.name, stats)
-            for name, indexes, spread in ((GROUP, [None] * len(pair_units), False), (GROUP, [None] * len(pair_units), True),
-                                          (RECENT_GROUP, [recent[u.step] for u in pair_units], True)):
-                source = HistoSpecSource(indexes, cfg.tuned, name=_batched(name, cfg.batch, spread), groups=True)
-                stats = replay_units(source, pair_units, batch=cfg.batch, spread=spread)
-                row["methods"][source.name] = _metrics(stats)
-                _add(totals, source.name, stats)
-            results["pairs"].append(row)
-            continue
-        reward_idx = [HistoryIndex.build(u.history, reward_weighted=True) for u in pair_units]
-        freq_idx = [HistoryIndex.build(u.history, reward_weighted=False) for u in pair_units]
-        tuned_idx = [HistoryIndex.build(deep[u.prompt_id, u.epoch].history, reward_weighted=cfg.tuned.reward_weighted)
-                     for u in pair_units]  # the job's: its last `history_epochs` epochs
-        sources: list[Source] = [
-            HistoSpecSource(reward_idx, cfg.knobs, name="histospec (reward)"),
-            HistoSpecSource(freq_idx, cfg.knobs, name="histospec (frequency)"),
-            HistoSpecSource(tuned_idx, cfg.tuned, name="histospec (long match)"),
-            HistoSpecSource([None] * len(pair_units), cfg.tuned, name=GROUP, groups=True),
-            HistoSpecSource(tuned_idx, cfg.tuned, name=HISTORY_GROUP, groups=True),
-            HistoSpecSource(tuned_idx, cfg.tuned, name=_lead(HISTORY_GROUP, cfg.lead), groups=True),
-        ]
-        if arctic_ok:
-            caches = ArcticCaches.build(pair_units, cfg.arctic_depth)
-            sources.append(ArcticSource(caches, cfg.knobs, name=f"arctic-d{cfg.arctic_depth}"))
-        sources.append(NgramSource(cfg.knobs))
-        sources.append(FastestOfNSource([HistoSpecSource(tuned_idx, cfg.tuned, groups=True), NgramSource(cfg.knobs)],
-                                        name=FASTEST_HISTORY_GROUP))
-        row = {"epochs": label, "prompts": len(pair_units), "responses": n_resp, "methods": {}}
-        for source in sources:
-            stats = replay_units(source, pair_units, lead=cfg.lead if source.name.endswith(" ahead") else 0)
-            row["methods"][source.name] = _metrics(stats)
-            _add(totals, source.name, stats)
-        bound = bound_stats(reward_idx, pair_units, cfg.oracle_prefix)
-        row["methods"][BOUND] = _metrics(bound)
-        _add(totals, BOUND, bound)
+        row: dict[str, Any] = {"epochs": label, "prompts": len(pair_units), "responses": n_resp, "methods": {}}
+        if with_history:
+            tuned_idx = [HistoryIndex.build(deep[u.prompt_id, u.epoch].history,
+                                            reward_weighted=cfg.tuned.reward_weighted)
+                         for u in pair_units]  # the job's: its last `history_epochs` epochs
+            methods = history_methods(cfg, pair_units, tuned_idx, arctic_ok)
+        else:
+            methods = first_epoch_methods(cfg, pair_units, [recent[u.step] for u in pair_units])
+        for name, stats in methods:
+            row["methods"][name] = _metrics(stats)
+            _add(totals, name, stats)
         results["pairs"].append(row)
     results["all"] = {name: _metrics(s) for name, s in totals.items()}
 
@@ -193,6 +157,51 @@ def run(cfg: AcceptanceConfig, out: Path, console: Console | None = None) -> dic
     print_table(results, console)
     console.print(f"wrote {out / 'results.json'} and {out / 'acceptance.png'}")
     return results
+
+
+def first_epoch_methods(cfg: AcceptanceConfig, units: list[PromptWork],
+                        recent: Sequence[HistoryIndex | None]) -> list[tuple[str, ReplayStats]]:
+    """A prompt's first epoch, without history: only the group, the recent responses (the earlier
+    steps' newest responses to any prompt) and a sequence's own context can draft."""
+    none: list[HistoryIndex | None] = [None] * len(units)
+    first: list[tuple[Source, int]] = [
+        (histospec(none, cfg.tuned, name=GROUP, groups=True), 0),
+        (histospec(recent, cfg.tuned, name=RECENT_GROUP, groups=True), 0),
+        (histospec(none, cfg.tuned, name=_lead(GROUP, cfg.lead), groups=True), cfg.lead),
+        (ngram(cfg.knobs), 0),
+        (fastest_of_n([histospec(none, cfg.tuned, name="history", groups=True), ngram(cfg.knobs, name="ngram")],
+                      cfg.tuned, name=FASTEST_GROUP), 0),
+    ]
+    out = [(source.name, replay_units(source, units, lead=lead)) for source, lead in first]
+    for name, indexes, spread in ((GROUP, none, False), (GROUP, none, True), (RECENT_GROUP, recent, True)):
+        source = histospec(indexes, cfg.tuned, name=_batched(name, cfg.batch, spread), groups=True)
+        out.append((source.name, replay_units(source, units, batch=cfg.batch, spread=spread)))
+    return out
+
+
+def history_methods(cfg: AcceptanceConfig, units: list[PromptWork], tuned_idx: Sequence[HistoryIndex],
+                    arctic_ok: bool) -> list[tuple[str, ReplayStats]]:
+    """An epoch with the previous one's responses: every source, then the paper's §5.1 bound."""
+    reward_idx = [HistoryIndex.build(u.history, reward_weighted=True) for u in units]
+    freq_idx = [HistoryIndex.build(u.history, reward_weighted=False) for u in units]
+    sources: list[Source] = [
+        histospec(reward_idx, cfg.knobs, name="histospec (reward)"),
+        histospec(freq_idx, cfg.knobs, name="histospec (frequency)"),
+        histospec(tuned_idx, cfg.tuned, name="histospec (long match)"),
+        histospec([None] * len(units), cfg.tuned, name=GROUP, groups=True),
+        histospec(tuned_idx, cfg.tuned, name=HISTORY_GROUP, groups=True),
+        histospec(tuned_idx, cfg.tuned, name=_lead(HISTORY_GROUP, cfg.lead), groups=True),
+    ]
+    if arctic_ok:
+        caches = ArcticCaches.build(units, cfg.arctic_depth)
+        sources.append(ArcticSource(caches, cfg.knobs, name=f"arctic-d{cfg.arctic_depth}"))
+    sources.append(ngram(cfg.knobs))
+    sources.append(fastest_of_n([histospec(tuned_idx, cfg.tuned, name="history", groups=True),
+                                 ngram(cfg.knobs, name="ngram")], cfg.tuned, name=FASTEST_HISTORY_GROUP))
+    out = [(source.name, replay_units(source, units, lead=cfg.lead if source.name.endswith(" ahead") else 0))
+           for source in sources]
+    out.append((BOUND, bound_stats(reward_idx, units, cfg.oracle_prefix)))
+    return out
 
 
 def recent_indexes(units: list[PromptWork], knobs: SpeculationSpec) -> dict[int, HistoryIndex | None]:

@@ -104,53 +104,75 @@ def replay(
     batch: at most this many sequences generate at once, as in an engine's continuous batching: the
     others wait, in the order of the targets, and each one finishing admits the next (None: all).
     """
-    n = len(targets)
-    rows, tlens = pad_rows(targets, extra=source_pad(source))
-    pos = np.asarray(starts, dtype=np.int64).copy()
-    source.start(units, prompts, [t[: int(s)] for t, s in zip(targets, pos, strict=True)], rows.shape[1])
-    stats = ReplayStats(batch=n)
-    offsets = np.zeros(n + 1, dtype=np.int64)
+    run = _Replay(source, units, prompts, targets, starts)
+    start_step, waiting = _schedule(run.active, admitted, batch, iterations)
+    source.start(units, prompts, [t[: int(s)] for t, s in zip(targets, run.pos, strict=True)], run.rows.shape[1])
+    offsets = np.zeros(len(targets) + 1, dtype=np.int64)
     tokens = np.zeros(0, dtype=np.int32)
     accepted: I32 | None = None
-    active = pos < tlens
-    start_step = np.zeros(n, dtype=np.int64) if admitted is None else np.asarray(admitted, dtype=np.int64)
-    if batch is not None:
-        if batch < 1 or admitted is not None or iterations is not None:
-            raise ValueError("batch: at least 1, and only for a whole replay without `admitted`")
-        waiting = np.flatnonzero(active).tolist()[batch:]  # admitted as running sequences finish
-        start_step[waiting] = np.iinfo(np.int64).max
     rng = rng or np.random.default_rng(0)
     done_steps = 0
-    while active.any() if iterations is None else done_steps < iterations:
+    while run.active.any() if iterations is None else done_steps < iterations:
         d_off, d_tok, secs = source.step(offsets, tokens, accepted)
-        stats.step_seconds.append(secs)
-        running = active & (start_step <= done_steps)
-        acc = np.where(running, accepted_lengths(d_off, d_tok, rows, pos, tlens), 0)
-        lens = np.diff(d_off)
-        counts = np.where(running, np.minimum(acc + 1, tlens - pos), 0)
-        stats.drafted += int(lens[running].sum())
-        stats.accepted += int(acc[running].sum())
-        stats.generated += int(counts.sum())
-        stats.verify_steps += int(running.sum())
-        new_pos = pos + counts
+        run.stats.step_seconds.append(secs)
+        running = run.active & (start_step <= done_steps)
+        acc, counts = run.verify(running, d_off, d_tok)
+        new_pos = run.pos + counts
         if iterations is not None:
-            finished = np.flatnonzero(new_pos >= tlens)
-            for i in finished.tolist():
-                start = int(rng.integers(0, max(1, int(tlens[i] * restart_fraction))))
-                source.restart(i, units[i], prompts[i], targets[i][:start])
-                counts[i], acc[i], pos[i], new_pos[i] = 0, 0, start, start
-        offsets, tokens = gather_new_tokens(rows, pos, counts)
-        pos = new_pos
+            run.restart_finished(new_pos, counts, acc, rng, restart_fraction)
+        offsets, tokens = gather_new_tokens(run.rows, run.pos, counts)
+        run.pos = new_pos
         accepted = acc.astype(np.int32)
         if iterations is None:
-            if batch is not None:
-                for _ in range(int((running & (pos >= tlens)).sum())):
-                    if waiting:
-                        start_step[waiting.pop(0)] = done_steps + 1
-            active &= pos < tlens
+            for _ in range(int((running & (run.pos >= run.tlens)).sum())):  # each one finishing admits the next
+                if waiting:
+                    start_step[waiting.pop(0)] = done_steps + 1
+            run.active &= run.pos < run.tlens
         done_steps += 1
     source.close()
-    return stats
+    return run.stats
+
+
+def _schedule(active: NDArray[np.bool_], admitted: Sequence[int] | None, batch: int | None,
+              iterations: int | None) -> tuple[I64, list[int]]:
+    """The step each sequence starts at, and (with `batch`) the sequences waiting for a place, in order."""
+    start_step = np.zeros(active.size, dtype=np.int64) if admitted is None else np.asarray(admitted, dtype=np.int64)
+    if batch is None:
+        return start_step, []
+    if batch < 1 or admitted is not None or iterations is not None:
+        raise ValueError("batch: at least 1, and only for a whole replay without `admitted`")
+    waiting: list[int] = np.flatnonzero(active).tolist()[batch:]  # admitted as running sequences finish
+    start_step[waiting] = np.iinfo(np.int64).max
+    return start_step, waiting
+
+
+class _Replay:
+    """Where each sequence of one replay is, and what its verify passes counted."""
+
+    def __init__(self, source: Source, units: Sequence[int], prompts: Sequence[I32], targets: Sequence[I32],
+                 starts: Sequence[int]) -> None:
+        self.source, self.units, self.prompts, self.targets = source, units, prompts, targets
+        self.rows, self.tlens = pad_rows(targets, extra=source_pad(source))
+        self.pos = np.asarray(starts, dtype=np.int64).copy()
+        self.active = self.pos < self.tlens
+        self.stats = ReplayStats(batch=len(targets))
+
+    def verify(self, running: NDArray[np.bool_], d_off: I64, d_tok: I32) -> tuple[I64, I64]:
+        """One verify pass of the running sequences: each one's accepted draft prefix and tokens generated."""
+        acc = np.where(running, accepted_lengths(d_off, d_tok, self.rows, self.pos, self.tlens), 0)
+        counts = np.where(running, np.minimum(acc + 1, self.tlens - self.pos), 0)
+        self.stats.drafted += int(np.diff(d_off)[running].sum())
+        self.stats.accepted += int(acc[running].sum())
+        self.stats.generated += int(counts.sum())
+        self.stats.verify_steps += int(running.sum())
+        return acc, counts
+
+    def restart_finished(self, new_pos: I64, counts: I64, acc: I64, rng: np.random.Generator, fraction: float) -> None:
+        """Restart every sequence that reached its end at a random point of its first `fraction`."""
+        for i in np.flatnonzero(new_pos >= self.tlens).tolist():
+            start = int(rng.integers(0, max(1, int(self.tlens[i] * fraction))))
+            self.source.restart(i, self.units[i], self.prompts[i], self.targets[i][:start])
+            counts[i], acc[i], self.pos[i], new_pos[i] = 0, 0, start, start
 
 
 def source_pad(source: Source) -> int:

@@ -1,35 +1,40 @@
 """Draft sources the drafter and acceptance benchmarks compare, behind one batched interface.
 
 Why one interface: the benchmarks replay the same sequences through every source in lockstep, so
-the only difference between rows is where drafts come from (and what that costs):
+the only difference between rows is where drafts come from (and what that costs). Every source but
+one is the rollout engine's own `DraftSource`, driven by `EngineSource` as the torch engine drives
+it, so the benches measure what a job runs:
 
-- `HistoSpecSource`: our native index + batched AIMD drafter (one native call per engine step);
-- `ArcticSource`: Snowflake's arctic-inference SuffixDecodingCache (per-prompt cache holding last
-  epoch's responses, as its vLLM integration drives it: add tokens, then speculate, per request);
-- `NgramSource`: a vLLM-style n-gram proposer over each sequence's own context (native scan);
-- `FastestOfNSource`: several of the above, each sequence taking the draft of the one its own
-  emitted tokens confirmed most (Fastest-of-N).
+- `histospec`: HistoSpec, `HistoryDrafts` (our native index + batched AIMD drafter, with the
+  group's responses where asked);
+- `ngram`: `NgramDrafts`, a vLLM-style n-gram proposer over each sequence's own context;
+- `fastest_of_n`: `FastestOfNDrafts` over several of those, each sequence taking the draft of the
+  one its own emitted tokens confirmed most.
 
-Arctic and n-gram get the same AIMD window rule as ours (applied here, outside their timed calls),
-so acceptance differences come from the drafts. Workloads: draft_workloads.py; the lockstep replay
-and verifier: draft_replay.py.
+The one foreign source is `ArcticSource`: Snowflake's arctic-inference SuffixDecodingCache
+(per-prompt cache holding last epoch's responses, as its vLLM integration drives it: add tokens,
+then speculate, per request), given the same AIMD window rule as ours (applied here, outside its
+timed calls), so acceptance differences come from the drafts. Workloads: draft_workloads.py; the
+lockstep replay and verifier: draft_replay.py.
 """
 
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from rhymerl.algorithms.drafting import AimdWindows, GroupIndex, HistoryDrafter, HistoryIndex, ngram_draft
-from rhymerl.algorithms.drafting.fastest_of_n import SourceChoice, matched, told_accepted
+from rhymerl.algorithms.drafting import AimdWindows, HistoryIndex
 from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.tools.bench.draft_workloads import PromptWork
+from rhymerl.workers.rollout.engine import DraftSource, GenRequest
+from rhymerl.workers.rollout.fastest_of_n import FastestOfNDrafts
+from rhymerl.workers.rollout.speculators import DraftCapController, HistoryDrafts, NgramDrafts
 
 I32 = NDArray[np.int32]
 I64 = NDArray[np.int64]
@@ -40,8 +45,6 @@ def knob_record(knobs: SpeculationSpec) -> dict[str, float]:
     return {"prefix_max": knobs.prefix.max, "prefix_min": knobs.prefix.min, "window_initial": knobs.window.initial,
             "window_step": knobs.window.step, "window_max": knobs.window.max, "min_prob": knobs.min_prob,
             "history_epochs": knobs.history_epochs, "recent_tokens": knobs.recent_tokens}
-
-
 
 
 class Source(ABC):
@@ -66,8 +69,8 @@ class Source(ABC):
 
 
 class AIMD:
-    """AIMD windows (the one native rule, `AimdWindows`) for a source that keeps none (arctic,
-    n-gram), with each row's last draft length, which the next verify round reports on."""
+    """AIMD windows (the one native rule, `AimdWindows`) for arctic, which keeps none, with each
+    row's last draft length, which the next verify round reports on."""
 
     def __init__(self, knobs: SpeculationSpec, n: int) -> None:
         self.windows = AimdWindows(knobs.window, n)
@@ -88,89 +91,108 @@ class AIMD:
         self.last[slot] = 0
 
 
-class HistoSpecSource(Source):
-    """The history drafter; with `groups`, each unit's sequences also share a `GroupIndex` that they
-    grow as they are replayed (the siblings of a step generated together), and `indexes` may hold
-    None for a unit without history."""
+class EngineSource(Source):
+    """A rollout engine's `DraftSource` replayed in lockstep, sequence i in slot i (unit u is prompt
+    id str(u)). Each step settles the last drafts (drafted, accepted, emitted tokens) and proposes the
+    next, as a verify pass of the torch engine does; a sequence that starts with tokens is begun and
+    settled with them, as a resumed one is. Timed: `settle` + `propose` (report + feed + draft), not the
+    conversion between the replay's arrays and the engine's lists. `make(width)` builds the source for
+    contexts (prompt + response) of at most `width` tokens; `served` counts the non-empty drafts
+    handed out per source (`source_of`).
 
-    def __init__(self, indexes: Sequence[HistoryIndex | None], knobs: SpeculationSpec, name: str = "histospec",
-                 groups: bool = False) -> None:
+    catch_up: a source that takes in a sequence's tokens only when it next proposes (`HistoryDrafts`)
+    is asked once more, untimed, for the sequences that start with tokens, and that proposal is not
+    handed out, so their tokens are taken in untimed, as the replay's starts are; its `settle` then
+    reports nothing on that proposal (the slot drafted 0 as far as the replay knows)."""
+
+    def __init__(self, name: str, knobs: SpeculationSpec, make: Callable[[int], DraftSource],
+                 catch_up: bool = False) -> None:
         self.name = name
-        self.indexes = indexes
         self.knobs = knobs
-        self.drafter = HistoryDrafter(knobs)
-        self.groups: list[GroupIndex] | None = [GroupIndex.for_spec(knobs) for _ in indexes] if groups else None
-        self.handles = np.zeros(0, dtype=np.int64)
-        self.out_offsets = np.zeros(1, dtype=np.int64)
-        self.out_tokens = np.zeros(0, dtype=np.int32)
+        self.make = make
+        self.catch_up = catch_up
+        self.drafts: DraftSource | None = None
+        self.last: list[int] = []  # each slot's last draft length, which the next step settles
+        self.served: dict[str, int] = {}
 
-    def _add(self, unit: int, context: I32) -> int:
-        return self.drafter.add(self.indexes[unit], context,
-                                group=self.groups[unit] if self.groups is not None else None)
+    @property
+    def source(self) -> DraftSource:
+        if self.drafts is None:
+            raise RuntimeError(f"{self.name}: not started")
+        return self.drafts
+
+    def _begin(self, slot: int, unit: int, prompt: I32, context: I32) -> None:
+        self.source.begin(slot, GenRequest(prompt.tolist(), slot, str(unit)))
+        if context.size:
+            self.source.settle([slot], [0], [0], [context.tolist()])
 
     def start(self, units: Sequence[int], prompts: Sequence[I32], contexts: Sequence[I32], capacity: int) -> None:
-        self.handles = np.asarray([self._add(u, c) for u, c in zip(units, contexts, strict=True)], dtype=np.int64)
-        # an engine keeps its draft buffers: step_into writes there without allocating
-        self.out_offsets = np.zeros(len(units) + 1, dtype=np.int64)
-        self.out_tokens = np.zeros(len(units) * self.knobs.window.max, dtype=np.int32)
+        self.drafts = self.make(max((len(p) for p in prompts), default=0) + capacity)
+        self.last = [0] * len(units)
+        for slot in reversed(range(len(units))):  # the highest slot first: per-slot state is sized once
+            self._begin(slot, units[slot], prompts[slot], contexts[slot])
+        self._catch_up([slot for slot, context in enumerate(contexts) if context.size])
 
     def restart(self, slot: int, unit: int, prompt: I32, context: I32) -> None:
-        self.drafter.remove(int(self.handles[slot]))
-        self.handles[slot] = self._add(unit, context)
+        self.source.end(slot)
+        self._begin(slot, unit, prompt, context)
+        self.last[slot] = 0
+        self._catch_up([slot] if context.size else [])
+
+    def _catch_up(self, slots: list[int]) -> None:
+        if self.catch_up and slots:
+            self.source.propose(slots, len(self.last))
 
     def step(self, offsets: I64, tokens: I32, accepted: I32 | None) -> tuple[I64, I32, float]:
+        source = self.source
+        slots = list(range(offsets.size - 1))
+        emitted = [tokens[offsets[i]: offsets[i + 1]].tolist() for i in slots]
+        told = None if accepted is None else accepted.tolist()
         t0 = time.perf_counter()
-        total = self.drafter.step_into(self.handles, offsets, tokens, accepted, self.out_offsets, self.out_tokens)
+        if told is not None:
+            source.settle(slots, self.last, told, emitted)
+        drafts = source.propose(slots, len(slots))
         elapsed = time.perf_counter() - t0
-        return self.out_offsets.copy(), self.out_tokens[:total].copy(), elapsed
+        self.last = [len(d) for d in drafts]
+        for slot, n in zip(slots, self.last, strict=True):
+            if n:
+                name = source.source_of(slot)
+                self.served[name] = self.served.get(name, 0) + 1
+        out_off = np.zeros(len(slots) + 1, dtype=np.int64)
+        np.cumsum(self.last, out=out_off[1:])
+        flat = np.fromiter((t for d in drafts for t in d), dtype=np.int32, count=int(out_off[-1]))
+        return out_off, flat, elapsed
 
     def close(self) -> None:
-        if self.handles.size:
-            self.drafter.remove(self.handles)
-        self.handles = np.zeros(0, dtype=np.int64)
+        if self.drafts is not None:
+            for slot in range(len(self.last)):
+                self.drafts.end(slot)
+        self.drafts = None
 
 
-class NgramSource(Source):
-    def __init__(self, knobs: SpeculationSpec, name: str = "n-gram") -> None:
-        self.name = name
-        self.knobs = knobs
-        self.buf = np.zeros((0, 1), dtype=np.int32)
-        self.lengths = np.zeros(0, dtype=np.int64)
-        self.aimd = AIMD(knobs, 0)
+def histospec(indexes: Sequence[HistoryIndex | None], knobs: SpeculationSpec, name: str = "histospec",
+              groups: bool = False) -> EngineSource:
+    """HistoSpec (`HistoryDrafts`) over unit u's history `indexes[u]` (None: it has none) and, with
+    `groups`, each unit's group: its sequences' responses as they are replayed."""
+    spec = knobs.model_copy(update={"group_drafts": groups})
+    by_prompt = {str(u): index for u, index in enumerate(indexes) if index is not None}
+    return EngineSource(name, spec, lambda width: HistoryDrafts(spec, by_prompt, None), catch_up=True)
 
-    def start(self, units: Sequence[int], prompts: Sequence[I32], contexts: Sequence[I32], capacity: int) -> None:
-        n = len(units)
-        width = max((len(p) for p in prompts), default=0) + capacity + self.knobs.window.max + 2
-        self.buf = np.zeros((n, width), dtype=np.int32)
-        self.lengths = np.zeros(n, dtype=np.int64)
-        for i in range(n):
-            self._load(i, prompts[i], contexts[i])
-        self.aimd = AIMD(self.knobs, n)
 
-    def _load(self, slot: int, prompt: I32, context: I32) -> None:
-        row = np.concatenate([prompt, context])
-        self.buf[slot, : row.size] = row
-        self.lengths[slot] = row.size
+def ngram(knobs: SpeculationSpec, name: str = "n-gram") -> EngineSource:
+    """vLLM-style n-gram drafts (`NgramDrafts`) from each sequence's own context, `knobs`' AIMD window;
+    the n-grams matched are the engine's (`NGRAM_MATCH`, the paper's 3 to 7), whatever `knobs.prefix` says."""
+    return EngineSource(name, knobs, lambda width: NgramDrafts(knobs, None, max_len=width))
 
-    def restart(self, slot: int, unit: int, prompt: I32, context: I32) -> None:
-        self._load(slot, prompt, context)
-        self.aimd.reset(slot)
 
-    def step(self, offsets: I64, tokens: I32, accepted: I32 | None) -> tuple[I64, I32, float]:
-        self.aimd.update(accepted)
-        t0 = time.perf_counter()
-        counts = np.diff(offsets)
-        if tokens.size:
-            seg = np.repeat(np.arange(counts.size), counts)
-            k = np.arange(tokens.size) - offsets[:-1][seg]
-            self.buf[seg, self.lengths[seg] + k] = tokens
-            self.lengths += counts
-        out_off, out_tok = ngram_draft(
-            self.buf, self.lengths, self.aimd.window, self.knobs.prefix.min, self.knobs.prefix.max
-        )
-        elapsed = time.perf_counter() - t0
-        self.aimd.last[:] = np.diff(out_off)
-        return out_off, out_tok, elapsed
+def fastest_of_n(sources: Sequence[EngineSource], knobs: SpeculationSpec, name: str = "fastest-of-n") -> EngineSource:
+    """Fastest-of-N (`FastestOfNDrafts`) over `sources` in order of preference (ties go to the first),
+    named by their names; its pass cap is a `DraftCapController` of `knobs` without a cost profile."""
+    names = [s.name for s in sources]
+    if len(set(names)) != len(names):
+        raise ValueError(f"fastest-of-n: its sources need distinct names, got {names}")
+    return EngineSource(name, knobs, lambda width: FastestOfNDrafts({s.name: s.make(width) for s in sources},
+                                                                    DraftCapController(knobs)))
 
 
 def arctic_status() -> tuple[bool, str]:
@@ -301,62 +323,3 @@ class ArcticSource(Source):
             if self.reqs[i][1] is not None:
                 self._close(i)
         self.reqs = []
-
-
-class FastestOfNSource(Source):
-    """Fastest-of-N over other sources: every source drafts every step (its own AIMD window, told
-    how much of its last draft the emitted tokens confirmed), and each sequence gets the draft of
-    the source its own tokens confirmed most (`SourceChoice`). Only what an engine sees scores a
-    source: the emitted tokens, never the rest of the target. `served` counts non-empty drafts
-    handed out per source."""
-
-    def __init__(self, sources: Sequence[Source], name: str = "fastest-of-n", decay: float = 0.8) -> None:
-        self.name = name
-        self.sources = list(sources)
-        self.decay = decay
-        self.choice = SourceChoice(0, len(self.sources), decay)
-        self.last: list[tuple[I64, I32]] = []
-        self.served = np.zeros(len(self.sources), dtype=np.int64)
-
-    def start(self, units: Sequence[int], prompts: Sequence[I32], contexts: Sequence[I32], capacity: int) -> None:
-        for source in self.sources:
-            source.start(units, prompts, contexts, capacity)
-        self.choice = SourceChoice(len(units), len(self.sources), self.decay)
-        empty = (np.zeros(len(units) + 1, dtype=np.int64), np.zeros(0, dtype=np.int32))
-        self.last = [empty] * len(self.sources)
-
-    def restart(self, slot: int, unit: int, prompt: I32, context: I32) -> None:
-        for source in self.sources:
-            source.restart(slot, unit, prompt, context)
-        self.choice.reset(slot)
-
-    def step(self, offsets: I64, tokens: I32, accepted: I32 | None) -> tuple[I64, I32, float]:
-        n = offsets.size - 1
-        confirmed = np.zeros((n, len(self.sources)), dtype=np.int64)
-        windows = np.zeros((n, len(self.sources)), dtype=np.int32)  # what each source's AIMD window is told
-        for k, (d_off, d_tok) in enumerate(self.last):
-            for i in range(n):
-                draft = d_tok[d_off[i]: d_off[i + 1]].tolist()
-                emitted = tokens[offsets[i]: offsets[i + 1]].tolist()
-                confirmed[i, k] = matched(draft, emitted)
-                windows[i, k] = told_accepted(draft, emitted)
-        if accepted is not None:
-            self.choice.observe(confirmed)
-        seconds = 0.0
-        drafts = []
-        for k, source in enumerate(self.sources):
-            d_off, d_tok, secs = source.step(offsets, tokens, None if accepted is None else windows[:, k])
-            drafts.append((d_off, d_tok))
-            seconds += secs
-        self.last = drafts
-        picks = self.choice.choose()
-        rows = [drafts[int(k)][1][drafts[int(k)][0][i]: drafts[int(k)][0][i + 1]] for i, k in enumerate(picks)]
-        out_off = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum([len(r) for r in rows], out=out_off[1:])
-        for i, k in enumerate(picks):
-            self.served[int(k)] += len(rows[i]) > 0
-        return out_off, (np.concatenate(rows) if rows else np.zeros(0, dtype=np.int32)).astype(np.int32), seconds
-
-    def close(self) -> None:
-        for source in self.sources:
-            source.close()

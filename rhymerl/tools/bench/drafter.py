@@ -4,7 +4,8 @@ Why: the paper's claim is that history drafts cost "hundreds of CPU cycles"; a d
 takes longer than a decode step's CPU slack, or an index that takes longer to build than an RL step,
 would erase the gain. One run measures, side by side on the same histories and sequences:
 build throughput, memory per indexed token, serialised size and load time, and the per-sequence
-latency of one engine step (report acceptance, feed the new tokens, draft) in batches of 1 to 1024.
+latency of one engine step (report acceptance, feed the new tokens, draft: the rollout engine's own
+draft sources' `settle` + `propose`, draft_sources.py) in batches of 1 to 1024.
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ from rhymerl.tools.bench.draft_replay import replay, replay_units
 from rhymerl.tools.bench.draft_sources import (
     ArcticCaches,
     ArcticSource,
-    HistoSpecSource,
-    NgramSource,
     Source,
     arctic_status,
+    histospec,
     knob_record,
+    ngram,
 )
 from rhymerl.tools.bench.draft_workloads import PromptWork, dump_workload, synthetic_workload
 from rhymerl.tools.bench.tables import print_table
@@ -221,41 +222,15 @@ def run(cfg: DrafterBenchConfig, out: Path, console: Console | None = None) -> d
     else:
         console.print(f"[yellow]{arctic_note}: comparing HistoSpec with n-gram only[/yellow]")
 
-    def sources() -> list[Source]:
-        made: list[Source] = [HistoSpecSource(indexes, cfg.knobs)]
-        for depth, c in caches.items():
-            made.append(ArcticSource(c, cfg.knobs, name=f"arctic-d{depth}", prefill_tail=depth))
-        made.append(NgramSource(cfg.knobs))
-        return made
-
     for batch in cfg.batches:
-        for source in sources():
+        sources: list[Source] = [histospec(indexes, cfg.knobs)]
+        sources += [ArcticSource(c, cfg.knobs, name=f"arctic-d{depth}", prefill_tail=depth) for depth, c in caches.items()]
+        sources.append(ngram(cfg.knobs))
+        for source in sources:
             console.log(f"latency: {source.name}, batch {batch}, {cfg.steps_for(batch)} steps")
             row = latency_row(source, units, batch, cfg.steps_for(batch), cfg.seed)
             results["latency"].setdefault(source.name, []).append(row)
-
-    # Draft quality: replay whole target responses (acceptance methodology, see bench acceptance).
-    sample = list(units[: cfg.quality_units])
-    weighted = [HistoryIndex.build(u.history, reward_weighted=True) for u in sample]
-    quality: list[Source] = [
-        HistoSpecSource(indexes[: len(sample)], cfg.knobs, name="histospec"),
-        HistoSpecSource(indexes[: len(sample)], cfg.tuned, name="histospec (long match)"),
-        HistoSpecSource(weighted, cfg.tuned, name="histospec (long match, reward-weighted)"),
-    ]
-    for depth in caches:
-        quality.append(ArcticSource(ArcticCaches.build(sample, depth), cfg.knobs, name=f"arctic-d{depth}"))
-    quality.append(NgramSource(cfg.knobs))
-    results["quality"] = {"responses": sum(len(u.targets) for u in sample), "knobs_tuned": knob_record(cfg.tuned),
-                          "sources": {}}
-    for source in quality:
-        console.log(f"draft quality: {source.name} on {results['quality']['responses']} whole responses")
-        stats = replay_units(source, sample)
-        results["quality"]["sources"][source.name] = {
-            "tokens": stats.generated,
-            "accepted_fraction": stats.accepted_fraction,
-            "acceptance_rate": stats.acceptance_rate,
-            "tokens_per_step": stats.tokens_per_step,
-        }
+    results["quality"] = draft_quality(cfg, units, indexes, list(caches), console)
 
     with user_paths("write", out):
         report.write_json(out / "results.json", results, indent=2)
@@ -264,6 +239,34 @@ def run(cfg: DrafterBenchConfig, out: Path, console: Console | None = None) -> d
     print_tables(results, console)
     console.print(f"wrote {out / 'results.json'}, {out / 'table.md'} and {out / 'drafter.png'}")
     return results
+
+
+def draft_quality(cfg: DrafterBenchConfig, units: Sequence[PromptWork], indexes: Sequence[HistoryIndex],
+                  arctic_depths: Sequence[int], console: Console) -> dict[str, Any]:
+    """Draft quality: the first `quality_units` prompts' target responses replayed whole (the
+    acceptance methodology, see bench acceptance)."""
+    sample = list(units[: cfg.quality_units])
+    weighted = [HistoryIndex.build(u.history, reward_weighted=True) for u in sample]
+    quality: list[Source] = [
+        histospec(indexes[: len(sample)], cfg.knobs, name="histospec"),
+        histospec(indexes[: len(sample)], cfg.tuned, name="histospec (long match)"),
+        histospec(weighted, cfg.tuned, name="histospec (long match, reward-weighted)"),
+    ]
+    quality += [ArcticSource(ArcticCaches.build(sample, depth), cfg.knobs, name=f"arctic-d{depth}")
+                for depth in arctic_depths]
+    quality.append(ngram(cfg.knobs))
+    responses = sum(len(u.targets) for u in sample)
+    out: dict[str, Any] = {"responses": responses, "knobs_tuned": knob_record(cfg.tuned), "sources": {}}
+    for source in quality:
+        console.log(f"draft quality: {source.name} on {responses} whole responses")
+        stats = replay_units(source, sample)
+        out["sources"][source.name] = {
+            "tokens": stats.generated,
+            "accepted_fraction": stats.accepted_fraction,
+            "acceptance_rate": stats.acceptance_rate,
+            "tokens_per_step": stats.tokens_per_step,
+        }
+    return out
 
 
 def tables(results: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
