@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import ast
 import inspect
+import pickle
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import ray
 
 from rhymerl.workers.controller import role_apis
 from rhymerl.workers.controller.role_apis import (
@@ -21,15 +23,36 @@ from rhymerl.workers.controller.role_apis import (
     TrainAPI,
     concurrency_group,
 )
-from rhymerl.workers.controller.transport import LocalTransport, Report, Stream
+from rhymerl.workers.controller.transport import (
+    HandbackReport,
+    LocalTransport,
+    OutputReport,
+    ProgressReport,
+    Report,
+    StateReport,
+    Stream,
+)
 from rhymerl.workers.roles.history_worker import HistoryWorker
 from rhymerl.workers.roles.reward_worker import RewardWorker
 from rhymerl.workers.roles.rollout_worker import RolloutWorker
-from rhymerl.workers.roles.samples import CallState
+from rhymerl.workers.roles.samples import (
+    CallState,
+    Handback,
+    HandbackTag,
+    OutputTag,
+    ProgressTag,
+    RolloutOutput,
+    RolloutProgress,
+    SampleRef,
+    StateTag,
+    Tag,
+)
 from rhymerl.workers.roles.train_worker import TrainWorker
-from rhymerl.workers.runtime.ray_transport import RayTransport, _Actor
+from rhymerl.workers.runtime.ray_transport import RayTransport, _Actor, _RayStream, _Ref
 
 REPO = Path(__file__).resolve().parents[2]
+A, B = SampleRef("p", 0, 1), SampleRef("p", 1, 1)
+OUTPUT = RolloutOutput([], [], 0, 0.0, False, 0)
 PAIRS = [(RolloutAPI, RolloutWorker), (TrainAPI, TrainWorker), (RewardAPI, RewardWorker), (HistoryAPI, HistoryWorker)]
 
 
@@ -77,16 +100,18 @@ def test_the_seam_imports_no_concrete_role_worker() -> None:
 
 
 class _Worker:
-    """A rollout worker stand-in: its rollout call reports twice; `end_step` and `release` are logged."""
+    """A rollout worker stand-in: its rollout call yields `reports` (each an item and its tag; by
+    default a state, then the output); `end_step` and `release` are logged."""
 
-    def __init__(self) -> None:
+    def __init__(self, reports: list[tuple[object, Tag]] | None = None) -> None:
         self.log: list[str] = []
+        self.reports = reports or [(None, StateTag(CallState({}, {}))), (OUTPUT, OutputTag(CallState({}, {})))]
 
     def generate(self, call: object, indexes: object, resume: object = None) -> Iterator[object]:
-        for kind in ("state", "output"):
-            self.log.append(f"report {kind}")
-            yield None
-            yield (kind, CallState({}, {}))
+        for item, tag in self.reports:
+            self.log.append(f"report {type(tag).__name__}")
+            yield item
+            yield tag
 
     def end_step(self) -> None:
         self.log.append("end_step")
@@ -105,30 +130,70 @@ def test_a_call_to_a_worker_running_a_rollout_call_waits_for_its_output_but_a_co
     t = LocalTransport()
     handle = t.start("rollout", _Worker)
     stream = t.stream(handle, 1, None, None, None)  # type: ignore[arg-type]
-    assert _report(t, stream).kind == "state"
+    assert isinstance(_report(t, stream), StateReport)
     waiting = t.call(handle, RolloutAPI.end_step)
     t.tell(handle, RolloutAPI.release, 1, [])
-    assert not t.done(waiting) and _local_log(t, handle) == ["report state", "release"]
+    assert not t.done(waiting) and _local_log(t, handle) == ["report StateTag", "release"]
     with pytest.raises(RuntimeError, match="end_step: waits behind"):
         t.get(waiting)
     last = _report(t, stream)
-    assert last.kind == "output" and t.done(waiting)
-    assert _local_log(t, handle) == ["report state", "release", "report output", "end_step"]
+    assert isinstance(last, OutputReport) and t.done(waiting)
+    assert _local_log(t, handle) == ["report StateTag", "release", "report OutputTag", "end_step"]
 
 
 def _local_log(t: LocalTransport, handle: object) -> list[str]:
     return list(handle.obj.log)  # type: ignore[attr-defined]
 
 
-def test_a_report_gives_its_item_only_as_what_its_tag_says_it_is() -> None:
+def _stream(t: LocalTransport, reports: list[tuple[object, Tag]]) -> Stream:
+    return t.stream(t.start("rollout", _Worker, reports), 1, None, None, None)  # type: ignore[arg-type]
+
+
+def test_each_tag_becomes_the_report_of_its_kind_with_the_item_before_it_typed_as_the_tag_says() -> None:
+    state, handback, progress = CallState({A: 2}, {B: 5}), Handback({A: 2}, [B]), RolloutProgress({})
     t = LocalTransport()
-    stream = t.stream(t.start("rollout", _Worker), 1, None, None, None)  # type: ignore[arg-type]
-    state = _report(t, stream)
-    with pytest.raises(ValueError, match="'state' report carries no RolloutOutput"):
-        state.output()
-    with pytest.raises(ValueError, match="'state' report carries no RolloutProgress"):
-        state.progress()
-    assert t.get(_report(t, stream).output()) is None
+    stream = _stream(t, [(None, StateTag(state)), (progress, ProgressTag(state)), (progress, HandbackTag(handback)),
+                         (OUTPUT, OutputTag(state))])
+    match [_report(t, stream) for _ in range(4)]:
+        case [StateReport(state=s1), ProgressReport(state=s2, progress=p2), HandbackReport(handback=hb, progress=p3),
+              OutputReport(state=s4, output=out)]:
+            assert s1 == s2 == s4 == state and hb == handback
+            assert t.get(p2) is progress and t.get(p3) is progress and t.get(out) is OUTPUT
+        case reports:
+            raise AssertionError(reports)
+
+
+def test_a_tag_after_an_item_of_another_type_is_refused_where_it_is_read() -> None:
+    t = LocalTransport()
+    stream = _stream(t, [(None, OutputTag(CallState({}, {})))])
+    with pytest.raises(TypeError, match="a tag for a RolloutOutput after a NoneType"):
+        _report(t, stream)
+
+
+def test_a_tag_travels_as_itself_without_its_fields_names() -> None:
+    for tag in (StateTag(CallState({A: 2}, {B: 5})), ProgressTag(CallState({A: 2}, {})),
+                HandbackTag(Handback({A: 2}, [B], leaving=True)), OutputTag(CallState({}, {B: 5}))):
+        wire = pickle.dumps(tag, protocol=5)
+        back = pickle.loads(wire)
+        assert type(back) is type(tag) and back == tag
+        assert not any(name in wire for name in (b"running", b"finished", b"handed", b"missed", b"state"))
+
+
+def test_a_ray_report_fetches_its_tag_and_keeps_its_item_by_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    item, tag, gen = object(), object(), object()
+    fetched: list[object] = []
+
+    def get(ref: object, timeout: float | None = None) -> Tag:
+        fetched.append(ref)
+        return OutputTag(CallState({}, {A: 3}))
+
+    monkeypatch.setattr(ray, "wait", lambda refs, num_returns, timeout: (refs[:1], refs[1:]))
+    monkeypatch.setattr(ray, "get", get)
+    stream = _RayStream(_Actor(_FakeActor()), 1, gen=gen, items=iter([item, tag]))  # type: ignore[arg-type]
+    report = RayTransport().next_report([stream], timeout=0)
+    assert isinstance(report, OutputReport) and report.state.finished == {A: 3}
+    assert isinstance(report.output, _Ref) and report.output.ref is item
+    assert fetched == [tag] and stream.gen is None
 
 
 class _Method:

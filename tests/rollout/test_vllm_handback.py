@@ -16,11 +16,14 @@ from rhymerl.workers.roles.rollout_engine import engine_abilities
 from rhymerl.workers.roles.rollout_worker import RolloutWorker, encode_prompts, load_job_tokenizer
 from rhymerl.workers.roles.samples import (
     CallState,
-    Handback,
+    HandbackTag,
+    OutputTag,
     RolloutCall,
     RolloutOutput,
     RolloutProgress,
     SampleRef,
+    StateTag,
+    Tag,
 )
 from rhymerl.workers.roles.vllm_rollout import VllmRollout
 from rhymerl.workers.rollout.engine import GenRequest
@@ -43,19 +46,21 @@ spec:
 """)
 
 
-def _run(stream: Any, leave: RolloutWorker | None = None) -> tuple[RolloutOutput, list[tuple[object, Any]], CallState | None]:
+def _run(stream: Any, leave: RolloutWorker | None = None) -> tuple[RolloutOutput, list[tuple[object, Tag]], CallState | None]:
     """Drain a call's reports; with `leave`, that worker is told to leave at the first report that
     shows a sample finished and another still running. The output, every (item, tag), and the last
     state reported before the notice."""
-    reports, before = [], None
+    reports: list[tuple[object, Tag]] = []
+    before = None
     for item in stream:
-        kind, value = next(stream)
-        reports.append((item, (kind, value)))
-        if leave is not None and before is None and kind == "state" and value.finished and value.running:
-            before = value
-            leave.leave()
-        if kind == "output":
-            return item, reports, before
+        tag = next(stream)
+        reports.append((item, tag))
+        match tag:
+            case StateTag(state) if leave is not None and before is None and state.finished and state.running:
+                before = state
+                leave.leave()
+            case OutputTag():
+                return item, reports, before
     raise AssertionError("the call ended without an output")
 
 
@@ -76,8 +81,9 @@ def test_a_vllm_call_told_to_leave_hands_back_its_unfinished_samples_and_another
         out, reports, before = _run(worker.generate(RolloutCall(1, samples, requests, step=1, report_every=1), None),
                                     leave=worker)
         assert before is not None, "no report showed a sample finished while others ran"
-        ((progress, (_, hb)),) = [(i, t) for i, t in reports if t[0] == "handback"]
-        assert isinstance(hb, Handback) and isinstance(progress, RolloutProgress)
+        ((progress, tag),) = [(i, t) for i, t in reports if isinstance(t, HandbackTag)]
+        assert isinstance(tag, HandbackTag) and isinstance(progress, RolloutProgress)
+        hb = tag.handback
         # handed back after the step it was told in: every sample then running, with the tokens it had
         assert hb.leaving and not hb.missed and hb.handed == before.running
         for s, n in hb.handed.items():

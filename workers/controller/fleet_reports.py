@@ -12,8 +12,15 @@ from rhymerl.algorithms.scheduling.executor import Executor
 from rhymerl.workers.controller.fleet_places import Placement
 from rhymerl.workers.controller.fleet_records import Book, Call, Round
 from rhymerl.workers.controller.role_apis import RolloutAPI
-from rhymerl.workers.controller.transport import Report, Transport
-from rhymerl.workers.roles.samples import CallState, Handback
+from rhymerl.workers.controller.transport import (
+    HandbackReport,
+    OutputReport,
+    ProgressReport,
+    Report,
+    StateReport,
+    Transport,
+)
+from rhymerl.workers.roles.samples import CallState
 from rhymerl.workers.rollout.group_drafts import GrownTokens
 
 
@@ -31,24 +38,21 @@ class Reports:
         self.reports_kept = 0  # reports whose tokens `heard_for` keeps
 
     def on_report(self, call: Call, report: Report) -> None:
-        kind, value = report.kind, report.value
-        if kind == "handback":
-            assert isinstance(value, Handback), value
-            self.placement.handback(call, report.progress(), value)
-            return
-        assert isinstance(value, CallState), (kind, value)
-        if kind == "state":
-            self._observe(call, value)
-        elif kind == "progress":
-            for s in value.running.keys() | value.finished.keys():
-                self.book.snapshot(call.id, s, report.progress(), value.running.get(s, value.finished.get(s, 0)))
-            self._observe(call, value)
-        elif kind == "output":
-            call.output, call.ended = report.output(), True
-            call.round.ends[call.member.id] = self.transport.clock(call.member.handle)
-            self._observe(call, value)
-            if self.transport.concurrent:
-                self.score(call)
+        match report:
+            case HandbackReport(handback=handback, progress=progress):
+                self.placement.handback(call, progress, handback)
+            case StateReport(state=state):
+                self._observe(call, state)
+            case ProgressReport(state=state, progress=progress):
+                for s in state.running.keys() | state.finished.keys():
+                    self.book.snapshot(call.id, s, progress, state.running.get(s, state.finished.get(s, 0)))
+                self._observe(call, state)
+            case OutputReport(state=state, output=output):
+                call.output, call.ended = output, True
+                call.round.ends[call.member.id] = self.transport.clock(call.member.handle)
+                self._observe(call, state)
+                if self.transport.concurrent:
+                    self.score(call)
 
     def _observe(self, call: Call, state: CallState) -> None:
         """What a call reported: finishes and token counts go to the scheduler (watched samples once

@@ -29,7 +29,17 @@ from rhymerl.workers.controller.role_apis import (
     WeightsRef,
     concurrency_group,
 )
-from rhymerl.workers.roles.samples import RolloutCall, RolloutOutput, RolloutProgress
+from rhymerl.workers.roles.samples import (
+    CallState,
+    Handback,
+    HandbackTag,
+    OutputTag,
+    ProgressTag,
+    RolloutCall,
+    RolloutOutput,
+    RolloutProgress,
+    StateTag,
+)
 from rhymerl.workers.rollout.remote_drafts import DraftLink, LocalDraftLink
 
 P = ParamSpec("P")
@@ -70,23 +80,63 @@ class Stream:
 
 
 @dataclass(frozen=True)
-class Report:
+class StateReport:
+    """A call's token counts."""
+
     stream: Stream
-    kind: str  # the tag: state, progress, handback, output (roles/samples.py Tag)
-    value: object  # the tag's value (small)
-    item: Result[RolloutItem]  # the item before the tag: itself in this process, a reference on Ray
+    state: CallState
 
-    def progress(self) -> Result[RolloutProgress]:
-        """The item of a `progress` or `handback` report: the samples' tokens so far."""
-        if self.kind not in ("progress", "handback"):
-            raise ValueError(f"a {self.kind!r} report carries no RolloutProgress")
-        return cast(Result[RolloutProgress], self.item)
 
-    def output(self) -> Result[RolloutOutput]:
-        """The item of an `output` report: the call's RolloutOutput."""
-        if self.kind != "output":
-            raise ValueError(f"a {self.kind!r} report carries no RolloutOutput")
-        return cast(Result[RolloutOutput], self.item)
+@dataclass(frozen=True)
+class ProgressReport:
+    """A call's token counts and a snapshot of every sample's tokens (what a re-run resumes from)."""
+
+    stream: Stream
+    state: CallState
+    progress: Result[RolloutProgress]
+
+
+@dataclass(frozen=True)
+class HandbackReport:
+    """Samples a call handed back, and their tokens."""
+
+    stream: Stream
+    handback: Handback
+    progress: Result[RolloutProgress]
+
+
+@dataclass(frozen=True)
+class OutputReport:
+    """A call's last report: its token counts and its output."""
+
+    stream: Stream
+    state: CallState
+    output: Result[RolloutOutput]
+
+
+Report = StateReport | ProgressReport | HandbackReport | OutputReport
+"""What the step loop hears of a rollout call: its tag (samples.Tag) and, where the tag has one, the
+item before it, typed as the tag says (the value itself in this process, a reference on Ray)."""
+
+
+class Items(Protocol):
+    def __call__(self, kind: type[R]) -> Result[R]:
+        """The item before a tag as a result of `kind`, the type its tag says it is (on Ray a
+        reference, nothing fetched)."""
+
+
+def report_of(stream: Stream, tag: object, item: Items) -> Report:
+    """The report of a tag read from `stream` (TypeError for anything else)."""
+    match tag:
+        case StateTag(state):
+            return StateReport(stream, state)
+        case ProgressTag(state):
+            return ProgressReport(stream, state, item(RolloutProgress))
+        case HandbackTag(handback):
+            return HandbackReport(stream, handback, item(RolloutProgress))
+        case OutputTag(state):
+            return OutputReport(stream, state, item(RolloutOutput))
+    raise TypeError(f"not a rollout stream's tag: {tag!r}")
 
 
 Indexes = Mapping[str, HistoryIndex]
@@ -217,6 +267,15 @@ class _LocalStream(Stream):
     source: Iterator[RolloutItem] | None = None
 
 
+def _checked(value: RolloutItem) -> Items:
+    """A stream's item in this process, checked to be what its tag says."""
+    def item(kind: type[R]) -> Result[R]:
+        if not isinstance(value, kind):
+            raise TypeError(f"a tag for a {kind.__name__} after a {type(value).__name__}")
+        return _Value(value)
+    return item
+
+
 def _local(handle: Handle[A]) -> _Local[A]:
     if not isinstance(handle, _Local):
         raise TypeError(f"not a handle of LocalTransport: {handle!r}")
@@ -325,14 +384,14 @@ class LocalTransport:
             assert stream.run is not None, "a rollout stream read after its output"
             stream.source, stream.run = iter(stream.run()), None
         item = next(stream.source)
-        kind, value = cast(tuple[str, object], next(stream.source))
+        report = report_of(stream, next(stream.source), _checked(item))
         local.clock += time.perf_counter() - t0
-        if kind == "output":  # the call's end: its generator (and the KV cache in its frame) goes now
+        if isinstance(report, OutputReport):  # the call's end: its generator (and the KV cache in its frame) goes now
             stream.source.close()  # type: ignore[attr-defined]  # a generator
             stream.source = None
             local.queue.remove(stream)
             self._head(local)
-        return Report(stream, kind, value, _Value(item))
+        return report
 
     @staticmethod
     def _head(local: _Local[object]) -> _LocalStream | None:

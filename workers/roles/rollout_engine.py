@@ -23,6 +23,7 @@ from rhymerl.workers.roles.call_mailbox import CallMailbox
 from rhymerl.workers.roles.samples import (
     CallState,
     Handback,
+    HandbackTag,
     RolloutCall,
     RolloutOutput,
     RolloutProgress,
@@ -121,5 +122,5 @@ def handed_back(busy: BusyClock, taken: dict[SampleRef, GenResult], release: set
     handed = {s: len(r.response_ids) for s, r in taken.items()}
     busy.pause()
     yield RolloutProgress(taken)
-    yield ("handback", Handback(handed, sorted(release - handed.keys(), key=sample_order), leaving))
+    yield HandbackTag(Handback(handed, sorted(release - handed.keys(), key=sample_order), leaving))
     busy.resume()

@@ -41,6 +41,7 @@ from rhymerl.workers.roles.leave_notice import leave_pid_file
 from rhymerl.workers.roles.rollout_engine import Report, RolloutEngine, Weights
 from rhymerl.workers.roles.samples import (
     CallState,
+    OutputTag,
     RolloutCall,
     RolloutOutput,
     RolloutProgress,
@@ -223,7 +224,7 @@ class RolloutWorker:
         m.flush()
         self._busy.pause()
         yield out
-        yield ("output", state)
+        yield OutputTag(state)
 
     def cost_profile(self) -> CostProfile | None:
         """The engine's measured pass times, the scheduler's cost model: the verify-cost profile the

@@ -3,7 +3,7 @@ and output, scored samples and the few numbers per sample the loop keeps."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SourceCount
 from rhymerl.workers.rollout.group_drafts import GrownTokens
@@ -66,7 +66,16 @@ class RolloutProgress:
 
 
 @dataclass(frozen=True)
-class CallState:
+class _Compact:
+    """Pickled as its class and its fields' values in order, no field names: a rollout stream's
+    tags cross the network once per report."""
+
+    def __reduce__(self) -> tuple[type[_Compact], tuple[object, ...]]:
+        return type(self), tuple(getattr(self, f.name) for f in fields(self))
+
+
+@dataclass(frozen=True)
+class CallState(_Compact):
     """What a rollout call reports: the tokens each unfinished sample has so far (waiting ones
     included, at 0) and the length of each finished one; with `share_every`, the tokens its
     samples generated since they were last shared (None: none)."""
@@ -77,7 +86,7 @@ class CallState:
 
 
 @dataclass(frozen=True)
-class Handback:
+class Handback(_Compact):
     """Samples a running call handed back, their partial results in the item before it: those the
     step loop asked for (`release`) that were still unfinished, with how many tokens each has, and
     those asked for that had finished (`missed`); `leaving`: the worker is leaving the fleet and
@@ -88,10 +97,37 @@ class Handback:
     leaving: bool = False
 
 
-Tag = tuple[str, object]
-"""What the item before it in a rollout stream was: ("state", CallState) after a None item,
-("progress", CallState) after a RolloutProgress snapshot, ("handback", Handback) after the
-RolloutProgress of the samples handed back, ("output", CallState) after the RolloutOutput."""
+@dataclass(frozen=True)
+class StateTag(_Compact):
+    """After a None item: the call's token counts (every `report_every` passes)."""
+
+    state: CallState
+
+
+@dataclass(frozen=True)
+class ProgressTag(_Compact):
+    """After a RolloutProgress snapshot of every sample's tokens (every `snapshot_every` passes)."""
+
+    state: CallState
+
+
+@dataclass(frozen=True)
+class HandbackTag(_Compact):
+    """After the RolloutProgress of the samples handed back."""
+
+    handback: Handback
+
+
+@dataclass(frozen=True)
+class OutputTag(_Compact):
+    """After the call's RolloutOutput, its last report."""
+
+    state: CallState
+
+
+Tag = StateTag | ProgressTag | HandbackTag | OutputTag
+"""What the item before it in a rollout stream was, by its type: the stream alternates items
+(bulk, kept by reference across the network) and tags (small, read by the step loop)."""
 
 
 @dataclass

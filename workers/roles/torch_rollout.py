@@ -30,7 +30,14 @@ from rhymerl.workers.roles.rollout_engine import (
     handed_back,
     is_finished,
 )
-from rhymerl.workers.roles.samples import CallState, RolloutCall, RolloutProgress, SampleRef
+from rhymerl.workers.roles.samples import (
+    CallState,
+    ProgressTag,
+    RolloutCall,
+    RolloutProgress,
+    SampleRef,
+    StateTag,
+)
 from rhymerl.workers.roles.threads import chooser
 from rhymerl.workers.roles.worker_metrics import WorkerMetrics
 from rhymerl.workers.rollout.engine import EngineSession, GenRequest, GenResult, SamplingParams, TorchEngine
@@ -178,13 +185,13 @@ class _TorchCall:
             snapshot = RolloutProgress({self.samples[i]: r for i, r in (self.results | self.session.progress()).items()})
             busy.pause()
             yield snapshot
-            yield ("progress", self.state(passes))
+            yield ProgressTag(self.state(passes))
             busy.resume()
             faults.point("rollout-worker", call.step)
         elif call.report_every and passes % call.report_every == 0:
             busy.pause()
             yield None
-            yield ("state", self.state(passes))
+            yield StateTag(self.state(passes))
             busy.resume()
             if not call.snapshot_every:  # in the step loop's process: a point to hold at
                 faults.point("rollout-worker", call.step)

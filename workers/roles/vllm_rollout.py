@@ -28,7 +28,7 @@ from rhymerl.workers.roles.rollout_engine import (
     is_finished,
     reported,
 )
-from rhymerl.workers.roles.samples import CallState, RolloutCall, RolloutProgress
+from rhymerl.workers.roles.samples import CallState, RolloutCall, RolloutProgress, StateTag
 from rhymerl.workers.rollout.engine import GenResult, SamplingParams
 from rhymerl.workers.rollout.verify_cost import Progress
 from rhymerl.workers.rollout.vllm_engine import VllmEngine
@@ -69,7 +69,7 @@ class VllmRollout:
                 results.update(run.step())
                 passes += 1
                 if call.report_every and passes % call.report_every == 0:
-                    yield from reported(busy, None, ("state", CallState(
+                    yield from reported(busy, None, StateTag(CallState(
                         {samples[i]: run.generated(i) for i in run.running()},
                         {samples[i]: len(r.response_ids) for i, r in results.items()})))
         finally:

@@ -30,7 +30,6 @@ from rhymerl.workers.controller.fleet import WorkerLost
 from rhymerl.workers.controller.loop import Backend, run_steps
 from rhymerl.workers.controller.role_apis import (
     RolloutAPI,
-    RolloutItem,
     Weights,
     WeightsRef,
     concurrency_group,
@@ -39,11 +38,14 @@ from rhymerl.workers.controller.scale import ScaleFile
 from rhymerl.workers.controller.transport import (
     Handle,
     Indexes,
+    Items,
+    OutputReport,
     Report,
     Result,
     ResultLost,
     Stream,
     WorkerGone,
+    report_of,
 )
 from rhymerl.workers.roles.samples import RolloutCall, RolloutProgress
 from rhymerl.workers.run_folder.run_dir import RunDir
@@ -75,6 +77,13 @@ class _Ref(Result[R]):
 class _RayStream(Stream):
     gen: ray.ObjectRefGenerator | None = None
     items: Iterator[ray.ObjectRef[object]] | None = None
+
+
+def _referred(ref: ray.ObjectRef[object]) -> Items:
+    """A stream's item as its tag says it is, by reference: the step loop fetches only what it reads."""
+    def item(kind: type[R]) -> Result[R]:
+        return _Ref(ref)
+    return item
 
 
 def _actor(handle: Handle[object]) -> Any:
@@ -206,11 +215,10 @@ class RayTransport:
             if tag is None:
                 ray.get(item)  # the call's error, if it raised one
                 raise WorkerGone(stream, "the rollout stream ended early")
-            kind, value = cast(tuple[str, object], ray.get(tag))
-        if kind == "output":
+            report = report_of(stream, ray.get(tag), _referred(item))
+        if isinstance(report, OutputReport):
             stream.gen = stream.items = None  # nothing more comes: the stream's references go
-        got: Result[RolloutItem] = _Ref(item)
-        return Report(stream, str(kind), value, got)
+        return report
 
     def keep(self, item: Result[R]) -> Result[R]:
         return _Ref(ray.put(ray.get(_ref(item))))
