@@ -9,6 +9,7 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
+from jobs import make_job
 
 from rhymerl.api import RLJob, SpecError, dump_job, parse_job
 from rhymerl.api.k8s_values import (
@@ -147,7 +148,7 @@ def _env(values: int, size: int) -> dict[str, Any]:
 def test_a_spec_whose_configmap_would_pass_1_mib_is_refused_naming_the_spec() -> None:
     doc = {"spec": {"rollout": _env(20, 30_000), "train": _env(20, 30_000)}}  # 1.2 MB, each role's well below
     with pytest.raises(SpecError) as info:
-        parse_job(HEAD + yaml.safe_dump(doc))
+        make_job(doc, base="defaults")
     [found] = info.value.problems
     assert found.path == "spec" and "ConfigMap" in found.reason and str(MAX_CONFIG_MAP_BYTES >> 20) in found.reason
     just_fits = {"spec": {"rollout": _env(20, 30_000), "train": _env(10, 30_000)}}
@@ -158,7 +159,7 @@ def test_a_spec_whose_configmap_would_pass_1_mib_is_refused_naming_the_spec() ->
 def test_a_role_whose_statefulset_would_pass_what_etcd_stores_is_refused_naming_its_overrides() -> None:
     doc = {"spec": {"rollout": _env(26, 30_000)}}  # 780 KB, twice in the StatefulSet; the ConfigMap fits
     with pytest.raises(SpecError) as info:
-        parse_job(HEAD + yaml.safe_dump(doc))
+        make_job(doc, base="defaults")
     [found] = info.value.problems
     assert found.path == "spec.rollout.pod" and "etcd" in found.reason
 
@@ -167,7 +168,7 @@ def test_an_rljob_larger_than_etcd_stores_is_refused_as_a_whole() -> None:
     huge = {"metadata": {"annotations": {}}, "spec": {role: _env(20, 20_000) for role in ("rollout", "train",
                                                                                           "reward", "history")}}
     with pytest.raises(SpecError) as info:
-        parse_job(HEAD + yaml.safe_dump(huge))
+        make_job(huge, base="defaults")
     [found] = info.value.problems
     assert found.path == "(document)" and "etcd" in found.reason
 

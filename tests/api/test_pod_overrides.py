@@ -4,22 +4,20 @@ overrides that would undo the operator's own pod refused."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import pytest
-import yaml
 from hypothesis import given
 from hypothesis import strategies as st
+from jobs import job_yaml
 
 from rhymerl.api.crd import crd
 from rhymerl.api.load import SpecError, parse_job
 from rhymerl.api.pod import OPERATOR_MOUNT_PATHS, mount_path, reserved_clash
 from rhymerl.api.sources import Source, parse
 
-
-def _job(spec: dict[str, Any]) -> str:
-    return yaml.safe_dump({"apiVersion": "rhymerl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": "j"},
-                           "spec": spec}, sort_keys=False)
+_job = partial(job_yaml, {"metadata": {"name": "j"}}, base="defaults")
 
 
 def _problems(spec: dict[str, Any]) -> list[str]:
@@ -154,7 +152,7 @@ SECRET_REF = {"secretKeyRef": {"name": "tokens", "key": "k"}}
 
 def _refused(spec: dict[str, Any], sets: list[str] | None = None) -> SpecError:
     with pytest.raises(SpecError) as caught:
-        parse_job(_job(spec), "job.yaml", sets)
+        parse_job(_job({"spec": spec}), "job.yaml", sets)
     return caught.value
 
 

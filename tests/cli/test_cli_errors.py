@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from cli_runner import rhymerl
+from jobs import job_yaml
 
 from rhymerl.workers.model.folder import model_dir
 
@@ -84,8 +85,8 @@ def test_run_refuses_prompts_the_model_cannot_take_before_the_run_folder_exists(
         folder = tmp_path / name
         folder.mkdir()
         write(folder / "data.jsonl", lines)
-        job = write(folder / "job.yaml", HEAD + "spec:\n  data: {source: data.jsonl}\n"
-                    "  algorithm: {max_response_length: 96}\n")
+        job = write(folder / "job.yaml", job_yaml("data.source=data.jsonl", "algorithm.max_response_length=96",
+                                                  base="defaults"))
         out = folder / "run"
         res = rhymerl("run", str(job), "--out", str(out))
         assert res.returncode == 2, res.stderr
@@ -100,7 +101,7 @@ def test_a_damaged_config_json_in_a_model_folder_is_named(tmp_path: Path) -> Non
     model = tmp_path / "model"
     shutil.copytree(model_dir("builtin:tiny-arith"), model)
     (model / "config.json").write_text('{"hidden_size": 128,')
-    job = write(tmp_path / "job.yaml", HEAD + f"spec:\n  model: {{path: '{model}'}}\n")
+    job = write(tmp_path / "job.yaml", job_yaml(f"model.path={model}", base="defaults"))
     for command in (["validate", str(job)], ["run", str(job), "--out", str(tmp_path / "run")]):
         res = rhymerl(*command)
         assert res.returncode == 2
@@ -151,11 +152,11 @@ def test_bench_option_values_are_user_errors_not_tracebacks(tmp_path: Path) -> N
 
 def test_run_refuses_train_ranks_and_gpus_this_machine_cannot_give_before_the_run_folder_exists(
         tmp_path: Path) -> None:
-    ranks = write(tmp_path / "ranks.yaml", HEAD + "spec:\n  train: {replicas: 2}\n")
+    ranks = write(tmp_path / "ranks.yaml", job_yaml("train.replicas=2", base="defaults"))
     res = rhymerl("run", str(ranks), "--out", str(tmp_path / "run"))
     assert res.returncode == 2, res.stderr
     assert "spec.train.replicas: 2 train ranks run as processes of their own: set backend: ray" in res.stderr
-    gpus = write(tmp_path / "gpus.yaml", HEAD + "spec:\n  backend: ray\n  train: {resources: {gpu: 1}}\n")
+    gpus = write(tmp_path / "gpus.yaml", job_yaml("backend=ray", "train.resources.gpu=1", base="defaults"))
     res = rhymerl("run", str(gpus), "--out", str(tmp_path / "run"))
     assert res.returncode == 2, res.stderr
     assert "spec.train.resources.gpu: 1: this machine has no CUDA GPU" in res.stderr

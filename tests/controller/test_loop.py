@@ -11,8 +11,9 @@ from typing import Concatenate, ParamSpec, TypeVar
 import pytest
 import redis
 import torch
+from jobs import make_job
 
-from rhymerl.api import RLJob, parse_job
+from rhymerl.api import RLJob
 from rhymerl.api.roles import Role
 from rhymerl.workers import dumps
 from rhymerl.workers.controller.loop import local_backend, run_steps
@@ -20,20 +21,6 @@ from rhymerl.workers.controller.transport import Handle, LocalTransport, Result
 from rhymerl.workers.model.transformer import load_model
 from rhymerl.workers.run_folder.run_dir import RunDir, RunDirError
 from rhymerl.workers.run_folder.step_metrics import deterministic
-
-
-def _job(model_dir: Path, **algo: object) -> RLJob:
-    job = parse_job(f"""
-apiVersion: rhymerl.io/v1alpha1
-kind: RLJob
-spec:
-  model: {{path: {model_dir}}}
-  data: {{num_prompts: 4, min_ops: 1, median_ops: 2, max_ops: 3}}
-  algorithm: {{group_size: 2, prompts_per_step: 2, max_response_length: 16, epochs: 2, lr: 0.01}}
-""")
-    for key, value in algo.items():
-        setattr(job.spec.algorithm, key, value)
-    return job
 
 
 def _run(job: RLJob, path: Path, steps: int | None = None, resume: bool = False) -> list[dict[str, object]]:
@@ -49,7 +36,7 @@ def strip_timing(rows: list[dict[str, object]]) -> list[dict[str, object]]:
 
 
 def test_a_run_writes_one_dump_per_step_with_every_prompt_each_epoch(model_dir: Path, tmp_path: Path) -> None:
-    rows = _run(_job(model_dir), tmp_path / "run")
+    rows = _run(make_job(f"model.path={model_dir}"), tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     records = dumps.read_run(tmp_path / "run")
     per_epoch = dumps.by_epoch(records)
@@ -95,7 +82,7 @@ def test_rollout_workers_start_before_the_step_loop_waits_on_the_trainer(model_d
     """On a cluster a rollout worker's start-up (a model to load, a vLLM engine to build) and the train
     worker's are minutes each: the fleet's workers are started before the loop asks the trainer
     anything it must wait for (in a new run and in a resumed one), so the two overlap."""
-    job = _job(model_dir)
+    job = make_job(f"model.path={model_dir}")
     _run(job, tmp_path / "run", steps=2)
     # a new run's first call to the trainer is the history worker's refill (from its own process on Ray)
     for resume, first_call in ((False, "train history_records"), (True, "train restore")):
@@ -114,7 +101,7 @@ def test_the_torch_engine_samples_from_the_trainers_distribution_so_importance_r
     own (float rounding apart: the engine's cached forward is not the trainer's full one), and
     `auto` leaves the correction off. At temperature 0.7 and top_p 0.9 the ratio is the nucleus
     mass at most: below 1 where top-p cut something, never above."""
-    job = _job(model_dir)
+    job = make_job(f"model.path={model_dir}")
     rows = _run(job, tmp_path / "run")
     assert all(abs(float(str(r["is_ratio_mean"])) - 1.0) < 1e-4 and float(str(r["is_ratio_max"])) < 1 + 1e-4
                and float(str(r["rollout_logprob_diff_max"])) < 1e-4 for r in rows)
@@ -124,7 +111,7 @@ def test_the_torch_engine_samples_from_the_trainers_distribution_so_importance_r
 
 
 def test_a_resumed_run_ends_exactly_where_an_uninterrupted_one_does(model_dir: Path, tmp_path: Path) -> None:
-    job = _job(model_dir)
+    job = make_job(f"model.path={model_dir}")
     full = _run(job, tmp_path / "full")
     _run(job, tmp_path / "cut", steps=2)
     # a step that ran after the last checkpoint but "crashed" before finishing leaves no trace
@@ -140,7 +127,8 @@ def test_a_resumed_run_ends_exactly_where_an_uninterrupted_one_does(model_dir: P
 
 
 def test_dynamic_sampling_only_trains_on_groups_with_reward_signal(model_dir: Path, tmp_path: Path) -> None:
-    job = _job(model_dir, name="dapo")
+    job = make_job(f"model.path={model_dir}")
+    job.spec.algorithm.name = "dapo"  # set after validation: GRPO's resolved defaults kept
     job.spec.algorithm.dynamic_sampling.enabled = True  # type: ignore[union-attr]
     rows = _run(job, tmp_path / "run")
     # the random model never solves a chain: every group is all-zero, so nothing is trained on,
@@ -154,7 +142,7 @@ def test_a_non_empty_run_folder_is_not_overwritten(model_dir: Path, tmp_path: Pa
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "keep.txt").write_text("x")
     with pytest.raises(RunDirError, match="--resume"):
-        RunDir(tmp_path / "run").create(_job(model_dir))
+        RunDir(tmp_path / "run").create(make_job(f"model.path={model_dir}"))
 
 
 FLEET_KEYS = {"rollout_workers", "rollout_workers_live", "rollout_workers_wanted", "rollout_busy_s",
@@ -164,8 +152,8 @@ FLEET_KEYS = {"rollout_workers", "rollout_workers_live", "rollout_workers_wanted
 
 def test_more_rollout_workers_run_the_scheduler_and_change_no_token_reward_or_weight(
         model_dir: Path, tmp_path: Path) -> None:
-    one = _job(model_dir)
-    two = _job(model_dir)
+    one = make_job(f"model.path={model_dir}")
+    two = make_job(f"model.path={model_dir}")
     two.spec.rollout.replicas = two.spec.rollout.max_replicas = 2
     rows_one, rows_two = _run(one, tmp_path / "one"), _run(two, tmp_path / "two")
     assert [r.response_ids for r in dumps.read_run(tmp_path / "two")] == [
@@ -185,7 +173,7 @@ def test_more_rollout_workers_run_the_scheduler_and_change_no_token_reward_or_we
 
 
 def test_a_resumed_multi_replica_run_makes_the_same_scheduling_decisions(model_dir: Path, tmp_path: Path) -> None:
-    job = _job(model_dir)
+    job = make_job(f"model.path={model_dir}")
     job.spec.rollout.replicas = job.spec.rollout.max_replicas = 2
     full = _run(job, tmp_path / "full")
     _run(job, tmp_path / "cut", steps=2)
@@ -196,7 +184,7 @@ def test_a_resumed_multi_replica_run_makes_the_same_scheduling_decisions(model_d
 
 def test_a_run_drafting_from_redis_makes_the_tokens_of_one_drafting_from_memory_and_resumes(
         model_dir: Path, tmp_path: Path, redis_url: str) -> None:
-    memory_job, redis_job = _job(model_dir), _job(model_dir)
+    memory_job, redis_job = (make_job(f"model.path={model_dir}") for _ in range(2))
     redis_job.spec.history.store, redis_job.spec.history.redis_url = "redis", redis_url
     _run(memory_job, tmp_path / "memory")
     _run(redis_job, tmp_path / "cut", steps=3)  # epoch 2's first step drafts from Redis
@@ -208,7 +196,7 @@ def test_a_run_drafting_from_redis_makes_the_tokens_of_one_drafting_from_memory_
 
 
 def test_a_first_epoch_drafts_from_the_earlier_steps_responses_to_other_prompts(model_dir: Path, tmp_path: Path) -> None:
-    with_recent, without = _job(model_dir, epochs=1), _job(model_dir, epochs=1)
+    with_recent, without = (make_job(f"model.path={model_dir}", "algorithm.epochs=1") for _ in range(2))
     for job, budget in ((with_recent, 1 << 18), (without, 0)):
         job.spec.rollout.speculation.group_drafts = False  # no other source: what drafts is the recent window
         job.spec.rollout.speculation.recent_tokens = budget

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 import redis
+from jobs import make_job
 from local_servers import free_port, redis_server
 
-from rhymerl.api import RLJob, parse_job
+from rhymerl.api import RLJob
 from rhymerl.api.history_keys import REDIS_PASSWORD_ENV, run_key_prefix
 from rhymerl.cli.local_run import run_local
 from rhymerl.operator.reconcile.history import delete_history
@@ -25,17 +26,8 @@ from rhymerl.workers.run_folder.run_dir import RunDir
 SECRET = "s3cret-pw"
 
 
-def job_on(url: str, model: str = "builtin:tiny-arith", name: str = "twin") -> RLJob:
-    return parse_job(f"""
-apiVersion: rhymerl.io/v1alpha1
-kind: RLJob
-metadata: {{name: {name}, namespace: team}}
-spec:
-  model: {{path: '{model}'}}
-  data: {{num_prompts: 4, min_ops: 1, median_ops: 2, max_ops: 3}}
-  algorithm: {{group_size: 2, prompts_per_step: 2, max_response_length: 16, epochs: 2, lr: 0.01}}
-  history: {{store: redis, redis_url: '{url}'}}
-""")
+# the job of every test here, on the Redis each gives it (its keys: rhymerl:team:twin:<run>:...)
+TWIN = {"metadata": {"name": "twin", "namespace": "team"}, "history": {"store": "redis"}}
 
 
 def records(epoch: int) -> list[RolloutRecord]:
@@ -61,7 +53,7 @@ def test_a_redis_that_cannot_be_reached_is_named_without_a_credential_the_url_ca
 
 
 def test_two_runs_of_one_job_on_one_redis_keep_to_their_own_keys(redis_url: str) -> None:
-    job = job_on(redis_url)
+    job = make_job(TWIN, f"history.redis_url={redis_url}")
     a = RunHistory.for_job(job, "runa")
     a.record(records(1))
     b = RunHistory.for_job(job, "runb")  # its start clears its own keys, not the first run's
@@ -76,13 +68,14 @@ def test_two_runs_of_one_job_on_one_redis_keep_to_their_own_keys(redis_url: str)
     resumed = RunHistory.for_job(job, "runa")  # a resume of run a starts empty and refills from its dumps
     assert keys(redis_url) == []
     resumed.record(records(1))
-    RunHistory.for_job(job_on(redis_url, name="twin-2"), "runa").record(records(1))  # another job, same run id
+    other = make_job(TWIN, f"history.redis_url={redis_url}", "metadata.name=twin-2")
+    RunHistory.for_job(other, "runa").record(records(1))  # another job, same run id
     assert asyncio.run(delete_history(redis_url, "team", "twin")) == 4  # the finalizer: every run of the job
     assert keys(redis_url) and all(k.startswith("rhymerl:team:twin-2:runa:") for k in keys(redis_url))
 
 
 def test_a_run_keeps_its_id_in_its_folder_across_resumes_and_another_run_gets_another(tmp_path: Path) -> None:
-    job = job_on("redis://r:6379/0")
+    job = make_job(TWIN, "history.redis_url=redis://r:6379/0")
     first, second = tmp_path / "first", tmp_path / "second"
     first.mkdir()
     second.mkdir()
@@ -102,7 +95,7 @@ def test_a_redis_that_is_down_stops_rhymerl_run_before_it_writes_anything(tmp_pa
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     out = tmp_path / "run"
     with pytest.raises(HistoryStoreError) as info:
-        run_local(job_on(url), out)
+        run_local(make_job(TWIN, f"history.redis_url={url}"), out)
     assert str(info.value).startswith(f"history.redis_url {url}: ConnectionError")
     assert "\n" not in str(info.value) and not out.exists()
 
@@ -112,13 +105,13 @@ def test_a_redis_that_wants_a_password_is_told_where_to_put_it_and_takes_it_from
     with redis_server(SECRET) as url:
         monkeypatch.delenv(REDIS_PASSWORD_ENV, raising=False)
         with pytest.raises(HistoryStoreError, match=f"asks for a password: set {REDIS_PASSWORD_ENV}"):
-            run_local(job_on(url), tmp_path / "a")
+            run_local(make_job(TWIN, f"history.redis_url={url}"), tmp_path / "a")
         monkeypatch.setenv(REDIS_PASSWORD_ENV, "wrong")
         with pytest.raises(HistoryStoreError, match=f"refused the password in {REDIS_PASSWORD_ENV}"):
-            run_local(job_on(url), tmp_path / "b")
+            run_local(make_job(TWIN, f"history.redis_url={url}"), tmp_path / "b")
         assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
         monkeypatch.setenv(REDIS_PASSWORD_ENV, SECRET)
-        history = RunHistory.for_job(job_on(url), "runa")
+        history = RunHistory.for_job(make_job(TWIN, f"history.redis_url={url}"), "runa")
         history.record(records(1))
         assert sorted(history.drafting.indexes_before(2, ["p0", "p1"])) == ["p0", "p1"]
         history.close()
@@ -143,11 +136,11 @@ def test_a_run_deletes_only_its_keys_and_one_whose_redis_dies_mid_run_makes_the_
     with redis_server() as url:
         other = run_key_prefix("team", "twin", "other") + "index:p0"
         redis.Redis.from_url(url).set(other, b"x")
-        kept = _steps(job_on(url, str(model_dir)), tmp_path / "kept")
+        kept = _steps(make_job(TWIN, f"history.redis_url={url}", f"model.path={model_dir}"), tmp_path / "kept")
         assert [r["history_ok"] for r in kept] == [True] * 4
         assert keys(url) == [other]  # the finished run deleted its own keys, and no other run's
-        lost = _steps(job_on(url, str(model_dir)), tmp_path / "lost", after=2,
-                      then=lambda: redis.Redis.from_url(url).shutdown(nosave=True))
+        lost = _steps(make_job(TWIN, f"history.redis_url={url}", f"model.path={model_dir}"), tmp_path / "lost",
+                      after=2, then=lambda: redis.Redis.from_url(url).shutdown(nosave=True))
     want, got = dumps.read_run(tmp_path / "kept"), dumps.read_run(tmp_path / "lost")
     assert [(r.response_ids, r.reward) for r in got] == [(r.response_ids, r.reward) for r in want]
     assert [r["history_ok"] for r in lost] == [True, True, False, False]

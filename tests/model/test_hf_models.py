@@ -13,8 +13,9 @@ import torch
 pytest.importorskip("transformers")
 
 from hf_models import write_model, write_tokenizer
+from jobs import make_job
 
-from rhymerl.api import SpecError, parse_job
+from rhymerl.api import SpecError
 from rhymerl.api.algorithm import AlgorithmSpec
 from rhymerl.api.inputs import ModelSpec
 from rhymerl.workers import dumps
@@ -27,8 +28,6 @@ from rhymerl.workers.model.tokenizer import CharTokenizer, load_tokenizer
 from rhymerl.workers.run_folder.run_dir import LoopState, RunDir
 from rhymerl.workers.task.prompts import DataError
 from rhymerl.workers.train.trainer import Trainer, TrainSample
-
-HEADER = "apiVersion: rhymerl.io/v1alpha1\nkind: RLJob\n"
 
 
 @pytest.fixture(scope="module")
@@ -101,9 +100,9 @@ def test_a_special_token_missing_from_the_vocabulary_is_named_with_its_file(tmp_
 
 def test_the_torch_engine_with_a_transformers_model_is_refused_at_rollout_engine() -> None:
     with pytest.raises(SpecError) as info:
-        parse_job(HEADER + "spec: {model: {implementation: transformers}}\n")
+        make_job("model.implementation=transformers", base="defaults")
     assert [p.path for p in info.value.problems] == ["spec.rollout.engine"]
-    parse_job(HEADER + "spec: {model: {implementation: transformers}, rollout: {engine: vllm}}\n")
+    make_job("model.implementation=transformers", "rollout.engine=vllm", base="defaults")
 
 
 def _samples(vocab: int) -> list[TrainSample]:
@@ -174,12 +173,8 @@ def test_a_checkpoint_of_another_model_is_set_aside_and_the_weights_stay_untouch
 def test_preflight_checks_prompts_against_a_hugging_face_tokenizer_and_context(qwen2: Path, tmp_path: Path) -> None:
     data = tmp_path / "data.jsonl"
     data.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2\\u00e9", "answer": "4"}\n')
-    job = parse_job(HEADER + f"""spec:
-  model: {{path: "{qwen2}", implementation: transformers}}
-  rollout: {{engine: vllm}}
-  data: {{source: "{data}"}}
-  algorithm: {{max_response_length: 64}}
-""")
+    job = make_job(f"model.path={qwen2}", "model.implementation=transformers", "rollout.engine=vllm",
+                   f"data.source={data}", "algorithm.max_response_length=64", base="defaults")
     with pytest.raises(DataError, match=r"data.jsonl:2: prompt: character 'é' \(U\+00E9\) at position 4"):
         preflight(job)
     data.write_text('{"prompt": "1+1=", "answer": "2"}\n')

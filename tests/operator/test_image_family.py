@@ -9,15 +9,16 @@ import importlib.metadata
 import re
 import sys
 import tomllib
+from functools import partial
 from pathlib import Path
 
 import pytest
 from helm_runner import REPO
+from jobs import make_job
 from test_images import DOCKERFILES, IMAGES, _parse, _readme_images
 
 from rhymerl.api.placement import WORKER_CPU_IMAGE, WORKER_GPU_IMAGE, ImagesSpec
 from rhymerl.api.roles import ROLES
-from rhymerl.api.spec import RLJob
 from rhymerl.operator.manifests import desired
 from rhymerl.operator.manifests.containers import image
 
@@ -40,8 +41,7 @@ def _pins(requirements: list[str]) -> dict[str, str]:
     return {m[1]: m[2] for m in found if m}
 
 
-def _job(spec: dict[str, object]) -> RLJob:
-    return RLJob.model_validate({"metadata": {"name": "j"}, "spec": spec})
+_job = partial(make_job, "metadata.name=j", base="defaults")
 
 
 def test_the_versions_file_pins_python_to_the_patch_release_and_ray_torch_and_vllm_exactly() -> None:

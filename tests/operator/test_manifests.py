@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+from jobs import make_job
 
 from rhymerl.api import RLJob, dump_job, load_job, parse_job
 from rhymerl.api.history_keys import REDIS_PASSWORD_ENV
@@ -30,8 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 OWNER = Owner("rhymerl.io/v1alpha1", "RLJob", "math-grpo", "6a3c1f0e-0000-4000-8000-000000000001")
 
 
-def _job(**spec: Any) -> RLJob:
-    return RLJob.model_validate({"metadata": {"name": "math-grpo", "namespace": "rl"}, "spec": spec})
+_job = partial(make_job, {"metadata": {"name": "math-grpo", "namespace": "rl"}}, base="defaults")
 
 
 def _cluster() -> RLJob:
@@ -116,7 +117,7 @@ def test_spot_tolerations_and_a_preferred_affinity_reach_rollout_pods_only() -> 
     spot = {"enabled": True, "node_selector": {"cloud.google.com/gke-spot": "true"},
             "tolerations": [{"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
                              "effect": "NoSchedule"}]}
-    objects = desired(_job(rollout={"spot": spot}), OWNER)
+    objects = desired(_job({"rollout": {"spot": spot}}), OWNER)
     rollout = _pod(objects, "rollout")
     assert rollout["tolerations"] == [{"operator": "Equal", "key": "cloud.google.com/gke-spot", "value": "true",
                                        "effect": "NoSchedule"}]
@@ -130,10 +131,10 @@ def test_spot_tolerations_and_a_preferred_affinity_reach_rollout_pods_only() -> 
 
 def test_required_spot_makes_the_affinity_a_requirement_and_disabled_spot_adds_nothing() -> None:
     spot = {"enabled": True, "required": True, "node_selector": {"eks.amazonaws.com/capacityType": "SPOT"}}
-    rollout = _pod(desired(_job(rollout={"spot": spot}), OWNER), "rollout")
+    rollout = _pod(desired(_job({"rollout": {"spot": spot}}), OWNER), "rollout")
     terms = rollout["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["SPOT"]
-    off = _pod(desired(_job(rollout={"spot": {**spot, "enabled": False}}), OWNER), "rollout")
+    off = _pod(desired(_job({"rollout": {"spot": {**spot, "enabled": False}}}), OWNER), "rollout")
     assert "affinity" not in off and "tolerations" not in off
 
 
@@ -141,7 +142,7 @@ def test_node_selector_tolerations_and_topology_spread_come_from_each_roles_bloc
     train = {"node_selector": {"pool": "a100"}, "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
              "topology_spread": {"max_skew": 2, "topology_key": "topology.kubernetes.io/zone",
                                  "when_unsatisfiable": "DoNotSchedule"}}
-    objects = desired(_job(train=train, history={"topology_spread": {"enabled": False}}), OWNER)
+    objects = desired(_job({"train": train, "history": {"topology_spread": {"enabled": False}}}), OWNER)
     pod = _pod(objects, "train")
     assert pod["nodeSelector"] == {"pool": "a100"}
     assert pod["tolerations"] == [{"operator": "Exists", "key": "nvidia.com/gpu"}]
@@ -171,21 +172,20 @@ def test_rollout_replicas_are_clamped_to_min_and_max_replicas() -> None:
 
 
 def test_reward_pods_run_only_for_a_reward_function() -> None:
-    assert replicas(_job(reward={"replicas": 3}), "reward") == 0
-    assert replicas(_job(reward={"replicas": 3, "function": "my_rewards:score"}), "reward") == 3
+    assert replicas(_job({"reward": {"replicas": 3}}), "reward") == 0
+    assert replicas(_job({"reward": {"replicas": 3, "function": "my_rewards:score"}}), "reward") == 3
 
 
 def test_the_spec_hash_changes_with_the_spec_and_not_with_scaling_suspend_or_how_the_yaml_was_written() -> None:
-    base = _job(rollout={"replicas": 2, "max_replicas": 4})
+    scaled = {"rollout": {"replicas": 2, "max_replicas": 4}}
+    base = _job(scaled)
     same = parse_job("apiVersion: rhymerl.io/v1alpha1\nkind: RLJob\nmetadata: {namespace: rl, name: math-grpo}\n"
                      "spec:\n  rollout: {max_replicas: 4, replicas: 2}\n  algorithm: {name: grpo}\n")
     assert spec_hash(same) == spec_hash(base)
-    assert spec_hash(_job(rollout={"replicas": 3, "max_replicas": 4})) == spec_hash(base)
-    assert spec_hash(_job(suspend=True, rollout={"replicas": 2, "max_replicas": 4})) == spec_hash(base)
-    assert spec_hash(_job(failure_policy={"backoff_limit": 9}, rollout={"replicas": 2, "max_replicas": 4})) \
-        == spec_hash(base)
-    assert spec_hash(_job(algorithm={"lr": 3e-4}, rollout={"replicas": 2, "max_replicas": 4})) != spec_hash(base)
-    assert spec_hash(_job(rollout={"replicas": 2, "max_replicas": 4, "temperature": 0.7})) != spec_hash(base)
+    for change in ("rollout.replicas=3", "suspend=true", "failure_policy.backoff_limit=9"):
+        assert spec_hash(_job(scaled, change)) == spec_hash(base), change
+    for change in ("algorithm.lr=0.0003", "rollout.temperature=0.7"):
+        assert spec_hash(_job(scaled, change)) != spec_hash(base), change
     templates = [s["spec"]["template"]["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
                  for s in _by(desired(base, OWNER), "StatefulSet").values()]
     assert templates == [spec_hash(base)] * len(ROLES)
@@ -245,7 +245,8 @@ def test_pods_run_as_non_root_on_a_read_only_root_without_capabilities() -> None
 
 
 def test_checkpoints_live_on_volume_claims_of_the_controller_and_train_pods_only() -> None:
-    job = _job(checkpoint={"storage": {"size": "100Gi", "storage_class": "fast", "keep_on_delete": False}})
+    job = _job({"checkpoint": {"storage": {"size": "100Gi", "storage_class": "fast",
+                                           "keep_on_delete": False}}})
     sets = _by(desired(job, OWNER), "StatefulSet")
     for role in ("controller", "train"):
         spec = sets[f"math-grpo-{role}"]["spec"]
@@ -271,7 +272,7 @@ def test_an_evicted_controller_has_time_to_finish_its_step_and_a_rollout_pod_to_
 def test_disruption_budgets_cover_the_roles_that_can_have_two_pods() -> None:
     small = [o["metadata"]["name"] for o in desired(_job(), OWNER) if o["kind"] == "PodDisruptionBudget"]
     assert small == []
-    grown = desired(_job(rollout={"max_replicas": 4}, reward={"function": "m:f", "replicas": 2}), OWNER)
+    grown = desired(_job("rollout.max_replicas=4", {"reward": {"function": "m:f", "replicas": 2}}), OWNER)
     budgets = _by(grown, "PodDisruptionBudget")
     assert list(budgets) == ["math-grpo-rollout", "math-grpo-reward"]
     assert budgets["math-grpo-rollout"]["spec"]["maxUnavailable"] == 1
@@ -279,7 +280,7 @@ def test_disruption_budgets_cover_the_roles_that_can_have_two_pods() -> None:
 
 
 def test_node_autoscalers_may_not_consolidate_away_the_controller_and_train_pods_but_may_move_the_rest() -> None:
-    objects = desired(_job(train={"replicas": 2}), OWNER)
+    objects = desired(_job({"train": {"replicas": 2}}), OWNER)
     kept = {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false", "karpenter.sh/do-not-disrupt": "true"}
     for role in ROLES:
         annotations = _by(objects, "StatefulSet")[f"math-grpo-{role}"]["spec"]["template"]["metadata"]["annotations"]
@@ -287,7 +288,7 @@ def test_node_autoscalers_may_not_consolidate_away_the_controller_and_train_pods
     # a drain or an upgrade still may: no budget forbids evicting them
     assert not {"math-grpo-controller", "math-grpo-train"} & set(_by(objects, "PodDisruptionBudget"))
     # the user's own annotation wins (e.g. a team that lets the autoscaler move its train pods)
-    mine = desired(_job(train={"pod": {"annotations": {"karpenter.sh/do-not-disrupt": "false"}}}), OWNER)
+    mine = desired(_job({"train": {"pod": {"annotations": {"karpenter.sh/do-not-disrupt": "false"}}}}), OWNER)
     template = _by(mine, "StatefulSet")["math-grpo-train"]["spec"]["template"]["metadata"]["annotations"]
     assert template["karpenter.sh/do-not-disrupt"] == "false"
 
@@ -295,7 +296,7 @@ def test_node_autoscalers_may_not_consolidate_away_the_controller_and_train_pods
 def test_the_redis_password_reaches_history_clients_from_the_named_secret() -> None:
     history = {"store": "redis", "redis_url": "redis://rhymerl-redis:6379/0",
                "redis_password_secret": {"name": "rhymerl-redis", "key": "redis-password"}}
-    job = _job(history=history)
+    job = _job({"history": history})
     objects = desired(job, OWNER)
     ref = {"secretKeyRef": {"name": "rhymerl-redis", "key": "redis-password"}}
     for role, gets in {"controller": True, "rollout": True, "history": True, "train": False, "reward": False}.items():
@@ -324,8 +325,8 @@ def test_every_pod_is_a_ray_node_whose_object_store_fits_an_in_memory_dev_shm_co
     """A container's own /dev/shm is 64 MiB: Ray would put its object store on disk under /tmp. Each pod
     mounts a memory-backed /dev/shm and tells its node the store's size (Ray's default 30% of the
     pod's memory, made explicit); on a GPU pod NCCL and vLLM use it too, so it has no size limit there."""
-    objects = desired(_job(rollout={"resources": {"gpu": 1, "memory": "64Gi"}}, train={"resources": {"memory": "10Gi"}}),
-                      OWNER)
+    objects = desired(_job({"rollout": {"resources": {"gpu": 1, "memory": "64Gi"}},
+                            "train": {"resources": {"memory": "10Gi"}}}), OWNER)
     for role, store in [("controller", int(2 * 2**30 * 0.3)), ("train", int(10 * 2**30 * 0.3)),
                         ("rollout", int(64 * 2**30 * 0.3))]:
         pod = _pod(objects, role)

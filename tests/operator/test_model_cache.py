@@ -5,9 +5,11 @@ allowance is requested for it; the cache folder is a function of the source text
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import pytest
+from jobs import make_job
 from pydantic import ValidationError
 
 from rhymerl.api import RLJob
@@ -22,8 +24,7 @@ CACHED = {"model": {"path": MODEL, "cache": {"claim": "models"}}, "data": {"sour
 CLAIM_VOLUME = {"name": "model-cache", "persistentVolumeClaim": {"claimName": "models"}}
 
 
-def _job(**spec: Any) -> RLJob:
-    return RLJob.model_validate({"metadata": {"name": "j", "namespace": "ns"}, "spec": spec})
+_job = partial(make_job, {"metadata": {"name": "j", "namespace": "ns"}}, base="defaults")
 
 
 def _pods(job: RLJob) -> dict[str, dict[str, Any]]:
@@ -58,7 +59,7 @@ def test_a_key_keeps_only_safe_characters_of_the_name() -> None:
 
 
 def test_the_fetch_step_writes_the_claim_and_the_role_reads_it_read_only_in_each_pod_that_reads_the_model() -> None:
-    pods = _pods(_job(**CACHED))
+    pods = _pods(_job(CACHED))
     for role in ("controller", "rollout", "train"):
         pod = pods[role]
         assert CLAIM_VOLUME in pod["volumes"]
@@ -73,26 +74,26 @@ def test_the_fetch_step_writes_the_claim_and_the_role_reads_it_read_only_in_each
 
 
 def test_the_pods_spec_names_the_model_on_the_cache_claim_and_no_cache_left_to_check() -> None:
-    text = spec_yaml(_job(**CACHED))
+    text = spec_yaml(_job(CACHED))
     assert f"path: {CACHE_ROOT}/{cache_key(_source(MODEL))}\n" in text
     assert "claim: models" not in text  # the pods' loader would refuse a cache beside a path
 
 
 def test_a_rollout_pod_with_a_cache_requests_no_model_allowance_only_the_data_files() -> None:
-    rollout = _pods(_job(**CACHED))["rollout"]
+    rollout = _pods(_job(CACHED))["rollout"]
     size = f"{DATA_ALLOWANCE_GI}Gi"
     assert {"name": "data", "emptyDir": {"sizeLimit": size}} in rollout["volumes"]
     assert rollout["containers"][0]["resources"]["requests"]["ephemeral-storage"] == size
 
 
 def test_a_rollout_pod_that_fetches_only_a_cached_model_reserves_no_disk() -> None:
-    rollout = _pods(_job(model=CACHED["model"]))["rollout"]
+    rollout = _pods(_job({"model": CACHED["model"]}))["rollout"]
     assert {"name": "data", "emptyDir": {}} in rollout["volumes"]
     assert "ephemeral-storage" not in rollout["containers"][0]["resources"]["requests"]
 
 
 def test_a_job_without_a_cache_mounts_no_cache_claim() -> None:
-    for pod in _pods(_job(model={"path": MODEL})).values():
+    for pod in _pods(_job(f"model.path={MODEL}")).values():
         assert all(v["name"] != "model-cache" for v in pod["volumes"])
         assert all("--model-cache" not in c["args"] for c in pod.get("initContainers", []))
 
@@ -100,20 +101,21 @@ def test_a_job_without_a_cache_mounts_no_cache_claim() -> None:
 @pytest.mark.parametrize("claim", ["Models", "models_1", "-models", "", "a" * 254])
 def test_a_cache_claim_that_is_not_a_dns1123_name_is_refused_naming_the_field(claim: str) -> None:
     with pytest.raises(ValidationError) as refused:
-        _job(model={"path": MODEL, "cache": {"claim": claim}})
+        RLJob.model_validate({"spec": {"model": {"path": MODEL, "cache": {"claim": claim}}}})
     assert [e["loc"][-3:] for e in refused.value.errors()] == [("model", "cache", "claim")]
 
 
 def test_a_cache_for_a_model_read_in_place_is_refused_naming_the_field() -> None:
     with pytest.raises(ValidationError, match=r"cache: only for a fetched model"):
-        _job(model={"path": "builtin:tiny-arith", "cache": {"claim": "models"}})
+        RLJob.model_validate({"spec": {"model": {"path": "builtin:tiny-arith", "cache": {"claim": "models"}}}})
 
 
 
 def test_a_users_volume_or_mount_where_the_cache_goes_is_refused_naming_the_field() -> None:
     claim = {"name": "model-cache", "persistentVolumeClaim": {"claimName": "x"}}
     with pytest.raises(ValidationError, match=r"model-cache is one of the operator's volumes"):
-        _job(rollout={"pod": {"volumes": [claim]}})
+        RLJob.model_validate({"spec": {"rollout": {"pod": {"volumes": [claim]}}}})
     mine = {"name": "mine", "persistentVolumeClaim": {"claimName": "x"}}
     with pytest.raises(ValidationError, match=rf"mountPath: {CACHE_ROOT} is where the operator mounts"):
-        _job(rollout={"pod": {"volumes": [mine], "volume_mounts": [{"name": "mine", "mountPath": CACHE_ROOT}]}})
+        RLJob.model_validate({"spec": {"rollout": {"pod": {"volumes": [mine], "volume_mounts": [
+            {"name": "mine", "mountPath": CACHE_ROOT}]}}}})

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rhymerl.api import RLJob
+from jobs import make_job
+
 from rhymerl.operator.manifests import desired
 from rhymerl.operator.manifests.storage import DATA_ALLOWANCE_GI, MODEL_ALLOWANCE_GI
 
@@ -15,7 +16,7 @@ EPHEMERAL = "ephemeral-storage"
 
 
 def _pods(**spec: Any) -> dict[str, dict[str, Any]]:
-    job = RLJob.model_validate({"metadata": {"name": "j", "namespace": "ns"}, "spec": spec})
+    job = make_job({"metadata": {"name": "j", "namespace": "ns"}, "spec": spec}, base="defaults")
     return {o["metadata"]["labels"]["app.kubernetes.io/component"]: o["spec"]["template"]["spec"]
             for o in desired(job, None) if o["kind"] == "StatefulSet"}
 

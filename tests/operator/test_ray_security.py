@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import re
 import subprocess
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
+from jobs import make_job
 
 from rhymerl.api.roles import ROLES
-from rhymerl.api.spec import RLJob
 from rhymerl.operator.manifests import Owner, desired
 from rhymerl.operator.manifests.access import ray_token_name, ray_token_secret
 from rhymerl.operator.manifests.roles import HTTP_PORT, RAY_GCS_PORT, environment
@@ -34,10 +35,8 @@ OWNER = Owner("rhymerl.io/v1alpha1", "RLJob", "a", "uid-a")
 Manifest = dict[str, Any]
 
 
-def _job(name: str = "a", train_gpus: int = 0) -> RLJob:
-    return RLJob.model_validate({"metadata": {"name": name, "namespace": "ns"},
-                                 "spec": {"rollout": {"replicas": 2, "max_replicas": 3},
-                                          "train": {"resources": {"gpu": train_gpus}}}})
+_job = partial(make_job, {"metadata": {"name": "a", "namespace": "ns"}, "rollout": {"replicas": 2, "max_replicas": 3},
+                           "train": {"resources": {"gpu": 0}}}, base="defaults")
 
 
 def _pod_templates(objects: list[Manifest]) -> list[Manifest]:
@@ -87,7 +86,7 @@ def test_every_pod_mounts_the_jobs_token_read_only_and_tells_ray_to_require_it()
 
 
 def test_the_job_policy_selects_exactly_the_jobs_pods_and_the_dist_policy_its_rollout_and_train_pods() -> None:
-    mine, other = desired(_job("a"), OWNER), desired(_job("b"), None)
+    mine, other = desired(_job(), OWNER), desired(_job("metadata.name=b"), None)
     policies = _policies(mine)
     assert set(policies) == {"a-pods", "a-dist"}
     pods_a = [(t["metadata"]["labels"]["app.kubernetes.io/component"], t["metadata"]["labels"]) for t in _pod_templates(mine)]

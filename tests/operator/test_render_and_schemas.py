@@ -13,6 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from helm_runner import REPO, VARIANTS
+from jobs import job_yaml
 from kubernetes_validate.utils import all_versions, major_minor
 
 from rhymerl.api import load_job
@@ -84,7 +85,7 @@ def test_the_validation_catches_a_broken_object(rendered: dict[str, list[dict[st
 
 def test_render_refuses_a_bad_job_with_one_line_and_exit_2(tmp_path: Path) -> None:
     job = tmp_path / "job.yaml"
-    job.write_text("apiVersion: rhymerl.io/v1alpha1\nkind: RLJob\nmetadata: {name: Bad.Name}\n")
+    job.write_text(job_yaml("metadata.name=Bad.Name", base="defaults"))
     res = rhymerl("render", str(job))
     assert res.returncode == 2 and res.stdout == ""
     assert len(res.stderr.splitlines()) == 1 and res.stderr.startswith(f"error: {job}: metadata.name")

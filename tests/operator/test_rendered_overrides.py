@@ -5,6 +5,7 @@ where the pods' spec points; and examples/cluster.yaml meets the chart's Redis."
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from helm_runner import CHART, REPO, run_helm
+from jobs import job_dict, make_job
 from pydantic import ValidationError
 
 from rhymerl.api import RLJob, load_job
@@ -45,8 +47,7 @@ POD = {"volumes": [EXTRA], "volume_mounts": [{"name": "models", "mountPath": "/m
            {"weight": 1, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}]}}}
 
 
-def _job(**spec: Any) -> RLJob:
-    return RLJob.model_validate({"metadata": {"name": "j", "namespace": "ns"}, "spec": spec})
+_job = partial(make_job, {"metadata": {"name": "j", "namespace": "ns"}}, base="defaults")
 
 
 def _pods(job: RLJob) -> dict[str, dict[str, Any]]:
@@ -55,7 +56,7 @@ def _pods(job: RLJob) -> dict[str, dict[str, Any]]:
 
 
 def test_the_overrides_appear_in_the_roles_pod_template_beside_the_operators_own() -> None:
-    job = _job(train={"pod": {**POD, "service_account_name": "reader"}, "resources": {"extra": {"rdma/hca": 1}}})
+    job = _job({"train": {"pod": {**POD, "service_account_name": "reader"}, "resources": {"extra": {"rdma/hca": 1}}}})
     template = _pods(job)["train"]
     pod, container = template["spec"], template["spec"]["containers"][0]
     assert template["metadata"]["labels"]["team"] == "rl"
@@ -78,14 +79,14 @@ def test_the_overrides_appear_in_the_roles_pod_template_beside_the_operators_own
 
 
 def test_the_spot_node_affinity_and_a_pod_anti_affinity_of_the_rollout_pods_combine() -> None:
-    job = _job(rollout={"spot": {"enabled": True, "node_selector": {"pool": "spot"}}, "pod": {"affinity": POD["affinity"]}})
+    job = _job({"rollout": {"spot": {"enabled": True, "node_selector": {"pool": "spot"}},
+                            "pod": {"affinity": POD["affinity"]}}})
     affinity = _pods(job)["rollout"]["spec"]["affinity"]
     assert set(affinity) == {"nodeAffinity", "podAntiAffinity"}
 
 
 def test_the_names_the_spec_reserves_are_the_ones_the_builders_use() -> None:
-    job = _job(model={"path": "pvc://weights/tiny"}, data={"source": "pvc://sets/math.jsonl"},
-               rollout={"resources": {"gpu": 1}})
+    job = _job("model.path=pvc://weights/tiny", "data.source=pvc://sets/math.jsonl", "rollout.resources.gpu=1")
     for template in _pods(job).values():
         pod = template["spec"]
         containers = pod["containers"] + pod.get("initContainers", [])
@@ -100,8 +101,8 @@ def test_the_names_the_spec_reserves_are_the_ones_the_builders_use() -> None:
 
 
 def test_a_fetched_model_and_data_get_a_fetch_step_and_the_pods_spec_points_at_the_fetched_copies() -> None:
-    job = _job(model={"path": "s3://models/qwen"}, data={"source": "pvc://sets/train/math.jsonl"},
-               rollout={"pod": {"env_from": [{"secretRef": {"name": "s3"}}]}})
+    job = _job("model.path=s3://models/qwen", "data.source=pvc://sets/train/math.jsonl",
+               {"rollout": {"pod": {"env_from": [{"secretRef": {"name": "s3"}}]}}})
     pods = _pods(job)
     for role in ROLES:
         pod = pods[role]["spec"]
@@ -124,9 +125,9 @@ def test_a_fetched_model_and_data_get_a_fetch_step_and_the_pods_spec_points_at_t
 
 
 def test_a_job_with_every_override_and_a_fetch_step_is_valid_kubernetes_1_29_and_1_34() -> None:
-    job = _job(model={"path": "hf://Qwen/Qwen2.5-0.5B"}, data={"source": "s3://sets/math.jsonl"},
-               reward={"function": "my:fn", "pod": POD, "resources": {"extra": {"rdma/hca": 1}}},
-               train={"pod": {**POD, "service_account_name": "reader"}})
+    job = _job("model.path=hf://Qwen/Qwen2.5-0.5B", "data.source=s3://sets/math.jsonl",
+               {"reward": {"function": "my:fn", "pod": POD, "resources": {"extra": {"rdma/hca": 1}}},
+                "train": {"pod": {**POD, "service_account_name": "reader"}}})
     for obj in desired(job, None):
         for version in ("1.29", "1.34"):
             kubernetes_validate.validate(obj, version, strict=True)
@@ -205,11 +206,10 @@ def _set_items(spec: dict[str, Any], prefix: str = "") -> list[str]:
 @pytest.mark.parametrize("channel", list(CHANNELS))
 def test_a_credential_in_every_channel_is_refused_and_no_error_line_or_render_shows_it(channel: str) -> None:
     spec = CHANNELS[channel]
+    stored = job_dict({"metadata": {"name": "j", "namespace": "ns"}, "spec": spec}, base="defaults")
     with pytest.raises(ValidationError) as refused:
-        _job(**spec)
+        RLJob.model_validate(stored)
     assert SECRET not in str(refused.value)
-    stored = {"apiVersion": "rhymerl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": "j", "namespace": "ns"},
-              "spec": spec}
     for text, sets in ((yaml.safe_dump(stored), []), (yaml.safe_dump({**stored, "spec": {}}), _set_items(spec))):
         with pytest.raises(SpecError) as caught:
             parse_job(text, "job.yaml", sets)
@@ -222,8 +222,8 @@ def test_a_credential_in_every_channel_is_refused_and_no_error_line_or_render_sh
 
 def test_no_rendered_user_mount_meets_an_operator_mount_in_the_same_container() -> None:
     mounts = [{"name": "models", "mountPath": p} for p in ("/models", "/opt/code/", "/var/lib/other", "/mnt/m")]
-    job = _job(model={"path": "s3://models/qwen"}, data={"source": "pvc://sets/math.jsonl"},
-               train={"pod": {"volumes": [EXTRA], "volume_mounts": mounts}, "resources": {"gpu": 1}})
+    job = _job("model.path=s3://models/qwen", "data.source=pvc://sets/math.jsonl", "train.resources.gpu=1",
+               {"train": {"pod": {"volumes": [EXTRA], "volume_mounts": mounts}}})
     pod = _pods(job)["train"]["spec"]
     for container in pod["containers"] + pod["initContainers"]:
         paths = [(m["name"], mount_path(m["mountPath"])) for m in container["volumeMounts"]]

@@ -8,14 +8,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from jobs import make_job
 
-from rhymerl.api import RLJob, parse_job
+from rhymerl.api import RLJob
 from rhymerl.workers import dumps
 from rhymerl.workers.controller.loop import run_steps
 from rhymerl.workers.reward.verifiers import RewardError
 from rhymerl.workers.run_folder.run_dir import RunDir
 
 WriteModule = Callable[[str], str]  # the reward_module fixture (conftest.py)
+# each step 2 prompts x 4 samples, one epoch, nothing drafted
+RUN = ("algorithm.group_size=4", "algorithm.epochs=1", "rollout.speculation.method=none")
 
 # fails on responses of odd length, scores the others 1.0
 ODD_LENGTHS_FAIL = """
@@ -24,19 +27,6 @@ def score(prompt, response, answer):
         raise ValueError(f"odd length {len(response)}")
     return 1.0
 """
-
-
-def _job(model_dir: Path, reward: str) -> RLJob:
-    return parse_job(f"""
-apiVersion: rhymerl.io/v1alpha1
-kind: RLJob
-spec:
-  model: {{path: {model_dir}}}
-  data: {{num_prompts: 4, min_ops: 1, median_ops: 2, max_ops: 3}}
-  algorithm: {{group_size: 4, prompts_per_step: 2, max_response_length: 16, epochs: 1, lr: 0.01}}
-  rollout: {{speculation: {{method: none}}}}
-  reward: {reward}
-""")
 
 
 def _start(job: RLJob, path: Path) -> RunDir:
@@ -48,7 +38,8 @@ def _start(job: RLJob, path: Path) -> RunDir:
 def test_samples_whose_reward_call_failed_are_recorded_and_the_run_goes_on(
         model_dir: Path, tmp_path: Path, reward_module: WriteModule) -> None:
     ref = reward_module(ODD_LENGTHS_FAIL)
-    job = _job(model_dir, f"{{function: '{ref}', failure_reward: -1.0, max_failed_fraction: 1.0}}")
+    job = make_job(f"model.path={model_dir}", *RUN, {"reward": {"function": ref, "failure_reward": -1.0,
+                                                                  "max_failed_fraction": 1.0}})
     run = _start(job, tmp_path / "run")
     rows = list(run_steps(job, run))
     records = dumps.read_run(run.path)
@@ -65,7 +56,7 @@ def test_samples_whose_reward_call_failed_are_recorded_and_the_run_goes_on(
 def test_too_many_failures_stop_the_run_naming_the_function_and_the_dump(
         model_dir: Path, tmp_path: Path, reward_module: WriteModule) -> None:
     ref = reward_module("def score(prompt, response, answer):\n    raise ValueError('nope')\n")
-    job = _job(model_dir, f"{{function: '{ref}'}}")
+    job = make_job(f"model.path={model_dir}", *RUN, f"reward.function={ref}")
     run = _start(job, tmp_path / "run")
     dump = dumps.dump_path(run.path, 1)
     with pytest.raises(RewardError) as err:
@@ -81,7 +72,7 @@ def test_too_many_failures_stop_the_run_naming_the_function_and_the_dump(
 def test_a_consumer_that_stops_early_closes_the_reward_workers(
         model_dir: Path, tmp_path: Path, reward_module: WriteModule) -> None:
     ref = reward_module(ODD_LENGTHS_FAIL)
-    job = _job(model_dir, f"{{function: '{ref}', max_failed_fraction: 1.0}}")
+    job = make_job(f"model.path={model_dir}", *RUN, f"reward.function={ref}", "reward.max_failed_fraction=1.0")
     steps = run_steps(job, _start(job, tmp_path / "run"))
     assert len(list(itertools.islice(steps, 1))) == 1
     assert len(multiprocessing.active_children()) == job.spec.reward.workers
@@ -109,9 +100,8 @@ def test_a_reward_function_gets_each_rows_data_source_and_extra_info_in_a_run(
     data.write_text("".join(json.dumps({"data_source": "src", "prompt": [{"role": "user", "content": f"{i}+1?"}],
                                         "reward_model": {"ground_truth": "1"}, "extra_info": {"index": i}}) + "\n"
                             for i in range(4)))
-    job = _job(model_dir, f"{{function: '{reward_module(EXTRAS_SCORE)}'}}")
-    job = job.model_copy(update={"spec": job.spec.model_copy(update={
-        "data": job.spec.data.model_copy(update={"source": str(data)})})})
+    job = make_job(f"model.path={model_dir}", *RUN, f"reward.function={reward_module(EXTRAS_SCORE)}",
+                   f"data.source={data}")
     run = _start(job, tmp_path / "run")
     list(run_steps(job, run))
     records = dumps.read_run(run.path)

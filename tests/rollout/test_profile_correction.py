@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from jobs import make_job
 from rich.console import Console
 from rich.progress import MofNCompleteColumn, Progress, TextColumn
 
@@ -22,7 +23,6 @@ from rhymerl.algorithms.drafting.adaptive_cap import (
     CostProfile,
     profile_cells,
 )
-from rhymerl.api import parse_job
 from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.cli.local_run import profile_reporter
 from rhymerl.workers.history.store import MemoryHistoryStore
@@ -299,8 +299,7 @@ def test_a_jobs_speculation_reports_the_measurement_and_keeps_what_its_steps_sho
     monkeypatch.setenv("RHYMERL_CACHE", str(tmp_path))
     model = TinyLlama(ModelConfig(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                   intermediate_size=64, max_position_embeddings=512)).eval()
-    job = parse_job("apiVersion: rhymerl.io/v1alpha1\nkind: RLJob\n"
-                    "spec:\n  algorithm: {group_size: 2, prompts_per_step: 2}\n")  # batches up to 4: (1, 4)
+    job = make_job("algorithm.group_size=2", "algorithm.prompts_per_step=2", base="defaults")  # batches up to 4: (1, 4)
     calls: list[tuple[int, int]] = []
     spec = RolloutSpeculation.for_job(job, model, MemoryHistoryStore(), progress=lambda d, t: calls.append((d, t)))
     assert calls == [(k, 16) for k in range(17)]  # 2 batch sizes x (7 token columns + verify)

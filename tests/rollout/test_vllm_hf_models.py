@@ -15,6 +15,7 @@ import torch
 pytest.importorskip("vllm")
 
 from hf_models import write_model
+from jobs import job_yaml
 
 from rhymerl.workers.model.policy import read_weights
 
@@ -107,15 +108,10 @@ def test_a_hugging_face_model_trains_with_transformers_and_rolls_out_on_vllm_in_
         family: str, tmp_path: Path) -> None:
     model = write_model(tmp_path / family, family)
     (tmp_path / "sevens.py").write_text(REWARD)
-    (tmp_path / "job.yaml").write_text(f"""apiVersion: rhymerl.io/v1alpha1
-kind: RLJob
-spec:
-  model: {{path: "{model}", implementation: transformers}}
-  data: {{num_prompts: 4, min_ops: 1, median_ops: 2, max_ops: 3}}
-  algorithm: {{group_size: 4, prompts_per_step: 2, max_response_length: 24, epochs: 2, lr: 0.01}}
-  rollout: {{engine: vllm, speculation: {{method: history}}}}
-  reward: {{function: "sevens:score"}}
-""")
+    (tmp_path / "job.yaml").write_text(job_yaml(
+        f"model.path={model}", "model.implementation=transformers", "algorithm.group_size=4",
+        "algorithm.max_response_length=24", "rollout.engine=vllm", "rollout.speculation.method=history",
+        "reward.function=sevens:score"))
     out = tmp_path / "run"
     res = subprocess.run([str(Path(sys.executable).with_name("rhymerl")), "run", str(tmp_path / "job.yaml"),
                           "--out", str(out)], capture_output=True, text=True, timeout=900, cwd=tmp_path,

@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from jobs import make_job
 
-from rhymerl.api.spec import RLJob
 from rhymerl.workers.runtime import gpu_probe
 from rhymerl.workers.runtime.gpu_preflight import (
     MINOR_COMPAT_DRIVER,
@@ -26,6 +26,7 @@ PROC_580 = ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 
             "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
 PROC_570_OPEN = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build  "
                  "(dvs-builder@U16-I3-B03-4-3)  Thu Jan 23 2025\nGCC version:  gcc version 11.4.0\n")
+GPU_PODS = {"metadata": {"name": "j"}, "rollout": {"resources": {"gpu": 1}}, "train": {"resources": {"gpu": 1}}}
 GOOD = GpuFacts(torch_version="2.13.0+cu130", torch_cuda="13.0", driver=PROC_580, cc=None, compiler="/usr/bin/gcc",
                 python_include="/usr/local/include/python3.11", python_h=True)
 
@@ -96,29 +97,27 @@ def test_each_toolkits_own_driver_is_at_least_its_majors_minimum() -> None:
         assert version(driver) >= version(MINOR_COMPAT_DRIVER[major])
 
 
-def _job(gpu: int) -> RLJob:
-    return RLJob.model_validate({"metadata": {"name": "j"}, "spec": {"rollout": {"resources": {"gpu": gpu}},
-                                                                      "train": {"resources": {"gpu": gpu}}}})
-
-
 def test_only_rollout_and_train_pods_that_request_gpus_are_checked_unless_skipped(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = make_job(GPU_PODS, base="defaults")
+    cpu = make_job(GPU_PODS, "rollout.resources.gpu=0", "train.resources.gpu=0", base="defaults")
     monkeypatch.delenv(gpu_probe.SKIP_ENV, raising=False)
-    assert gpu_probe.needs_preflight(_job(1), "rollout") and gpu_probe.needs_preflight(_job(1), "train")
-    assert not gpu_probe.needs_preflight(_job(1), "controller") and not gpu_probe.needs_preflight(_job(0), "rollout")
+    assert gpu_probe.needs_preflight(gpu, "rollout") and gpu_probe.needs_preflight(gpu, "train")
+    assert not gpu_probe.needs_preflight(gpu, "controller") and not gpu_probe.needs_preflight(cpu, "rollout")
     monkeypatch.setenv(gpu_probe.SKIP_ENV, "1")
-    assert not gpu_probe.needs_preflight(_job(1), "train")
+    assert not gpu_probe.needs_preflight(gpu, "train")
 
 
 def test_a_gpu_pod_that_fails_its_preflight_raises_a_user_error_with_exit_code_2_and_prints_its_notes(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    job = make_job(GPU_PODS, base="defaults")
     monkeypatch.delenv(gpu_probe.SKIP_ENV, raising=False)
     monkeypatch.setattr(gpu_probe, "facts", lambda: _with(driver=PROC_570_OPEN))
     with pytest.raises(gpu_probe.GpuPreflightError) as refused:
-        gpu_probe.preflight(_job(1), "rollout")
+        gpu_probe.preflight(job, "rollout")
     assert refused.value.exit_code == 2 and "570.86.15" in str(refused.value)
     monkeypatch.setattr(gpu_probe, "facts", lambda: _with(torch_cuda="12.8", driver="535.247.01"))
-    gpu_probe.preflight(_job(1), "train")
+    gpu_probe.preflight(job, "train")
     assert "train: NVIDIA driver 535.247.01 runs CUDA 12.8 under minor version compatibility" in capsys.readouterr().out
 
 
@@ -152,4 +151,4 @@ def test_a_gpu_worker_pod_runs_the_preflight_before_it_joins_the_head(monkeypatc
     monkeypatch.delenv("RHYMERL_CONTROLLER", raising=False)  # a join would fail on it, naming it
     monkeypatch.setattr(gpu_probe, "facts", lambda: _with(compiler=None))
     with pytest.raises(gpu_probe.GpuPreflightError, match="no C compiler"):
-        pod_supervisor.run_member(_job(1), "rollout", None, tmp_path)
+        pod_supervisor.run_member(make_job(GPU_PODS, base="defaults"), "rollout", None, tmp_path)

@@ -5,25 +5,20 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from rhymerl.api import parse_job
+from jobs import make_job
+
 from rhymerl.api.roles import train_ranks, workers_per_pod
 from rhymerl.workers.roles.threads import cpu_limit, cpu_request
 from rhymerl.workers.rollout.vllm_engine import job_settings
 from rhymerl.workers.runtime.cluster import role_gpus, role_resources
 from rhymerl.workers.runtime.node import wanted_roles
 
-GPU_JOB = """
-apiVersion: rhymerl.io/v1alpha1
-kind: RLJob
-metadata: {name: big}
-spec:
-  rollout: {engine: vllm, gpus_per_replica: 4, resources: {gpu: 4}}
-  train: {replicas: 2, resources: {gpu: 8}}
-"""
+GPU_JOB = {"metadata": {"name": "big"}, "rollout": {"engine": "vllm", "gpus_per_replica": 4, "resources": {"gpu": 4}},
+           "train": {"replicas": 2, "resources": {"gpu": 8}}}
 
 
 def test_train_pods_host_one_rank_per_gpu_and_workers_reserve_their_gpus() -> None:
-    job = parse_job(GPU_JOB)
+    job = make_job(GPU_JOB, base="defaults")
     assert train_ranks(job) == 16
     assert workers_per_pod(job, "train") == 8 and workers_per_pod(job, "rollout") == 1
     assert role_resources("train", 8) == {"rhymerl_train": 8.0}
@@ -34,7 +29,7 @@ def test_train_pods_host_one_rank_per_gpu_and_workers_reserve_their_gpus() -> No
 
 
 def test_a_job_without_gpus_trains_one_rank_per_pod_and_reserves_none() -> None:
-    job = parse_job("apiVersion: rhymerl.io/v1alpha1\nkind: RLJob\nspec: {train: {replicas: 3}}\n")
+    job = make_job("train.replicas=3", base="defaults")
     assert train_ranks(job) == 3 and workers_per_pod(job, "train") == 1
     assert set(role_gpus(job).values()) == {0.0}
     assert job_settings(job, 100).tensor_parallel_size == 1

@@ -8,11 +8,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from jobs import make_job
 from kubernetes.aio.client.exceptions import ApiException
 from operator_harness import Kube
 from pod_security import ENFORCE_LABEL, restricted_violations
 
-from rhymerl.api.spec import RLJob
 from rhymerl.operator.manifests import Owner, desired
 from rhymerl.operator.reconcile.admission import Short, refusals, short
 from rhymerl.operator.reconcile.cluster import Cluster
@@ -29,7 +29,7 @@ def _pod_names(kube: Kube) -> set[str]:
 
 
 def _pod_specs(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    job = RLJob.model_validate({"metadata": {"name": "j", "namespace": NS}, "spec": spec})
+    job = make_job({"metadata": {"name": "j", "namespace": NS}, "spec": spec}, base="defaults")
     return {o["metadata"]["name"]: o["spec"]["template"]["spec"]
             for o in desired(job, Owner("rhymerl.io/v1alpha1", "RLJob", "j", "uid")) if o["kind"] == "StatefulSet"}
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from rhymerl.api import parse_job
+from jobs import make_job
+
 from rhymerl.operator.manifests import SPEC_HASH_ANNOTATION, Owner, desired
 from rhymerl.operator.reconcile.diff import (
     APPLIED,
@@ -141,9 +142,8 @@ def test_scaled_to_zero_sets_only_statefulset_replicas_and_leaves_the_input_alon
 
 
 def test_every_child_the_builders_emit_needs_no_write_once_applied() -> None:
-    job = parse_job("apiVersion: rhymerl.io/v1alpha1\nkind: RLJob\nmetadata: {name: j, namespace: ns}\n"
-                    "spec:\n  rollout: {replicas: 2, max_replicas: 4, resources: {cpu: 500m, gpu: 1}, "
-                    "gpus_per_replica: 1}\n")
+    rollout = {"replicas": 2, "max_replicas": 4, "resources": {"cpu": "500m", "gpu": 1}, "gpus_per_replica": 1}
+    job = make_job({"metadata": {"name": "j", "namespace": "ns"}, "rollout": rollout}, base="defaults")
     objects = desired(job, Owner("rhymerl.io/v1alpha1", "RLJob", "j", "uid-1"))
     served = [as_served(o) for o in objects]
     assert plan(objects, served).writes == 0
