@@ -11,6 +11,7 @@ from typing import Any
 import typer
 import yaml
 from cli_runner import rhymerl
+from jobs import make_job
 from typer.testing import CliRunner
 
 from rhymerl.api.crd import crd_yaml
@@ -137,12 +138,11 @@ def test_every_commands_help_shows_each_option_name_whole_in_80_columns() -> Non
 
 
 def test_scale_says_whether_the_run_is_running_to_follow_it_or_takes_it_up_when_resumed(tmp_path: Path) -> None:
-    from rhymerl.api import RLJob
     from rhymerl.cli.main import app
     from rhymerl.workers.run_folder.run_dir import RunDir
 
     run = RunDir(tmp_path / "run")
-    run.create(RLJob())  # holds the run's lock, as a running `rhymerl run` does
+    run.create(make_job(base="defaults"))  # holds the run's lock, as a running `rhymerl run` does
     res = CliRunner().invoke(app, ["scale", str(run.path), "--rollout", "1"])
     assert res.exit_code == 0 and "1 rollout workers wanted; the running run follows" in res.output
     run.close()

@@ -7,8 +7,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
+from jobs import make_job
 
 from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
 from rhymerl.algorithms.scheduling.base import SampleState, Scheduler
@@ -18,7 +20,7 @@ from rhymerl.algorithms.scheduling.freed_drafters import DrafterPlan, WorkerView
 from rhymerl.algorithms.scheduling.histopipe import HistoPipe
 from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.algorithms.scheduling.types import Action, Move, RoundPlan, Sample, Watch
-from rhymerl.api import RLJob, parse_job
+from rhymerl.api import RLJob
 from rhymerl.workers import dumps, faults
 from rhymerl.workers.controller.fleet import RolloutFleet, pod_ordinal, table_profile
 from rhymerl.workers.controller.history_client import HistoryClient
@@ -36,20 +38,22 @@ from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.run_folder.run_dir import RunDir
 from rhymerl.workers.task.prompts import load_prompts
 
+# 6 prompts, 3 groups of 4 a step, up to 4 workers
+FLEET = {"data": {"num_prompts": 6}, "algorithm": {"group_size": 4, "prompts_per_step": 3, "max_off_policy_steps": 0},
+         "rollout": {"max_replicas": 4}, "scheduling": {"ranking_groups": 2}}
+
 
 def _job(model_dir: Path, workers: int = 1, policy: str = "histopipe", length: int = 24, batch: int = 8,
-         rollout: str = "") -> RLJob:
-    return parse_job(f"""
-apiVersion: rhymerl.io/v1alpha1
-kind: RLJob
-spec:
-  model: {{path: {model_dir}}}
-  data: {{num_prompts: 6, min_ops: 1, median_ops: 2, max_ops: 3}}
-  algorithm: {{group_size: 4, prompts_per_step: 3, max_response_length: {length}, epochs: 2, lr: 0.01,
-              max_off_policy_steps: 0}}
-  rollout: {{replicas: {workers}, max_replicas: 4, max_batch_size: {batch}{rollout}}}
-  scheduling: {{policy: {policy}, ranking_groups: 2}}
-""")
+         rollout: Mapping[str, Any] | None = None) -> RLJob:
+    return make_job(FLEET, {"model": {"path": str(model_dir)}, "algorithm": {"max_response_length": length},
+                            "rollout": {"replicas": workers, "max_batch_size": batch, **(rollout or {})},
+                            "scheduling": {"policy": policy}})
+
+
+def _drafting(model_dir: Path, **speculation: object) -> dict[str, Any]:
+    """Greedy decoding, with the policy itself as the freed workers' draft model."""
+    return {"temperature": 0, "speculation": {"method": "none", "freed_drafters": True, "draft_model": str(model_dir),
+                                              **speculation}}
 
 
 def _tokens(path: Path) -> list[tuple[int, str, int, tuple[int, ...]]]:
@@ -160,10 +164,9 @@ class AllOnZero(Scheduler):
 
 def test_a_freed_worker_drafts_for_a_straggling_one_and_the_tokens_stay_one_workers(
         model_dir: Path, tmp_path: Path) -> None:
-    one, _ = Fleet(_job(model_dir, rollout=", temperature: 0"), tmp_path / "one").round(PROMPTS)
+    one, _ = Fleet(_job(model_dir, rollout={"temperature": 0}), tmp_path / "one").round(PROMPTS)
     # the policy drafting for itself, greedily: every draft it makes is the token plain decoding takes
-    job = _job(model_dir, 2, rollout=f", temperature: 0, speculation: {{method: none, freed_drafters: true, "
-                                     f"draft_model: {model_dir}}}")
+    job = _job(model_dir, 2, rollout=_drafting(model_dir))
     f = Fleet(job, tmp_path / "two", scheduler=AllOnZero())
     asked: list[tuple[list[int], list[int]]] = []
 
@@ -198,8 +201,7 @@ class SplitOverTwo(Scheduler):
 
 def test_without_consolidate_tail_no_worker_is_emptied_to_draft(model_dir: Path, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    job = _job(model_dir, 3, rollout=f", temperature: 0, speculation: {{method: none, freed_drafters: true, "
-                                     f"consolidate_tail: false, draft_model: {model_dir}}}")
+    job = _job(model_dir, 3, rollout=_drafting(model_dir, consolidate_tail=False))
     monkeypatch.setenv(faults.FORCE_ENV, "freed-drafters")
     f = Fleet(job, tmp_path / "three", scheduler=SplitOverTwo())
     out, rnd = f.round(PROMPTS[:2])
@@ -209,9 +211,8 @@ def test_without_consolidate_tail_no_worker_is_emptied_to_draft(model_dir: Path,
 
 def test_a_straggling_worker_no_freed_one_drafts_for_is_emptied_onto_another_and_drafts_for_it(
         model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    one, _ = Fleet(_job(model_dir, rollout=", temperature: 0"), tmp_path / "one").round(PROMPTS[:2])
-    job = _job(model_dir, 3, rollout=f", temperature: 0, speculation: {{method: none, freed_drafters: true, "
-                                     f"draft_model: {model_dir}}}")
+    one, _ = Fleet(_job(model_dir, rollout={"temperature": 0}), tmp_path / "one").round(PROMPTS[:2])
+    job = _job(model_dir, 3, rollout=_drafting(model_dir))
     monkeypatch.setenv(faults.FORCE_ENV, "freed-drafters")  # the real decisions, on costs where every merge pays
     f = Fleet(job, tmp_path / "three", scheduler=SplitOverTwo())
     merges: list[tuple[int, int] | None] = []
@@ -401,7 +402,7 @@ def test_siblings_on_other_workers_reach_each_others_group_and_the_tokens_stay_o
 
 
 def test_with_the_relay_off_each_workers_groups_hold_only_its_own_samples(model_dir: Path, tmp_path: Path) -> None:
-    f = Fleet(_job(model_dir, 2, length=40, rollout=", speculation: {group_relay: false}"), tmp_path / "two")
+    f = Fleet(_job(model_dir, 2, length=40, rollout={"speculation": {"group_relay": False}}), tmp_path / "two")
     told: list[object] = []
     tell = f.t.tell
     f.t.tell = lambda handle, method, *args: (told.append(method), tell(handle, method, *args))[1]  # type: ignore[method-assign]

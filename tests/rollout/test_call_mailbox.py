@@ -3,7 +3,8 @@ abilities the fleet can read from a spec without starting an engine (workers/rol
 
 from __future__ import annotations
 
-from rhymerl.api import API_VERSION, parse_job
+from jobs import make_job
+
 from rhymerl.workers.roles.call_mailbox import CallMailbox
 from rhymerl.workers.roles.rollout_engine import TORCH, VLLM, engine_abilities
 from rhymerl.workers.roles.samples import SampleRef
@@ -64,9 +65,7 @@ def test_a_notice_to_leave_says_whether_the_worker_is_idle() -> None:
 
 
 def test_the_abilities_read_from_a_spec_are_those_its_engine_declares() -> None:
-    job = parse_job(f"apiVersion: {API_VERSION}\nkind: RLJob\nspec: {{rollout: {{engine: torch}}}}")
-    assert engine_abilities(job.spec) == TorchRollout.abilities == TORCH
-    vllm = job.spec.model_copy(update={"rollout": job.spec.rollout.model_copy(update={"engine": "vllm"})})
-    assert engine_abilities(vllm) == VllmRollout.abilities == VLLM
+    assert engine_abilities(make_job("rollout.engine=torch", base="defaults").spec) == TorchRollout.abilities == TORCH
+    assert engine_abilities(make_job("rollout.engine=vllm", base="defaults").spec) == VllmRollout.abilities == VLLM
     assert VLLM.releases and not (VLLM.admits or VLLM.snapshots or VLLM.remote_drafts or VLLM.relays_groups)
     assert TORCH.releases and TORCH.admits and TORCH.snapshots and TORCH.remote_drafts and TORCH.relays_groups

@@ -8,10 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from jobs import make_job
 
 pytest.importorskip("vllm")
 
-from rhymerl.api import RLJob, parse_job
+from rhymerl.api import RLJob
 from rhymerl.workers.roles.rollout_engine import engine_abilities
 from rhymerl.workers.roles.rollout_worker import RolloutWorker, encode_prompts, load_job_tokenizer
 from rhymerl.workers.roles.samples import (
@@ -35,15 +36,10 @@ pytestmark = pytest.mark.slow
 
 
 def _job() -> RLJob:
-    return parse_job("""
-apiVersion: rhymerl.io/v1alpha1
-kind: RLJob
-spec:
-  model: {path: "builtin:tiny-arith", implementation: transformers}
-  data: {source: "builtin:arith-chain", num_prompts: 6, seed: 0}
-  algorithm: {group_size: 2, prompts_per_step: 3, max_response_length: 200}
-  rollout: {engine: vllm, temperature: 0.0, seed: 0, max_batch_size: 16, speculation: {method: ngram}}
-""")
+    return make_job({"model": {"implementation": "transformers"}, "data": {"num_prompts": 6},
+                     "algorithm": {"group_size": 2, "prompts_per_step": 3, "max_response_length": 200},
+                     "rollout": {"engine": "vllm", "temperature": 0.0, "seed": 0, "max_batch_size": 16,
+                                 "speculation": {"method": "ngram"}}}, base="defaults")
 
 
 def _run(stream: Any, leave: RolloutWorker | None = None) -> tuple[RolloutOutput, list[tuple[object, Tag]], CallState | None]:
