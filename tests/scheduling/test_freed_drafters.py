@@ -25,9 +25,11 @@ from rhymerl.algorithms.scheduling.freed_drafters import (
     pays,
 )
 from rhymerl.cli.bench import bench_app
-from rhymerl.tools.sim import SimConfig
+from rhymerl.tools.sim import SimConfig, SimulationError
 from rhymerl.tools.sim.drafting import DraftSpan, step_drafting, tail_start
+from rhymerl.tools.sim.elastic import ElasticFleet, FleetPlan
 from rhymerl.tools.sim.engine import Simulator
+from rhymerl.tools.sim.spot import PreemptionModel, Prices
 from rhymerl.tools.traces import Trace
 
 ONE = TableProfile.constant(1.0)
@@ -137,6 +139,13 @@ def test_a_worker_freed_by_a_short_sample_drafts_for_the_long_one() -> None:
     assert step.rollout_drafting_workers == 1
     assert step.tail_s == pytest.approx(5.0)
     assert step.tail_drafting_share == 1.0
+
+
+def test_freed_drafters_are_refused_on_a_fleet_that_changes_while_it_runs() -> None:
+    sim = Simulator(_two_samples(), EqualSplit(2), SimConfig(workers=2, profile=ONE, freed_drafters=_costs()))
+    ElasticFleet(FleetPlan(gpus=2, spot=False), PreemptionModel(rate_per_gpu_h=0.0), Prices()).attach(sim)
+    with pytest.raises(SimulationError, match="changes while it runs"):
+        sim.run()
 
 
 def test_a_slow_drafter_or_a_slow_message_stretches_every_drafted_pass() -> None:

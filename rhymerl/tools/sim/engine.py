@@ -18,7 +18,7 @@ trained. The fleet may change while it runs (spot preemptions, joins, resizing b
 through `FleetHooks` (elastic.py), which call the simulator's `join`, `leave`, `hand_back` and
 `compact` (membership.py). With `SimConfig.freed_drafters`, workers that hold no sample draft for
 straggling workers (drafters.py carries out scheduling/freed_drafters.py's decision after every
-event).
+event; not on a fleet that changes while it runs).
 
 Assumptions (docs/scheduling.md): a worker admits sequences while their KV cache fits the
 profile's `kv_capacity_tokens` (none: unenforced), and when it runs full the sequences admitted
@@ -68,9 +68,10 @@ class FleetHooks(Protocol):
         """Step `trained` has trained; the next step's gate is about to be evaluated."""
 
 
-class Simulator(FreedDrafters):
+class Simulator:
     """One run: the round driver (plans, gates, refills, steals, the event loop) over the run's
-    books, composed with the time model, admission, the executor's port, tool calls and membership."""
+    books, composed with the time model, admission, the executor's port, tool calls, membership and
+    (where configured) the freed drafters."""
 
     def __init__(self, trace: Trace, scheduler: Scheduler, config: SimConfig, *, warmup_steps: int = 0,
                  steps: int | None = None) -> None:
@@ -107,21 +108,8 @@ class Simulator(FreedDrafters):
         self.tools = ToolCalls(self)
         self.membership = Membership(self)
         self.hooks: FleetHooks | None = None
-        self.draft_costs = config.freed_drafters
-        self.drafting: dict[int, int] = {}
-        """Drafter -> verifier in force (freed_drafters.assign)."""
-        self.draft_spans: list[DraftSpan] = []
-        """Every drafter's assignment as it ran: drafter, verifier, start, end."""
-        self._draft_since: dict[int, float] = {}
-        self.consolidations = 0
-        """Workers emptied onto another so that they draft (DraftCosts.consolidate)."""
-        # the drafter placement (drafters.py) names these as the simulator's own
-        self._reached_it = self.decode.reached_it
-        self._gen_at = self.decode.gen_at
-        self._advance = self.decode.advance
-        self._passes = self.decode.passes
-        self._schedule = self.events.schedule
-        self._refill = self.refill
+        costs = config.freed_drafters
+        self.drafters = None if costs is None else FreedDrafters(self, costs, self.profile, config.speculation)
 
     def _open_books(self, n: int) -> None:
         """The run's books before its first event."""
@@ -349,9 +337,12 @@ class Simulator(FreedDrafters):
 
     def run(self, on_event: Callable[[Simulator], None] | None = None) -> SimResult:
         total = len(self.seqs)
+        drafters = self.drafters
+        if drafters is not None and self.hooks is not None:
+            raise SimulationError("freed drafters: not priced on a fleet that changes while it runs")
         self.open_gates()
-        if self.draft_costs is not None:
-            self._place_drafters()
+        if drafters is not None:
+            drafters.place()
         while self.events:
             t, _, kind, arg = self.events.pop()
             if kind == WORKER:
@@ -369,8 +360,8 @@ class Simulator(FreedDrafters):
             else:
                 self.now = max(self.now, t)
                 self._on_gate(kind, arg)
-            if self.draft_costs is not None:
-                self._place_drafters()
+            if drafters is not None:
+                drafters.place()
             if on_event is not None:
                 on_event(self)
         if len(self.finished) != total:
@@ -380,9 +371,8 @@ class Simulator(FreedDrafters):
             )
         for w in self.workers:
             self.admission.close(w, w.clock)
-        for d, v in self.drafting.items():
-            self.draft_spans.append(DraftSpan(d, v, self._draft_since.pop(d), self.now))
-        self.drafting = {}
+        if drafters is not None:
+            drafters.close()
         return collect_result(self, total)
 
     def drafting_report(self) -> list[StepDrafting]:
@@ -393,6 +383,16 @@ class Simulator(FreedDrafters):
             finishes[st].append(t)
         windows = {s: (self.step_start.get(s, 0.0), self.completed.get(s, 0.0)) for s in steps if finishes[s]}
         return step_drafting(self.draft_spans, windows, finishes)
+
+    @property
+    def draft_spans(self) -> list[DraftSpan]:
+        """Every drafter's assignment as it ran: drafter, verifier, start, end (drafters.py)."""
+        return [] if self.drafters is None else self.drafters.spans
+
+    @property
+    def consolidations(self) -> int:
+        """Workers emptied onto another so that they draft (DraftCosts.consolidate)."""
+        return 0 if self.drafters is None else self.drafters.consolidations
 
     @property
     def step_start(self) -> dict[int, float]:

@@ -1,8 +1,9 @@
 """What the simulator's parts see of the run they serve (engine.Simulator is the one implementation).
 
-The executor's port (port.py), tool calls (tool_calls.py) and fleet membership (membership.py)
-each act on the run's shared books and call back into its round driver; they name that run by this
-Protocol rather than by `Simulator`, so none of them imports the engine that composes them.
+The executor's port (port.py), tool calls (tool_calls.py), fleet membership (membership.py) and the
+freed drafters (drafters.py) each act on the run's shared books and call back into its round driver;
+they name that run by this Protocol rather than by `Simulator`, so none of them imports the engine
+that composes them.
 """
 
 from __future__ import annotations
