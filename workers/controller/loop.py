@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from rhymerl.algorithms.drafting.cap_decisions import CapDecisions
 from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.api import RLJob
 from rhymerl.api.roles import train_ranks
@@ -282,6 +283,8 @@ def fleet_metrics(rounds: Sequence[Round], live: int, wanted: int) -> dict[str, 
         "rollout_handed_back": counts["handed_back"],
         "rollout_resumed_tokens": sum(s.resumed_tokens for r in rounds for _, s in r.summaries),
         "rollout_group_tokens_heard": sum(s.heard_tokens for r in rounds for _, s in r.summaries),
+        "draft_cap_by_batch": sum((s.cap_decisions for r in rounds for _, s in r.summaries),
+                                  CapDecisions()).summary(),
         "rollout_drafting_workers": max((r.drafting for r in rounds), default=0),
         "rollout_consolidations": sum(r.consolidations for r in rounds),
         "schedule_ranking": rounds[0].ranking if rounds else "none",

@@ -42,7 +42,7 @@ class RewardWorker:
         self.metrics.call(seconds)
         self.metrics.flush()
         return scored, CallSummary(summaries, output.seconds, seconds, output.speculated, output.policy_version,
-                                   output.resumed_tokens, output.heard_tokens)
+                                   output.resumed_tokens, output.heard_tokens, output.cap_decisions)
 
     def close(self) -> None:
         self.scorer.close()

@@ -31,6 +31,7 @@ from types import FrameType
 from typing import ClassVar, Protocol
 
 from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
+from rhymerl.algorithms.drafting.cap_decisions import CapDecisions
 from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api import RLJob
 from rhymerl.workers.model.folder import model_dir
@@ -70,8 +71,16 @@ def load_job_tokenizer(job: RLJob) -> Tokenizer:
     return load_tokenizer(model_dir(job.spec.model.path))
 
 
+class CapReportingEngine(RolloutEngine, Protocol):
+    """A rollout engine that also tells what draft caps its passes ran under (both engines do)."""
+
+    def cap_decisions(self) -> CapDecisions:
+        """The draft cap of each pass of the call that ended last, and why (asked once, at its end)."""
+        ...
+
+
 def open_engine(job: RLJob, threads: int, progress: Progress | None, busy: BusyClock,
-                metrics: WorkerMetrics) -> RolloutEngine:
+                metrics: WorkerMetrics) -> CapReportingEngine:
     """The engine the job's spec.rollout.engine names, loaded."""
     spec = job.spec
     tok = load_job_tokenizer(job)
@@ -208,7 +217,8 @@ class RolloutWorker:
         try:
             end = yield from self.engine.run(call, indexes, resume, self.mailbox, busy)
             yield from self._finish(RolloutOutput(end.samples, end.results, self.policy_version, busy.now() - started,
-                                                  bool(indexes), end.resumed_tokens, end.heard_tokens), end.state)
+                                                  bool(indexes), end.resumed_tokens, end.heard_tokens,
+                                                  self.engine.cap_decisions()), end.state)
         finally:
             busy.pause()
             use_threads(self.threads)  # the passes' count (adaptive_threads) ends with the call

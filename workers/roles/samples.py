@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from rhymerl.algorithms.drafting.cap_decisions import CapDecisions
 from rhymerl.workers.rollout.engine import GenRequest, GenResult, SourceCount
 from rhymerl.workers.rollout.group_drafts import GrownTokens
 
@@ -55,6 +56,7 @@ class RolloutOutput:
     speculated: bool  # history drafts were available for this call
     resumed_tokens: int  # tokens the samples brought from elsewhere (a lost call's progress, a move)
     heard_tokens: int = 0  # tokens of siblings on other workers its group indexes took in (group drafts)
+    cap_decisions: CapDecisions = field(default_factory=CapDecisions)  # its passes' draft caps and why
 
 
 @dataclass
@@ -164,3 +166,4 @@ class CallSummary:
     policy_version: int
     resumed_tokens: int
     heard_tokens: int = 0
+    cap_decisions: CapDecisions = field(default_factory=CapDecisions)

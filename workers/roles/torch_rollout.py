@@ -13,6 +13,7 @@ from typing import ClassVar
 import torch
 
 from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
+from rhymerl.algorithms.drafting.cap_decisions import CapDecisions
 from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api import RLJob
 from rhymerl.workers import faults
@@ -132,6 +133,10 @@ class TorchRollout:
         """The verify-cost profile speculation prices drafts with (measured now, or read from this
         machine's cache, where speculation does not use one)."""
         return self.speculation.control.profile or load_or_measure(self.model, batches=reachable_batches(self.job))
+
+    def cap_decisions(self) -> CapDecisions:
+        """The draft caps the controller chose since last asked: the passes of the call that just ended."""
+        return self.speculation.control.take_decisions()
 
     def end_step(self) -> None:
         """What the step's passes showed about the verify-cost profile goes into the machine's cache."""

@@ -12,6 +12,7 @@ from collections.abc import Generator, Mapping
 from typing import ClassVar
 
 from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
+from rhymerl.algorithms.drafting.cap_decisions import CapDecisions
 from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api import RLJob
 from rhymerl.workers.model.folder import model_dir, read_config
@@ -31,7 +32,7 @@ from rhymerl.workers.roles.rollout_engine import (
 from rhymerl.workers.roles.samples import CallState, RolloutCall, RolloutProgress, StateTag
 from rhymerl.workers.rollout.engine import GenResult, SamplingParams
 from rhymerl.workers.rollout.verify_cost import Progress
-from rhymerl.workers.rollout.vllm_engine import VllmEngine
+from rhymerl.workers.rollout.vllm_engine import OURS, VllmEngine
 
 
 class VllmRollout:
@@ -96,6 +97,13 @@ class VllmRollout:
     def cost_profile(self) -> CostProfile | None:
         """vLLM's pass-cost profile, where it was measured."""
         return self.vllm.profile
+
+    def cap_decisions(self) -> CapDecisions:
+        """The draft caps our proposer chose in the last call (its stats since the call's `set_history`);
+        none with vLLM's own drafting methods."""
+        if self.vllm.settings.method not in OURS:
+            return CapDecisions()
+        return CapDecisions.from_json(self.vllm.proposer_stats())
 
     def end_step(self) -> None:
         pass

@@ -23,6 +23,7 @@ from rhymerl.algorithms.drafting.adaptive_cap import (
     CostProfile,
     choose_cap,
 )
+from rhymerl.algorithms.drafting.cap_decisions import DRAFTING, CapDecisions, Reason
 from rhymerl.algorithms.drafting.index import (
     AimdWindows,
     HistoryDrafter,
@@ -71,6 +72,8 @@ class DraftCapController:
     off_passes: int = 0
     probes: int = 0
     caps_chosen: dict[int, int] = field(default_factory=dict)
+    decisions: CapDecisions = field(default_factory=CapDecisions)
+    """Each pass's cap and why, by batch size, since they were last taken (`take_decisions`)."""
     _last: tuple[float, int, float, bool] | None = None  # previous pass: clock, batch, tokens per sequence, profiled
     _parked: int = 0        # passes left to run plain without asking the drafter
     _parked_at: int = 0     # the batch size when speculation was parked
@@ -89,6 +92,7 @@ class DraftCapController:
         if self._parked == 0 and self._park_len == PROBE_EVERY - 1:
             self._probe_due = True
         self._record(batch_size, 0, [])
+        self.decisions.record(batch_size, "parked")
         return True
 
     def cap(self, batch_size: int, lengths: Sequence[int] | None = None) -> int:
@@ -96,7 +100,8 @@ class DraftCapController:
         limit = self.spec.window.max
         if self.evidence is not None:  # re-measured cells (verify_cost.ProfileStore) count from the next choice
             self.profile = self.evidence.profile
-        if self.spec.disable_above_batch is not None and batch_size > self.spec.disable_above_batch:
+        fixed = self.spec.disable_above_batch is not None and batch_size > self.spec.disable_above_batch
+        if fixed:
             cap = 0
         elif self.profile is None:
             cap = limit
@@ -104,7 +109,8 @@ class DraftCapController:
             cap = choose_cap(self.profile, batch_size, self.tracker, lengths, limit=limit,
                              calibration=self.calibration)
         offered = lengths is None or any(lengths)
-        if cap == 0 and self._probe_due:
+        probe = cap == 0 and self._probe_due and not fixed  # above disableAboveBatch nothing drafts, not even a probe
+        if probe:
             cap = self.spec.window.initial
             self.probes += 1
         elif cap == 0 and offered:
@@ -115,8 +121,28 @@ class DraftCapController:
             self._backoff = 1
         self._probe_due = False
         drafts = [min(n, cap) for n in lengths] if lengths is not None else [cap] * batch_size
+        reason = self._reason(fixed, offered, probe, cap)
         self._record(batch_size, cap, drafts)
+        self.decisions.record(batch_size, reason, cap if reason in DRAFTING else 0)
         return cap
+
+    def _reason(self, fixed: bool, offered: bool, probe: bool, cap: int) -> Reason:
+        """Why this pass got `cap`: a probe that drafts, the fixed rule, nothing on offer, no profile, or the
+        profile's choice, in that order."""
+        if probe and offered:
+            return "probe"
+        if fixed:
+            return "fixed-off"
+        if not offered:
+            return "no-draft"
+        if self.profile is None:
+            return "unpriced"
+        return "priced" if cap > 0 else "priced-off"
+
+    def take_decisions(self) -> CapDecisions:
+        """The passes' caps and reasons since the last take (a rollout call's, at its end)."""
+        taken, self.decisions = self.decisions, CapDecisions()
+        return taken
 
     def _record(self, batch_size: int, cap: int, drafts: list[int]) -> None:
         """Count the pass; the previous one's time corrects the profile, then calibrates the overhead."""

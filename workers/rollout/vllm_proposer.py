@@ -27,7 +27,8 @@ equals the rejected draft token, its residual distribution gives it no mass); th
 it with the tokens the row gained (`DraftSource.settle`), as the torch engine tells it after a
 verify pass. The per-pass cap is the torch engine's `DraftCapController`, fed each step's batch
 size, the drafts on offer and what verification accepted, and priced from vLLM's own pass times
-(`set_step(profile=...)`, workers/rollout/vllm_engine.py measures them).
+(`set_step(profile=...)`, workers/rollout/vllm_engine.py measures them); each step's cap and its
+reason are counted in the step's stats (`ProposerStats.caps`), which a rollout call reads at its end.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
+from rhymerl.algorithms.drafting.cap_decisions import CapDecisions
 from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.workers.rollout.engine import DraftSource, GenRequest, SourceCount
@@ -68,7 +70,8 @@ class _Row:
 
 @dataclass
 class ProposerStats:
-    """Counts since the last `set_step`: engine steps drafted for, rows, drafts, acceptance."""
+    """Counts since the last `set_step`: engine steps drafted for, rows, drafts, acceptance, and the
+    draft cap of each step with its reason (the cap controller records into `caps`)."""
 
     calls: int = 0
     rows: int = 0
@@ -77,9 +80,11 @@ class ProposerStats:
     matched_rows: int = 0
     """Rows whose state was found by content (the rest started fresh)."""
     fresh_rows: int = 0
+    caps: CapDecisions = field(default_factory=CapDecisions)
 
     def as_dict(self) -> dict[str, int]:
-        return dict(self.__dict__)
+        """The counts, the cap decisions among them (`CapDecisions.from_json` reads them back out)."""
+        return {k: v for k, v in self.__dict__.items() if isinstance(v, int)} | self.caps.to_json()
 
 
 RequestStats = tuple[int, int, int, dict[str, SourceCount]]
@@ -124,6 +129,7 @@ class HistoryProposer:
         if len(prompts) != len(indexes):
             raise ValueError(f"{len(prompts)} prompts, {len(indexes)} indexes")
         self.rows, self.lengths_held, self.stats, self.slots = {}, {}, ProposerStats(), 0
+        self.control.decisions = self.stats.caps
         self.prompts = {np.asarray(t, dtype=np.int32).tobytes(): str(i) for i, t in enumerate(prompts)}
         self.source = self._source({str(i): index for i, index in enumerate(indexes) if index is not None})
         self.lengths_desc = sorted({len(t) for t in prompts}, reverse=True)

@@ -12,10 +12,10 @@ from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-MEASURED = frozenset({"spec_rate", "spec_acceptance", "tokens_per_pass", "spec_sources", "rollout_busy_s", "rollout_makespan_s",
-                      "rollout_bubble", "rollout_group_tokens_heard", "weight_sync_s", "weight_fallbacks",
-                      "fleet_recommended", "rollout_logprob_diff_mean", "rollout_logprob_diff_max", "is_ratio_mean",
-                      "is_ratio_max", "is_capped_frac"})
+MEASURED = frozenset({"spec_rate", "spec_acceptance", "tokens_per_pass", "spec_sources", "draft_cap_by_batch",
+                      "rollout_busy_s", "rollout_makespan_s", "rollout_bubble", "rollout_group_tokens_heard",
+                      "weight_sync_s", "weight_fallbacks", "fleet_recommended", "rollout_logprob_diff_mean",
+                      "rollout_logprob_diff_max", "is_ratio_mean", "is_ratio_max", "is_capped_frac"})
 """Fields measured with a clock, following from choices made on measured costs (the draft cap) or
 from when the workers' reports arrived (the siblings' tokens relayed between them), or
 float rounding that depends on which rows the engine batched together (the behaviour
@@ -26,6 +26,18 @@ legitimately differ in them, in nothing else."""
 def deterministic(row: dict[str, Any]) -> dict[str, Any]:
     """A metrics row without what is measured with a clock (what two runs of one job must agree on)."""
     return {k: v for k, v in row.items() if not k.startswith("time_") and not k.endswith("_per_s") and k not in MEASURED}
+
+
+class CapBand(BaseModel):
+    """The draft caps of a step's passes over one batch-size band (rhymerl.algorithms.drafting.cap_decisions)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    passes: int
+    drafted: float  # share of the passes that drafted
+    cap: float | None  # mean cap of those (None: none drafted)
+    reason: str  # the most frequent reason
+    reasons: dict[str, int]  # passes per reason
 
 
 class StepMetrics(BaseModel):
@@ -61,6 +73,8 @@ class StepMetrics(BaseModel):
     tokens_per_pass: float = 1.0
     spec_sources: dict[str, dict[str, float | None]] | None = None
     """Per draft source: its share of the passes that verified a draft, and its acceptance rate."""
+    draft_cap_by_batch: dict[str, CapBand] | None = None
+    """Per batch-size band (`1`, `2-3`, `4-7`, ...) whose passes had a draft cap: what they ran under, and why."""
     # the rollout fleet (rows written before 2026-11-26 have them only with several workers, and
     # say rollout_replicas for rollout_workers)
     rollout_workers: int | None = Field(None, validation_alias=AliasChoices("rollout_workers", "rollout_replicas"))
