@@ -86,14 +86,14 @@ def redis_url() -> Iterator[str]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """For pytest-xdist's `--dist loadgroup` (scripts/test.sh): a file's tests run on one worker, one
-    after another (its module fixtures made once; its servers, Ray instances and fixed port blocks
-    never twice at once), and files with tests marked slow go first, most slow tests first, so the
-    longest files start at once rather than end alone (longest-first scheduling; run with
-    --no-loadscope-reorder, which keeps this order). Without xdist only the order changes."""
+    """Files with tests marked slow first, most slow tests first, a file's own order kept. With
+    pytest-xdist's `--dist loadfile` (scripts/test.sh) a file's tests run on one worker, one after
+    another (its module fixtures made once; its servers, Ray instances and fixed port blocks never twice
+    at once), and with --no-loadscope-reorder the files are handed out in this order, so the longest
+    start at once rather than end alone (longest-first scheduling). (`--dist loadgroup` with an
+    xdist_group per file did this until pytest 9 moved a node's id where pytest-xdist 3.8 no longer
+    renames it: every test became its own group, a file's module fixtures were made on both workers.)"""
     slow_per_file: dict[str, int] = {}
     for item in items:
         slow_per_file[item.path.name] = slow_per_file.get(item.path.name, 0) + (item.get_closest_marker("slow") is not None)
     items.sort(key=lambda item: -slow_per_file[item.path.name])  # stable: a file's own order is kept
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(str(item.path.relative_to(REPO))))

@@ -27,6 +27,13 @@ waits until the test creates `NAME-STEP.go`; each point holds once.
 `RHYMERL_FORCE=DECISION[,DECISION...]` forces a decision a cost model would otherwise make from
 measured times (`forced`): `freed-drafters`, every freed rollout worker drafts for a straggling one
 (workers/controller/fleet.py), so a test on real processes sees the drafts travel between them.
+
+Why environment variables: the processes these points stop are started by Ray, by the pods-as-processes
+harness or by `rhymerl run` itself, not by the test; the environment is the one channel that reaches
+every one of them (Ray passes it to its workers, a pod to its containers) without an API that exists only
+for tests. One module reads them all, at named points, as etcd's gofail and FreeBSD's fail(9) do; a test
+that runs its code in its own process injects what it steers instead (a fleet's costs, a clock, a
+transport), and no other module reads a test-steering variable.
 """
 
 from __future__ import annotations

@@ -15,12 +15,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from jobs import job_dict, job_yaml, make_job
 from pods_as_processes import POD_IP, Cluster, Kubelet, Pod, gcs_answers, pods_of
 
 from rhymerl.api import RLJob
-from rhymerl.api.load import parse_job
 from rhymerl.operator.manifests import desired
 from rhymerl.operator.manifests.access import ray_token_secret
 from rhymerl.operator.manifests.objects import Manifest
@@ -30,22 +31,23 @@ pytestmark = pytest.mark.slow
 
 # consolidate_tail off: with every pair forced, an emptied worker would take the samples the scenario
 # needs handed back by the worker it holds and then deletes (consolidation: tests/controller/test_fleet.py)
-JOB = """
-apiVersion: rhymerl.io/v1alpha1
-kind: RLJob
-metadata: {name: pods, namespace: test}
-spec:
-  model: {path: "builtin:tiny-arith"}
-  data: {source: "builtin:arith-chain", num_prompts: 8, seed: 0}
-  algorithm: {name: grpo, group_size: 4, prompts_per_step: 2, max_response_length: 120, epochs: 1,
-              max_off_policy_steps: 0}
-  rollout: {replicas: 2, max_replicas: 4, seed: 0,
-            speculation: {method: history, freed_drafters: true, consolidate_tail: false,
-                          draft_model: "builtin:tiny-arith-draft"}}
-  reward: {function: "pods_reward:score", replicas: 1, workers: 1}
-  history: {replicas: 1}
-  checkpoint: {every_steps: 1}
-"""
+JOB: dict[str, Any] = {
+    "metadata": {"name": "pods", "namespace": "test"},
+    "model": {"path": "builtin:tiny-arith"},
+    "data": {"source": "builtin:arith-chain", "num_prompts": 8, "seed": 0},
+    "algorithm": {"name": "grpo", "group_size": 4, "prompts_per_step": 2, "max_response_length": 120, "epochs": 1,
+                  "max_off_policy_steps": 0},
+    "rollout": {"replicas": 2, "max_replicas": 4, "seed": 0,
+                "speculation": {"method": "history", "freed_drafters": True, "consolidate_tail": False,
+                                "draft_model": "builtin:tiny-arith-draft"}},
+    "reward": {"function": "pods_reward:score", "replicas": 1, "workers": 1},
+    "history": {"replicas": 1},
+    "checkpoint": {"every_steps": 1},
+}
+# one rollout pod serving vLLM (drafting for others is the torch engine's), at off-policy 1
+VLLM_JOB = job_dict(JOB, "data.num_prompts=4", "algorithm.max_off_policy_steps=1", "rollout.engine=vllm",
+                    "rollout.replicas=1", "rollout.max_replicas=1", "rollout.speculation.freed_drafters=false",
+                    "rollout.speculation.consolidate_tail=true", base="defaults")
 REWARD = """
 def score(prompt, response, answer):
     return float(response.strip().endswith(answer))
@@ -84,110 +86,143 @@ def _user_code(tmp_path: Path) -> Path:
     return code
 
 
-def test_a_job_runs_across_the_rendered_pods_while_its_fleet_grows_shrinks_loses_pods_and_its_controller(
-        tmp_path: Path) -> None:
-    code = _user_code(tmp_path)
+def _reference(tmp_path: Path, code: Path) -> Path:
+    """The samples a fixed fleet of 2 rollout workers trains, in one process."""
     job_file = tmp_path / "job.yaml"
-    job_file.write_text(JOB)
-    # the samples a fixed fleet of 2 rollout workers trains, in one process
+    job_file.write_text(job_yaml(JOB, base="defaults"))
     reference = tmp_path / "reference"
     res = subprocess.run([str(Path(sys.executable).with_name("rhymerl")), "run", str(job_file), "--out", str(reference)],
                          capture_output=True, text=True, env={"PATH": str(Path(sys.executable).parent),
                                                               "PYTHONPATH": str(code), "HOME": str(tmp_path)},
                          cwd=tmp_path, timeout=900)
     assert res.returncode == 0, res.stderr
-    holds = tmp_path / "holds"
-    holds.mkdir()
-    token = "5eed" * 16
-    cluster = Cluster(_objects(parse_job(JOB), token), tmp_path / "pods",
-                      {"PYTHONPATH": str(code), "RHYMERL_OBJECT_STORE_BYTES": str(200 * 2**20),
-                       "RAY_gcs_rpc_server_reconnect_timeout_s": "5",  # a node gives up on a lost head sooner
-                       "RHYMERL_HOLD_AT": "metrics:1,rollout-worker:2,rollout-worker:3,metrics:3",
-                       "RHYMERL_FORCE": "freed-drafters",  # a worker whose call ended drafts for one still running
-                       "RHYMERL_HOLD_DIR": str(holds)})
-    pods = cluster.pods()
-    kubelet = Kubelet(pods)
-    controller = next(p for p in pods if p.role == "controller")
-    controller.env.update({"RHYMERL_CRASH_AT": "train:4", "RHYMERL_CRASH_ONCE_DIR": str(holds)})
-    run_dir = controller.root / "volumes" / "data" / "run"
-    rhymerl = str(Path(sys.executable).with_name("rhymerl"))
+    return reference
 
-    def reached(point: str) -> str:
-        marker = holds / f"{point.replace(':', '-')}.reached"
-        _wait(point, marker.exists, 600, kubelet)
-        return marker.read_text().split()[-1]  # the pod holding there
 
-    def go(point: str) -> None:
-        (holds / f"{point.replace(':', '-')}.go").touch()
+class _FleetScenario:
+    """The rendered pods of JOB under a kubelet, held at the hold points the scenario forces its events at."""
 
-    def pod(name: str) -> Pod:
-        return next(p for p in kubelet.pods if p.name == name)
+    TOKEN = "5eed" * 16
 
-    def replace(old: Pod) -> Pod:  # the StatefulSet makes a new pod of the same name (its volumes kept)
-        new = cluster.pod(old.role, int(old.name.rsplit("-", 1)[1]))
-        if old in kubelet.pods:
-            kubelet.replace(old, new)
+    def __init__(self, tmp_path: Path, code: Path) -> None:
+        self.holds = tmp_path / "holds"
+        self.holds.mkdir()
+        self.cluster = Cluster(_objects(make_job(JOB, base="defaults"), self.TOKEN), tmp_path / "pods",
+                               {"PYTHONPATH": str(code), "RHYMERL_OBJECT_STORE_BYTES": str(200 * 2**20),
+                                "RAY_gcs_rpc_server_reconnect_timeout_s": "5",  # a node gives up on a lost head sooner
+                                "RHYMERL_HOLD_AT": "metrics:1,rollout-worker:2,rollout-worker:3,metrics:3",
+                                "RHYMERL_FORCE": "freed-drafters",  # a worker whose call ended drafts for one running
+                                "RHYMERL_HOLD_DIR": str(self.holds)})
+        self.kubelet = Kubelet(self.cluster.pods())
+        self.controller = next(p for p in self.kubelet.pods if p.role == "controller")
+        self.controller.env.update({"RHYMERL_CRASH_AT": "train:4", "RHYMERL_CRASH_ONCE_DIR": str(self.holds)})
+        self.run_dir = self.controller.root / "volumes" / "data" / "run"
+        self.replaced: list[str] = []  # exit codes of the rollout pods deleted with notice
+
+    def reached(self, point: str) -> str:
+        """Wait for a pod to hold at `point`; the name of the pod holding there."""
+        marker = self.holds / f"{point.replace(':', '-')}.reached"
+        _wait(point, marker.exists, 600, self.kubelet)
+        return marker.read_text().split()[-1]
+
+    def go(self, point: str) -> None:
+        (self.holds / f"{point.replace(':', '-')}.go").touch()
+
+    def pod(self, name: str) -> Pod:
+        return next(p for p in self.kubelet.pods if p.name == name)
+
+    def replace(self, old: Pod) -> Pod:
+        """The StatefulSet makes a new pod of the same name (its volumes kept)."""
+        new = self.cluster.pod(old.role, int(old.name.rsplit("-", 1)[1]))
+        if old in self.kubelet.pods:
+            self.kubelet.replace(old, new)
         else:
-            kubelet.add(new)
+            self.kubelet.add(new)
         return new
 
-    kubelet.start_all()
-    replaced: list[str] = []
-    try:
-        reached("metrics:1")  # step 1 done: the job is scaled to 4 rollout workers
+    def scale(self, rollout: int) -> None:
+        subprocess.run([str(Path(sys.executable).with_name("rhymerl")), "scale", str(self.run_dir), "--rollout",
+                        str(rollout)], check=True, capture_output=True)
+
+    def events(self) -> str:
+        log = self.run_dir / "events.log"
+        return log.read_text() if log.is_file() else ""
+
+    def step_1_grows_the_fleet(self) -> None:
+        self.reached("metrics:1")  # step 1 done: the job is scaled to 4 rollout workers
         # Ray token authentication is on: the head's GCS refuses a client without the job's token
-        head = f"{POD_IP}:{cluster.head_port}"
-        assert (gcs_answers(head, None), gcs_answers(head, "0" * 64), gcs_answers(head, token)) == \
+        head = f"{POD_IP}:{self.cluster.head_port}"
+        assert (gcs_answers(head, None), gcs_answers(head, "0" * 64), gcs_answers(head, self.TOKEN)) == \
             ("UNAUTHENTICATED", "UNAUTHENTICATED", "OK")
-        subprocess.run([rhymerl, "scale", str(run_dir), "--rollout", "4"], check=True, capture_output=True)
+        self.scale(4)
         for i in (2, 3):
-            kubelet.add(cluster.pod("rollout", i))
-        go("metrics:1")
-        noticed = pod(reached("rollout-worker:2"))  # a rollout worker in the middle of step 2
-        deleting = threading.Thread(target=lambda: replaced.append(str(kubelet.delete(noticed))))
+            self.kubelet.add(self.cluster.pod("rollout", i))
+        self.go("metrics:1")
+
+    def step_2_deletes_a_pod_with_notice(self) -> None:
+        noticed = self.pod(self.reached("rollout-worker:2"))  # a rollout worker in the middle of step 2
+        deleting = threading.Thread(target=lambda: self.replaced.append(str(self.kubelet.delete(noticed))))
         deleting.start()  # SIGTERM, the spot notice: its workers hand their samples back, it exits 0
         time.sleep(2.0)
         # held mid-call, it keeps unfinished samples while the other workers' calls end: freed, one drafts for it
-        _wait("a freed worker drafting", lambda: "drafts for rollout worker" in (run_dir / "events.log").read_text()
-              if (run_dir / "events.log").is_file() else False, 600, kubelet)
-        go("rollout-worker:2")
+        _wait("a freed worker drafting", lambda: "drafts for rollout worker" in self.events(), 600, self.kubelet)
+        self.go("rollout-worker:2")
         deleting.join(90)
-        replace(noticed)
-        lost = pod(reached("rollout-worker:3"))  # a rollout worker in the middle of step 3
-        replace(lost)  # its node is gone: no notice, every process of it killed
-        go("rollout-worker:3")
-        reached("metrics:3")  # step 3 done: back to 2 (the StatefulSet deletes the highest ordinals)
-        subprocess.run([rhymerl, "scale", str(run_dir), "--rollout", "2"], check=True, capture_output=True)
+        self.replace(noticed)
+
+    def step_3_loses_a_pod_and_shrinks(self) -> None:
+        lost = self.pod(self.reached("rollout-worker:3"))  # a rollout worker in the middle of step 3
+        self.replace(lost)  # its node is gone: no notice, every process of it killed
+        self.go("rollout-worker:3")
+        self.reached("metrics:3")  # step 3 done: back to 2 (the StatefulSet deletes the highest ordinals)
+        self.scale(2)
         for name in ("pods-rollout-3", "pods-rollout-2"):
-            replaced.append(str(kubelet.delete(pod(name))))
-        go("metrics:3")
-        # step 4: the controller pod dies (SIGKILL) and its replacement resumes from step 3's checkpoint
+            self.replaced.append(str(self.kubelet.delete(self.pod(name))))
+        self.go("metrics:3")
+
+    def step_4_loses_the_controller(self) -> None:
+        """The controller pod dies (SIGKILL) and its replacement resumes from step 3's checkpoint."""
+        controller = self.controller
         _wait("the controller pod killed", lambda: controller.proc is not None and controller.proc.poll() is not None,
-              600, kubelet)
-        controller = replace(controller)  # what its Ray head left behind goes with it
-        _wait("four steps", lambda: "finished (4 steps)" in controller.output(), 600, kubelet)
-        assert controller.get("/readyz")[0] == 200
-        status, body = controller.get("/metrics")
+              600, self.kubelet)
+        self.controller = self.replace(controller)  # what its Ray head left behind goes with it
+        _wait("four steps", lambda: "finished (4 steps)" in self.controller.output(), 600, self.kubelet)
+        assert self.controller.get("/readyz")[0] == 200
+        status, body = self.controller.get("/metrics")
         assert status == 200 and "rhymerl_step 4.0" in body
+
+
+def test_a_job_runs_across_the_rendered_pods_while_its_fleet_grows_shrinks_loses_pods_and_its_controller(
+        tmp_path: Path) -> None:
+    code = _user_code(tmp_path)
+    reference = _reference(tmp_path, code)
+    scenario = _FleetScenario(tmp_path, code)
+    scenario.kubelet.start_all()
+    try:
+        scenario.step_1_grows_the_fleet()
+        scenario.step_2_deletes_a_pod_with_notice()
+        scenario.step_3_loses_a_pod_and_shrinks()
+        scenario.step_4_loses_the_controller()
     finally:
-        codes = kubelet.stop_all()
-    assert replaced == ["0", "0", "0"]  # every rollout pod deleted with notice exited 0 within its grace
-    rows = _metrics_rows(controller)
+        codes = scenario.kubelet.stop_all()
+    assert scenario.replaced == ["0", "0", "0"]  # every rollout pod deleted with notice exited 0 within its grace
+    rows = _metrics_rows(scenario.controller)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [r["rollout_workers_wanted"] for r in rows] == [2, 4, 4, 2]
     assert int(str(rows[1]["rollout_handed_back"])) > 0 and int(str(rows[2]["rollout_handed_back"])) > 0
     assert int(str(rows[1]["rollout_drafting_workers"])) >= 1  # step 2: while a worker was held
     # the train pod keeps the dumps (its own data volume): every response of the job exactly once, with
     # the tokens of the fixed fleet
-    train = next(p for p in kubelet.pods if p.role == "train")
-    got = [(r.step, r.prompt_id, r.sample_index, r.response_ids) for r in dumps.read_run(train.root / "volumes" / "data"
-                                                                                        / "run")]
+    train = next(p for p in scenario.kubelet.pods if p.role == "train")
+    got = [(r.step, r.prompt_id, r.sample_index, r.response_ids)
+           for r in dumps.read_run(train.root / "volumes" / "data" / "run")]
     want = [(r.step, r.prompt_id, r.sample_index, r.response_ids) for r in dumps.read_run(reference)]
     assert got == want
     # no container restarted: the member pods joined the new head without exiting
-    assert all(p.restarts == 0 and p.exits == [] for p in kubelet.pods), [(p.name, p.exits) for p in kubelet.pods]
+    assert all(p.restarts == 0 and p.exits == [] for p in scenario.kubelet.pods), \
+        [(p.name, p.exits) for p in scenario.kubelet.pods]
     assert all(code == 0 for code in codes.values()), codes
-    assert "resuming pods" in controller.output()
+    assert "resuming pods" in scenario.controller.output()
 
 
 def test_rollout_pods_run_vllm_with_the_train_pods_weights(tmp_path: Path) -> None:
@@ -196,12 +231,7 @@ def test_rollout_pods_run_vllm_with_the_train_pods_weights(tmp_path: Path) -> No
     user_code.mkdir()
     (user_code / "pods_reward.py").write_text("def score(prompt, response, answer):\n"
                                               "    return float(response.strip().endswith(answer))\n")
-    job = parse_job(JOB.replace("rollout: {replicas: 2, max_replicas: 4,",
-                                "rollout: {engine: vllm, replicas: 1, max_replicas: 1,")
-                    # drafting for others is the torch engine's
-                    .replace(", freed_drafters: true, consolidate_tail: false", "")
-                    .replace("num_prompts: 8", "num_prompts: 4").replace("max_off_policy_steps: 0",
-                                                                         "max_off_policy_steps: 1"))
+    job = make_job(VLLM_JOB, base="defaults")
     pods = pods_of(_objects(job), tmp_path / "pods",
                    {"PYTHONPATH": str(user_code), "RHYMERL_OBJECT_STORE_BYTES": str(200 * 2**20)})
     kubelet = Kubelet(pods)

@@ -146,7 +146,7 @@ async def test_a_job_whose_train_pod_is_evicted_four_times_and_a_rollout_pod_dra
         kube: Kube) -> None:
     """The operator's side of a routine week at backoffLimit 3, against the emulator: each eviction of
     the train pod is followed by the controller's exit 76 and restart (what a run that lost its train
-    worker does: tests/runtime/test_ray_backend.py resumes one to the uninterrupted weights); a rollout
+    worker does: tests/runtime/test_ray_member_loss.py resumes one to the uninterrupted weights); a rollout
     pod is drained mid-run; then the controller reports the run finished."""
     api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=str(kube.server.url).rstrip("/")))
     async with kube.operator():
