@@ -21,7 +21,7 @@ from rhymerl.workers import dumps
 SCRIPT = Path(sys.executable).parent / "rhymerl"
 
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
+QUICKSTART = Path(__file__).resolve().parents[1] / "examples" / "quickstart.yaml"
 
 
 # 4 prompts, 2 per step, 2 epochs: steps 1-4, history drafts in steps 3-4
