@@ -14,7 +14,8 @@ from rhymerl.workers.model.tokenizer import load_tokenizer
 from rhymerl.workers.task.prompts import load_prompts, prompt_text, prompt_tokens
 
 TINY = ("data.num_prompts=2", "algorithm.prompts_per_step=1", "algorithm.group_size=2", "algorithm.epochs=1",
-        "algorithm.max_response_length=16", "checkpoint.every_steps=2")
+        "algorithm.max_response_length=16", "checkpoint.every_steps=2",
+        "rollout.speculation.method=none")  # no verify-cost profile to time: the drafts on SmolLM2 are test_real_model_drafts's
 
 
 def test_two_grpo_steps_of_smollm2_on_chat_prompts_then_eval_on_the_heldout_split(

@@ -220,7 +220,8 @@ def test_the_vllm_quickstart_runs_end_to_end_with_weights_in_sync(repo: Path, tm
     out = tmp_path / "run"
     res = subprocess.run([str(Path(sys.executable).with_name("rhymerl")), "run",
                           str(repo / "examples" / "quickstart-vllm.yaml"), "--out", str(out),
-                          "--set", "algorithm.epochs=2", "--set", "data.num_prompts=8"],
+                          "--set", "algorithm.epochs=2", "--set", "data.num_prompts=8",
+                          "--set", "algorithm.group_size=4", "--set", "algorithm.max_response_length=200"],
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
