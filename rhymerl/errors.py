@@ -54,6 +54,11 @@ class DiskFull(PathError):
     written before is intact and the run resumes once there is room."""
 
 
+class NonFiniteError(UserError):
+    """A nan or inf was about to reach the weights under the `fail` policy (`algorithm.on_nonfinite`:
+    a reward, an advantage, a loss or a gradient; workers/train/guards.py checks the tensors)."""
+
+
 FULL = (errno.ENOSPC, errno.EDQUOT)
 _FULL_WORDS = ("no space left on device", "disk quota exceeded", "os error 28)", "os error 122)")
 

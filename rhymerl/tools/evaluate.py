@@ -24,7 +24,8 @@ from rhymerl.workers.model.registry import load_native_policy
 from rhymerl.workers.model.tokenizer import Tokenizer
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.reward.pool import open_scorer
-from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, TorchEngine
+from rhymerl.workers.rollout.engine import TorchEngine
+from rhymerl.workers.rollout.generation import GenRequest, GenResult, SamplingParams
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.run_folder.checkpoints import step_of
 from rhymerl.workers.run_folder.run_dir import RunDir

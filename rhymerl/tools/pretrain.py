@@ -66,7 +66,8 @@ def make_batch(tok: CharTokenizer, rng: random.Random, size: int, max_ops: int,
 @torch.no_grad()
 def greedy_accuracy(model: TinyLlama, tok: CharTokenizer, problems: list[arith_chain.Problem]) -> float:
     from rhymerl.workers.reward.verifiers import final_answer
-    from rhymerl.workers.rollout.engine import GenRequest, SamplingParams, TorchEngine
+    from rhymerl.workers.rollout.engine import TorchEngine
+    from rhymerl.workers.rollout.generation import GenRequest, SamplingParams
 
     engine = TorchEngine(model, tok.stop_ids, max_batch_size=len(problems))
     reqs = [GenRequest([tok.bos_id, *tok.encode(p.prompt)], i) for i, p in enumerate(problems)]

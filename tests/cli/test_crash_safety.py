@@ -20,7 +20,8 @@ from safetensors.torch import load_file
 from rhymerl.errors import DiskFull
 from rhymerl.workers import dumps
 from rhymerl.workers.model.transformer import TinyLlama
-from rhymerl.workers.run_folder.run_dir import LoopState, RunDir
+from rhymerl.workers.run_folder.loop_state import LoopState
+from rhymerl.workers.run_folder.run_dir import RunDir
 from rhymerl.workers.run_folder.step_metrics import deterministic
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,8 @@ from rhymerl.api.load import parse_job
 from rhymerl.workers.model.registry import load_native_policy
 from rhymerl.workers.model.transformer import load_model
 from rhymerl.workers.reward.verifiers import final_answer
-from rhymerl.workers.rollout.engine import GenRequest, SamplingParams, TorchEngine
+from rhymerl.workers.rollout.engine import TorchEngine
+from rhymerl.workers.rollout.generation import GenRequest, SamplingParams
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.task.prompts import load_prompts
 

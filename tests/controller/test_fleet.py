@@ -27,16 +27,17 @@ from rhymerl.workers.controller.history_client import HistoryClient
 from rhymerl.workers.controller.loop import fleet_metrics, run_steps
 from rhymerl.workers.controller.role_apis import RolloutAPI, TrainAPI
 from rhymerl.workers.controller.transport import LocalTransport
+from rhymerl.workers.model.tokenizer import load_job_tokenizer
 from rhymerl.workers.roles.history_worker import HistoryWorker
 from rhymerl.workers.roles.reward_worker import RewardWorker
-from rhymerl.workers.roles.rollout_worker import RolloutWorker, encode_prompts, load_job_tokenizer
+from rhymerl.workers.roles.rollout_worker import RolloutWorker
 from rhymerl.workers.roles.samples import ScoredSample
 from rhymerl.workers.roles.train_worker import TrainWorker
 from rhymerl.workers.rollout.group_drafts import GrownTokens
 from rhymerl.workers.rollout.remote_drafts import SOURCE
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.run_folder.run_dir import RunDir
-from rhymerl.workers.task.prompts import load_prompts
+from rhymerl.workers.task.prompts import encode_prompts, load_prompts
 
 # 6 prompts, 3 groups of 4 a step, up to 4 workers
 FLEET = {"data": {"num_prompts": 6}, "algorithm": {"group_size": 4, "prompts_per_step": 3, "max_off_policy_steps": 0},

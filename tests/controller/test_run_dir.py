@@ -16,7 +16,8 @@ from rhymerl.errors import UserError
 from rhymerl.workers import atomic, dumps
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.run_folder import checkpoints
-from rhymerl.workers.run_folder.run_dir import EVENTS, LoopState, RunDir, finite_json
+from rhymerl.workers.run_folder.loop_state import LoopState
+from rhymerl.workers.run_folder.run_dir import EVENTS, RunDir, finite_json
 from rhymerl.workers.run_folder.run_lock import RunLock, RunLocked
 
 

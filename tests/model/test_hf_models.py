@@ -25,7 +25,8 @@ from rhymerl.workers.model.hf_policy import HfPolicy, load_hf_policy
 from rhymerl.workers.model.hf_tokenizer import HfTokenizer
 from rhymerl.workers.model.registry import load_policy
 from rhymerl.workers.model.tokenizer import CharTokenizer, load_tokenizer
-from rhymerl.workers.run_folder.run_dir import LoopState, RunDir
+from rhymerl.workers.run_folder.loop_state import LoopState
+from rhymerl.workers.run_folder.run_dir import RunDir
 from rhymerl.workers.task.prompts import DataError
 from rhymerl.workers.train.trainer import Trainer, TrainSample
 

@@ -10,7 +10,7 @@ from rhymerl.workers.roles.rollout_engine import TORCH, VLLM, engine_abilities
 from rhymerl.workers.roles.samples import SampleRef
 from rhymerl.workers.roles.torch_rollout import TorchRollout
 from rhymerl.workers.roles.vllm_rollout import VllmRollout
-from rhymerl.workers.rollout.engine import GenRequest
+from rhymerl.workers.rollout.generation import GenRequest
 
 A, B = SampleRef("p", 0, 1), SampleRef("p", 1, 1)
 

@@ -16,7 +16,8 @@ from rhymerl.workers.model.policy import save_model
 from rhymerl.workers.model.tokenizer import CharTokenizer
 from rhymerl.workers.model.transformer import TinyLlama, load_model
 from rhymerl.workers.rollout.draft_model import DraftModelDrafts, draft_folder, load_draft_model
-from rhymerl.workers.rollout.engine import GenRequest, SamplingParams, TorchEngine
+from rhymerl.workers.rollout.engine import TorchEngine
+from rhymerl.workers.rollout.generation import GenRequest, SamplingParams
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.rollout.speculators import DraftCapController
 from rhymerl.workers.task import arith_chain

@@ -8,7 +8,8 @@ from scipy.stats import chisquare
 
 from rhymerl.workers.model import cached_attention
 from rhymerl.workers.model.transformer import TinyLlama
-from rhymerl.workers.rollout.engine import EngineSession, GenRequest, GenResult, SamplingParams, TorchEngine
+from rhymerl.workers.rollout.engine import EngineSession, TorchEngine
+from rhymerl.workers.rollout.generation import GenRequest, GenResult, SamplingParams
 from rhymerl.workers.rollout.sampling import sample_key, sample_tokens
 
 EOS = 2

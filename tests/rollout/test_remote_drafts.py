@@ -14,7 +14,8 @@ from rhymerl.workers.model.folder import model_dir
 from rhymerl.workers.model.tokenizer import CharTokenizer
 from rhymerl.workers.model.transformer import TinyLlama, load_model
 from rhymerl.workers.rollout.draft_model import load_draft_model
-from rhymerl.workers.rollout.engine import GenRequest, SamplingParams, TorchEngine
+from rhymerl.workers.rollout.engine import TorchEngine
+from rhymerl.workers.rollout.generation import GenRequest, SamplingParams
 from rhymerl.workers.rollout.remote_drafts import SOURCE, DraftServer, DraftStream, News, RemoteDrafts
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.rollout.speculators import NgramDrafts

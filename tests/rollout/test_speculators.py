@@ -13,7 +13,8 @@ from rhymerl.algorithms.drafting.adaptive_cap import AcceptanceTracker, CostProf
 from rhymerl.algorithms.drafting.index import HistoryDrafter, HistoryIndex
 from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.workers.model.transformer import TinyLlama
-from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, TorchEngine
+from rhymerl.workers.rollout.engine import TorchEngine
+from rhymerl.workers.rollout.generation import GenRequest, GenResult, SamplingParams
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.rollout.speculators import PROBE_EVERY, DraftCapController, HistoryDrafts, NgramDrafts
 

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from rhymerl.algorithms.thread_choice import ThreadChooser, ladder
 from rhymerl.workers.model.transformer import TinyLlama
-from rhymerl.workers.rollout.engine import GenRequest, SamplingParams, TorchEngine
+from rhymerl.workers.rollout.engine import TorchEngine
+from rhymerl.workers.rollout.generation import GenRequest, SamplingParams
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.rollout.verify_cost import ProfileStore
 
@@ -227,8 +228,8 @@ def test_the_embedded_models_passes_sample_the_same_tokens_and_log_probabilities
     rows included (where MKL's default mode takes a thread-dependent path)."""
     from rhymerl.api import RLJob
     from rhymerl.workers.model.registry import load_native_policy
-    from rhymerl.workers.roles.rollout_worker import encode_prompts, load_job_tokenizer
-    from rhymerl.workers.task.prompts import load_prompts
+    from rhymerl.workers.model.tokenizer import load_job_tokenizer
+    from rhymerl.workers.task.prompts import encode_prompts, load_prompts
 
     job = RLJob.model_validate({"spec": {"data": {"num_prompts": 17}}})
     model, tok = load_native_policy(job.spec.model)

@@ -26,7 +26,7 @@ from rhymerl.workers.model.policy import save_model
 from rhymerl.workers.model.registry import load_policy
 from rhymerl.workers.model.tokenizer import CharTokenizer
 from rhymerl.workers.model.transformer import TinyLlama
-from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams
+from rhymerl.workers.rollout.generation import GenRequest, GenResult, SamplingParams
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.rollout.vllm_engine import VllmEngine, VllmSettings
 from rhymerl.workers.train.trainer import Trainer, TrainSample

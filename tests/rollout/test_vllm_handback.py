@@ -13,8 +13,9 @@ from jobs import make_job
 pytest.importorskip("vllm")
 
 from rhymerl.api import RLJob
+from rhymerl.workers.model.tokenizer import load_job_tokenizer
 from rhymerl.workers.roles.rollout_engine import engine_abilities
-from rhymerl.workers.roles.rollout_worker import RolloutWorker, encode_prompts, load_job_tokenizer
+from rhymerl.workers.roles.rollout_worker import RolloutWorker
 from rhymerl.workers.roles.samples import (
     CallState,
     HandbackTag,
@@ -27,10 +28,10 @@ from rhymerl.workers.roles.samples import (
     Tag,
 )
 from rhymerl.workers.roles.vllm_rollout import VllmRollout
-from rhymerl.workers.rollout.engine import GenRequest
+from rhymerl.workers.rollout.generation import GenRequest
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.rollout.vllm_engine import VllmEngine
-from rhymerl.workers.task.prompts import load_prompts
+from rhymerl.workers.task.prompts import encode_prompts, load_prompts
 
 pytestmark = pytest.mark.slow
 

@@ -32,7 +32,7 @@ import json, sys
 from pathlib import Path
 from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.workers.model.tokenizer import load_tokenizer
-from rhymerl.workers.rollout.engine import GenRequest, SamplingParams
+from rhymerl.workers.rollout.generation import GenRequest, SamplingParams
 from rhymerl.workers.rollout.vllm_engine import VllmEngine, VllmSettings
 
 if __name__ == "__main__":
@@ -75,7 +75,7 @@ STOPS = """
 import json, sys
 from pathlib import Path
 from rhymerl.workers.model.tokenizer import load_tokenizer
-from rhymerl.workers.rollout.engine import GenRequest, SamplingParams
+from rhymerl.workers.rollout.generation import GenRequest, SamplingParams
 from rhymerl.workers.rollout.vllm_engine import VllmEngine, VllmSettings
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from rhymerl.algorithms.drafting.index import HistoryDrafter, HistoryIndex
 from rhymerl.api.speculation import SpeculationSpec
-from rhymerl.workers.rollout.engine import GenRequest
 from rhymerl.workers.rollout.fastest_of_n import job_sources
+from rhymerl.workers.rollout.generation import GenRequest
 from rhymerl.workers.rollout.speculators import DraftCapController
 from rhymerl.workers.rollout.vllm_engine import VllmSettings
 from rhymerl.workers.rollout.vllm_proposer import FILLER, HistoryProposer

@@ -15,7 +15,8 @@ pytest.importorskip("vllm")
 
 from rhymerl.workers.model.tokenizer import load_tokenizer
 from rhymerl.workers.model.transformer import load_model
-from rhymerl.workers.rollout.engine import GenRequest, SamplingParams, TorchEngine
+from rhymerl.workers.rollout.engine import TorchEngine
+from rhymerl.workers.rollout.generation import GenRequest, SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +29,7 @@ GREEDY = """
 import json, sys
 from pathlib import Path
 from rhymerl.algorithms.drafting.index import HistoryIndex
-from rhymerl.workers.rollout.engine import GenRequest, SamplingParams
+from rhymerl.workers.rollout.generation import GenRequest, SamplingParams
 from rhymerl.workers.rollout.vllm_engine import VllmEngine, VllmSettings
 
 if __name__ == "__main__":

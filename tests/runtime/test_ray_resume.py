@@ -1,5 +1,5 @@
-"""A Ray run at off-policy 1 whose controller is killed, sent SIGTERM or stopped at another phase resumes
-to the uninterrupted run bit for bit."""
+"""A Ray run at off-policy 1 whose controller is killed, or stopped again and again at other phases by
+both signals, resumes to the uninterrupted run bit for bit."""
 
 from __future__ import annotations
 
@@ -35,33 +35,26 @@ def test_a_controller_killed_mid_run_at_off_policy_1_resumes_to_the_uninterrupte
     assert [m["step"] for m in metrics(out)] == [1, 2, 3, 4]
 
 
-def test_on_sigterm_at_off_policy_1_the_controller_checkpoints_its_step_and_the_resumed_run_is_the_uninterrupted_one(
+def test_stopped_three_times_by_both_signals_at_three_phases_each_resume_continues_to_the_uninterrupted_run(
         pipelined: Path, tmp_path: Path) -> None:
+    """SIGTERM at train:2 (the controller checkpoints its step), SIGKILL at rollout:3 of the resumed run
+    (back to that checkpoint), SIGTERM at metrics:3 of the next (step 3 checkpointed), then to the end:
+    with the SIGKILL at train:3 above, three phases and both signals, and a run resumed from a resumed
+    one ends bit for bit the uninterrupted one (before batch invariance 2 runs in 5 differed in their
+    last bits)."""
     out = tmp_path / "run"
     res = run(out, [*PIPELINED, "checkpoint.every_steps=4"],
               {"RHYMERL_CRASH_AT": "train:2", "RHYMERL_CRASH_SIGNAL": "SIGTERM"})
-    assert res.returncode == 128 + 15, res.stderr
+    assert res.returncode == 128 + signal.SIGTERM, res.stderr
     assert [m["step"] for m in metrics(out)] == [1, 2]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000002"]
     assert_step_2_kept_step_3s_round(out)
+    for crash_at, signal_name, code, kept in [("rollout:3", "SIGKILL", -signal.SIGKILL, [1, 2]),
+                                              ("metrics:3", "SIGTERM", 128 + signal.SIGTERM, [1, 2, 3])]:
+        res = run(out, [], {"RHYMERL_CRASH_AT": crash_at, "RHYMERL_CRASH_SIGNAL": signal_name}, resume=True)
+        assert res.returncode == code, (crash_at, res.stderr)
+        assert [m["step"] for m in metrics(out)] == kept, crash_at
     res = run(out, [], resume=True)
     assert res.returncode == 0, res.stderr
     assert_same_run(out, pipelined)
     assert [m["step"] for m in metrics(out)] == [1, 2, 3, 4]
-
-
-@pytest.mark.parametrize(("crash_at", "signal_name", "kept"), [("rollout:3", "SIGKILL", [1, 2]),
-                                                             ("metrics:3", "SIGTERM", [1, 2, 3])])
-def test_stopped_at_another_phase_the_resumed_off_policy_1_run_ends_with_the_uninterrupted_weights(
-        pipelined: Path, tmp_path: Path, crash_at: str, signal_name: str, kept: list[int]) -> None:
-    """With the SIGKILL at train:3 and the SIGTERM at train:2 above: three phases, both signals,
-    each resumed run bit for bit the uninterrupted one (before batch invariance 2 runs in 5
-    differed in their last bits)."""
-    out = tmp_path / "run"
-    res = run(out, [*PIPELINED, "checkpoint.every_steps=2"],
-              {"RHYMERL_CRASH_AT": crash_at, "RHYMERL_CRASH_SIGNAL": signal_name})
-    assert res.returncode in (-signal.SIGKILL, 128 + signal.SIGTERM), res.stderr
-    assert [m["step"] for m in metrics(out)] == kept
-    res = run(out, [], resume=True)
-    assert res.returncode == 0, res.stderr
-    assert_same_run(out, pipelined)

@@ -29,13 +29,14 @@ from rhymerl.workers.controller.fleet import RolloutFleet
 from rhymerl.workers.controller.history_client import HistoryClient
 from rhymerl.workers.controller.role_apis import TrainAPI
 from rhymerl.workers.controller.transport import LocalTransport
+from rhymerl.workers.model.tokenizer import load_job_tokenizer
 from rhymerl.workers.roles.history_worker import HistoryWorker
 from rhymerl.workers.roles.reward_worker import RewardWorker
-from rhymerl.workers.roles.rollout_worker import RolloutWorker, encode_prompts, load_job_tokenizer
+from rhymerl.workers.roles.rollout_worker import RolloutWorker
 from rhymerl.workers.roles.samples import ScoredSample
 from rhymerl.workers.roles.train_worker import TrainWorker
 from rhymerl.workers.run_folder.run_dir import RunDir
-from rhymerl.workers.task.prompts import load_prompts
+from rhymerl.workers.task.prompts import encode_prompts, load_prompts
 
 PROMPTS = [f"ac-0-{i:05d}" for i in range(6)]
 GROUP = 4

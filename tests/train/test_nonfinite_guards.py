@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from rhymerl.api.algorithm import AlgorithmSpec
+from rhymerl.errors import NonFiniteError
 from rhymerl.workers.model.transformer import TinyLlama
-from rhymerl.workers.train.guards import NonFiniteError
 from rhymerl.workers.train.trainer import Trainer, TrainSample, _Packed
 
 

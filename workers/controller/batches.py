@@ -23,9 +23,9 @@ from rhymerl.workers.controller.fleet import RolloutFleet, Round
 from rhymerl.workers.controller.transport import Result, pipelined
 from rhymerl.workers.roles.groups import GroupSummary, StepLayout
 from rhymerl.workers.roles.samples import GroupKey, SampleRef, SampleSummary, ScoredSample
-from rhymerl.workers.rollout.engine import merged_counts
+from rhymerl.workers.rollout.generation import merged_counts
 from rhymerl.workers.run_folder.in_flight import NOTHING, InFlight
-from rhymerl.workers.run_folder.run_dir import LoopState
+from rhymerl.workers.run_folder.loop_state import LoopState
 from rhymerl.workers.task.prompts import Prompt, epoch_order
 
 

@@ -24,7 +24,7 @@ from rhymerl.workers.controller.role_apis import RolloutAPI
 from rhymerl.workers.controller.transport import Indexes, Result, ResultLost, Transport, WorkerGone
 from rhymerl.workers.roles.rollout_engine import engine_abilities
 from rhymerl.workers.roles.samples import RolloutCall, RolloutProgress, SampleRef
-from rhymerl.workers.rollout.engine import GenRequest
+from rhymerl.workers.rollout.generation import GenRequest
 from rhymerl.workers.rollout.sampling import sample_key
 
 

@@ -16,7 +16,7 @@ from rhymerl.algorithms.scheduling.round_book import RoundBook
 from rhymerl.workers.controller.role_apis import RolloutAPI
 from rhymerl.workers.controller.transport import Handle, Indexes, Result, Stream
 from rhymerl.workers.roles.samples import CallSummary, RolloutOutput, RolloutProgress, SampleRef, ScoredSample
-from rhymerl.workers.rollout.engine import GenRequest
+from rhymerl.workers.rollout.generation import GenRequest
 
 RERUNS = 3  # a sample may lose its worker this often; once more stops the run
 STATE_PASSES = 4  # a Ray call's token-count reports (a scheduler acts on them), any call's shares of its tokens (passes)

@@ -17,7 +17,7 @@ from rhymerl.workers.controller.role_apis import HistoryAPI
 from rhymerl.workers.controller.transport import Handle, Indexes, Result, Transport, WorkerGone
 from rhymerl.workers.roles.groups import StepLayout
 from rhymerl.workers.roles.samples import ScoredSample
-from rhymerl.workers.run_folder.run_dir import LoopState
+from rhymerl.workers.run_folder.loop_state import LoopState
 
 HISTORY_WAIT_S = 10.0
 

@@ -33,19 +33,21 @@ from rhymerl.workers.controller.train_role import TrainRole
 from rhymerl.workers.controller.transport import Handle, LocalTransport, Transport, known, pipelined
 from rhymerl.workers.controller.weight_broadcast import WeightBroadcast
 from rhymerl.workers.history.run_history import history_run_id
+from rhymerl.workers.model.tokenizer import load_job_tokenizer
 from rhymerl.workers.reward.outcome import check_failures
 from rhymerl.workers.roles.groups import GroupSummary
 from rhymerl.workers.roles.history_worker import HistoryWorker
 from rhymerl.workers.roles.reward_worker import RewardWorker
-from rhymerl.workers.roles.rollout_worker import RolloutWorker, encode_prompts, load_job_tokenizer
+from rhymerl.workers.roles.rollout_worker import RolloutWorker
 from rhymerl.workers.roles.train_worker import TrainWorker
-from rhymerl.workers.rollout.engine import merged_counts
+from rhymerl.workers.rollout.generation import merged_counts
 from rhymerl.workers.rollout.speculation import speculation_metrics
 from rhymerl.workers.rollout.verify_cost import Progress
 from rhymerl.workers.run_folder.in_flight import InFlight, carried
-from rhymerl.workers.run_folder.run_dir import LoopState, RunDir
+from rhymerl.workers.run_folder.loop_state import LoopState
+from rhymerl.workers.run_folder.run_dir import RunDir
 from rhymerl.workers.run_folder.step_metrics import StepMetrics
-from rhymerl.workers.task.prompts import load_prompts
+from rhymerl.workers.task.prompts import encode_prompts, load_prompts
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,11 @@ from rhymerl.workers.roles.samples import (
     Tag,
 )
 from rhymerl.workers.roles.weight_sync import Group, Layout
-from rhymerl.workers.rollout.engine import GenRequest
+from rhymerl.workers.rollout.generation import GenRequest
 from rhymerl.workers.rollout.group_drafts import GrownTokens
 from rhymerl.workers.rollout.remote_drafts import DraftLink, DraftStream, News
 from rhymerl.workers.run_folder.in_flight import InFlight
-from rhymerl.workers.run_folder.run_dir import LoopState
+from rhymerl.workers.run_folder.loop_state import LoopState
 
 Weights = dict[str, torch.Tensor]
 """A policy version's tensors under Hugging Face names, on the CPU."""

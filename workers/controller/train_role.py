@@ -16,7 +16,7 @@ from rhymerl.errors import UserError
 from rhymerl.workers.controller.role_apis import TrainAPI, Weights
 from rhymerl.workers.controller.transport import Handle, Result, Transport
 from rhymerl.workers.run_folder.in_flight import InFlight
-from rhymerl.workers.run_folder.run_dir import LoopState
+from rhymerl.workers.run_folder.loop_state import LoopState
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -12,8 +12,9 @@ import json
 from pathlib import Path
 from typing import Protocol
 
+from rhymerl.api import RLJob
 from rhymerl.workers.model.chat_template import ChatTemplate, load_chat_template
-from rhymerl.workers.model.folder import ModelError, read_json
+from rhymerl.workers.model.folder import ModelError, model_dir, read_json
 
 SPECIALS = ("<pad>", "<bos>", "<eos>")
 CHARS = "\n" + "".join(chr(c) for c in range(32, 127))
@@ -139,3 +140,7 @@ def load_tokenizer(folder: Path) -> Tokenizer:
     from rhymerl.workers.model.hf_tokenizer import HfTokenizer
 
     return HfTokenizer.load(folder)
+
+
+def load_job_tokenizer(job: RLJob) -> Tokenizer:
+    return load_tokenizer(model_dir(job.spec.model.path))

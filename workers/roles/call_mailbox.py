@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rhymerl.workers.roles.samples import RolloutProgress, SampleRef
-from rhymerl.workers.rollout.engine import GenRequest, GenResult
+from rhymerl.workers.rollout.generation import GenRequest, GenResult
 from rhymerl.workers.rollout.group_drafts import GrownTokens
 from rhymerl.workers.rollout.remote_drafts import DraftLink
 

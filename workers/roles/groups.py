@@ -1,25 +1,22 @@
-"""A prompt's group of responses in a step, and what the roles compute from groups: scores,
-group-relative advantages (GRPO), the rollout dump's records."""
+"""A prompt's group of responses in a step, and what the roles compute from groups: scores, the
+rollout dump's records. Torch-free, for the reward and history workers; the train worker's
+advantages are train_samples.py."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-import torch
-
-from rhymerl.algorithms import objectives as obj
 from rhymerl.api import RLJob
+from rhymerl.errors import NonFiniteError
 from rhymerl.workers import dumps
 from rhymerl.workers.model.tokenizer import Tokenizer
 from rhymerl.workers.reward.outcome import Outcome
 from rhymerl.workers.reward.pool import Scorer
 from rhymerl.workers.roles.samples import GroupKey, SampleRef, ScoredSample
-from rhymerl.workers.rollout.engine import GenResult, SourceCount
-from rhymerl.workers.run_folder.run_dir import LoopState
+from rhymerl.workers.rollout.generation import GenResult, SourceCount
+from rhymerl.workers.run_folder.loop_state import LoopState
 from rhymerl.workers.task.prompts import Prompt, prompt_text
-from rhymerl.workers.train.guards import NonFiniteError
-from rhymerl.workers.train.trainer import TrainSample
 
 
 @dataclass
@@ -99,30 +96,6 @@ def score_samples(job: RLJob, scorer: Scorer, tok: Tokenizer, samples: Sequence[
                                      f"{o.nonfinite}; no weight was changed; set algorithm.on_nonfinite: skip to "
                                      "score such samples as failures (reward.failure_reward) instead")
     return outcomes
-
-
-def training_samples(kept: list[Group], job: RLJob, step: int, current: int) -> list[TrainSample]:
-    """GRPO group-relative advantages of the (shaped) rewards, one training sample per response,
-    with the engine's behaviour log-probabilities; `current`: the policy version being trained."""
-    if not kept:
-        return []
-    algo = job.spec.algorithm
-    rewards = torch.tensor([r for g in kept for r in shaped_rewards(g, job)], dtype=torch.float64)
-    adv = obj.group_advantages(rewards, algo.group_size, algo.norm_adv_by_std)
-    return [TrainSample(g.prompt_ids, r.response_ids, float(adv[i * algo.group_size + k]),
-                        f"step {step}: prompt {g.prompt.prompt_id} sample {k}", r.logprobs,
-                        g.policy_version == current)
-            for i, g in enumerate(kept) for k, r in enumerate(g.results)]
-
-
-def shaped_rewards(group: Group, job: RLJob) -> list[float]:
-    """Verifier rewards, plus DAPO's soft overlong penalty when enabled."""
-    ol = job.spec.algorithm.overlong
-    if not ol.enabled:
-        return group.rewards
-    lengths = torch.tensor([len(r.response_ids) for r in group.results])
-    pen = obj.overlong_penalty(lengths, job.spec.algorithm.max_response_length, ol.buffer_len, ol.penalty_factor)
-    return [r + float(p) for r, p in zip(group.rewards, pen, strict=True)]
 
 
 def records(groups: list[Group], state: LoopState) -> Iterator[dumps.RolloutRecord]:

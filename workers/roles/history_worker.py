@@ -11,12 +11,12 @@ from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api import RLJob
 from rhymerl.workers import dumps, faults
 from rhymerl.workers.history.run_history import RunHistory, new_run_id
+from rhymerl.workers.model.tokenizer import load_job_tokenizer
 from rhymerl.workers.roles.groups import StepLayout, records
-from rhymerl.workers.roles.rollout_worker import encode_prompts, load_job_tokenizer
 from rhymerl.workers.roles.samples import ScoredSample
 from rhymerl.workers.roles.worker_metrics import WorkerMetrics
-from rhymerl.workers.run_folder.run_dir import LoopState
-from rhymerl.workers.task.prompts import load_prompts
+from rhymerl.workers.run_folder.loop_state import LoopState
+from rhymerl.workers.task.prompts import encode_prompts, load_prompts
 
 
 class HistoryWorker:

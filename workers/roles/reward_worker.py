@@ -8,9 +8,9 @@ import time
 
 from rhymerl.api import RLJob
 from rhymerl.workers import faults
+from rhymerl.workers.model.tokenizer import load_job_tokenizer
 from rhymerl.workers.reward.pool import open_scorer
 from rhymerl.workers.roles.groups import score_samples
-from rhymerl.workers.roles.rollout_worker import load_job_tokenizer
 from rhymerl.workers.roles.samples import CallSummary, RolloutOutput, SampleSummary, ScoredSample
 from rhymerl.workers.roles.worker_metrics import WorkerMetrics
 from rhymerl.workers.task.prompts import load_prompts

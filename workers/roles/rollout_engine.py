@@ -30,7 +30,7 @@ from rhymerl.workers.roles.samples import (
     SampleRef,
     Tag,
 )
-from rhymerl.workers.rollout.engine import GenResult
+from rhymerl.workers.rollout.generation import GenResult
 
 Weights = dict[str, torch.Tensor]
 Report: TypeAlias = Tag | RolloutProgress | RolloutOutput | None

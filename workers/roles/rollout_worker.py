@@ -34,8 +34,7 @@ from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
 from rhymerl.algorithms.drafting.cap_decisions import CapDecisions
 from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api import RLJob
-from rhymerl.workers.model.folder import model_dir
-from rhymerl.workers.model.tokenizer import Tokenizer, load_tokenizer
+from rhymerl.workers.model.tokenizer import load_job_tokenizer
 from rhymerl.workers.roles.busy_clock import BusyClock
 from rhymerl.workers.roles.call_mailbox import CallMailbox
 from rhymerl.workers.roles.leave_notice import leave_pid_file
@@ -54,21 +53,13 @@ from rhymerl.workers.roles.torch_rollout import TorchRollout
 from rhymerl.workers.roles.vllm_rollout import VllmRollout
 from rhymerl.workers.roles.weight_sync import STAGED_WAIT_S, Group, Layout, WeightReceiver
 from rhymerl.workers.roles.worker_metrics import WorkerMetrics
-from rhymerl.workers.rollout.engine import GenRequest, SamplingParams
+from rhymerl.workers.rollout.generation import GenRequest, SamplingParams
 from rhymerl.workers.rollout.group_drafts import GrownTokens
 from rhymerl.workers.rollout.remote_drafts import DraftLink, DraftServer, DraftStream, News
 from rhymerl.workers.rollout.verify_cost import Progress
-from rhymerl.workers.task.prompts import Prompt, load_prompts, prompt_tokens
+from rhymerl.workers.task.prompts import encode_prompts, load_prompts
 
-__all__ = ["RolloutWorker", "Weights", "encode_prompts", "load_job_tokenizer"]
-
-
-def encode_prompts(tok: Tokenizer, prompts: Sequence[Prompt]) -> dict[str, list[int]]:
-    return {p.prompt_id: prompt_tokens(tok, p) for p in prompts}
-
-
-def load_job_tokenizer(job: RLJob) -> Tokenizer:
-    return load_tokenizer(model_dir(job.spec.model.path))
+__all__ = ["RolloutWorker", "Weights"]
 
 
 class CapReportingEngine(RolloutEngine, Protocol):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from rhymerl.algorithms.drafting.cap_decisions import CapDecisions
-from rhymerl.workers.rollout.engine import GenRequest, GenResult, SourceCount
+from rhymerl.workers.rollout.generation import GenRequest, GenResult, SourceCount
 from rhymerl.workers.rollout.group_drafts import GrownTokens
 
 

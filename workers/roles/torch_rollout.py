@@ -41,7 +41,8 @@ from rhymerl.workers.roles.samples import (
 )
 from rhymerl.workers.roles.threads import chooser
 from rhymerl.workers.roles.worker_metrics import WorkerMetrics
-from rhymerl.workers.rollout.engine import EngineSession, GenRequest, GenResult, SamplingParams, TorchEngine
+from rhymerl.workers.rollout.engine import EngineSession, TorchEngine
+from rhymerl.workers.rollout.generation import GenRequest, GenResult, SamplingParams
 from rhymerl.workers.rollout.group_drafts import GroupDrafts, GrownTokens
 from rhymerl.workers.rollout.remote_drafts import RemoteDrafts
 from rhymerl.workers.rollout.speculation import RolloutSpeculation, reachable_batches

@@ -18,15 +18,17 @@ from rhymerl.api.roles import workers_per_pod
 from rhymerl.api.spec import importance_level
 from rhymerl.workers import dumps, faults
 from rhymerl.workers.model.registry import load_policy
-from rhymerl.workers.roles.groups import StepLayout, records, training_samples
-from rhymerl.workers.roles.rollout_worker import Weights, encode_prompts
+from rhymerl.workers.roles.groups import StepLayout, records
+from rhymerl.workers.roles.rollout_worker import Weights
 from rhymerl.workers.roles.samples import GroupKey, ScoredSample
 from rhymerl.workers.roles.threads import apply_threads, use_threads
+from rhymerl.workers.roles.train_samples import training_samples
 from rhymerl.workers.roles.weight_sync import Group, Layout, WeightSender
 from rhymerl.workers.roles.worker_metrics import WorkerMetrics
 from rhymerl.workers.run_folder.in_flight import NOTHING, InFlight, carried
-from rhymerl.workers.run_folder.run_dir import LoopState, RunDir, RunDirError, pod_run_dir
-from rhymerl.workers.task.prompts import load_prompts
+from rhymerl.workers.run_folder.loop_state import LoopState
+from rhymerl.workers.run_folder.run_dir import RunDir, RunDirError, pod_run_dir
+from rhymerl.workers.task.prompts import encode_prompts, load_prompts
 from rhymerl.workers.train import ranks
 from rhymerl.workers.train.ranks import Ranks
 from rhymerl.workers.train.trainer import Trainer, new_optimizer

@@ -30,7 +30,7 @@ from rhymerl.workers.roles.rollout_engine import (
     reported,
 )
 from rhymerl.workers.roles.samples import CallState, RolloutCall, RolloutProgress, StateTag
-from rhymerl.workers.rollout.engine import GenResult, SamplingParams
+from rhymerl.workers.rollout.generation import GenResult, SamplingParams
 from rhymerl.workers.rollout.verify_cost import Progress
 from rhymerl.workers.rollout.vllm_engine import OURS, VllmEngine
 

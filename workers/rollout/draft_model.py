@@ -34,7 +34,7 @@ from rhymerl.algorithms.drafting.index import AimdWindows
 from rhymerl.api.speculation import EMBEDDED_DRAFTS, SpeculationSpec
 from rhymerl.workers.model.folder import ModelError, model_dir, read_config, read_json
 from rhymerl.workers.model.transformer import KVCache, TinyLlama, load_model
-from rhymerl.workers.rollout.engine import GenRequest
+from rhymerl.workers.rollout.generation import GenRequest
 from rhymerl.workers.rollout.speculators import PROBE_EVERY, DraftCapController
 
 FIELD = "spec.rollout.speculation.draft_model"

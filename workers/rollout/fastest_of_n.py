@@ -31,7 +31,8 @@ from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.rollout.draft_model import MAX_PROBE_GAP, DraftModelDrafts
-from rhymerl.workers.rollout.engine import DraftSource, GenRequest
+from rhymerl.workers.rollout.engine import DraftSource
+from rhymerl.workers.rollout.generation import GenRequest
 from rhymerl.workers.rollout.group_drafts import GroupDrafts
 from rhymerl.workers.rollout.speculators import PROBE_EVERY, DraftCapController, HistoryDrafts, NgramDrafts
 

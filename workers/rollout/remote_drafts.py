@@ -40,7 +40,8 @@ from rhymerl.algorithms.drafting.index import AimdWindows
 from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.rollout.draft_model import DraftModelDrafts
-from rhymerl.workers.rollout.engine import DraftSource, GenRequest
+from rhymerl.workers.rollout.engine import DraftSource
+from rhymerl.workers.rollout.generation import GenRequest
 
 SOURCE = "freed-drafter"
 """The source name the verifier's remote drafts are counted under (dumps, `spec_sources`)."""

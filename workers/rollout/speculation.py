@@ -22,8 +22,9 @@ from rhymerl.workers.history.store import HistoryStore
 from rhymerl.workers.model.folder import model_dir
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.rollout.draft_model import DraftModelDrafts, load_draft_model
-from rhymerl.workers.rollout.engine import DraftSource, SourceCount
+from rhymerl.workers.rollout.engine import DraftSource
 from rhymerl.workers.rollout.fastest_of_n import job_sources
+from rhymerl.workers.rollout.generation import SourceCount
 from rhymerl.workers.rollout.group_drafts import GroupDrafts
 from rhymerl.workers.rollout.speculators import DraftCapController, HistoryDrafts, NgramDrafts
 from rhymerl.workers.rollout.verify_cost import BATCHES, ProfileStore, Progress

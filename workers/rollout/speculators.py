@@ -31,7 +31,7 @@ from rhymerl.algorithms.drafting.index import (
     ngram_draft,
 )
 from rhymerl.api.speculation import SpeculationSpec
-from rhymerl.workers.rollout.engine import GenRequest
+from rhymerl.workers.rollout.generation import GenRequest
 from rhymerl.workers.rollout.group_drafts import GroupDrafts
 
 PROBE_EVERY = 16

@@ -46,7 +46,7 @@ from rhymerl.errors import UserError
 from rhymerl.workers import atomic
 from rhymerl.workers.model.folder import model_dir, read_config
 from rhymerl.workers.rollout.draft_model import draft_folder
-from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams, SourceCount
+from rhymerl.workers.rollout.generation import GenRequest, GenResult, SamplingParams, SourceCount
 from rhymerl.workers.rollout.speculation import reachable_batches
 from rhymerl.workers.rollout.speculators import NGRAM_MATCH
 from rhymerl.workers.rollout.verify_cost import FIRST_BUDGET_S, Progress, cache_dir, estimated_bounds

@@ -44,8 +44,9 @@ from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
 from rhymerl.algorithms.drafting.cap_decisions import CapDecisions
 from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api.speculation import SpeculationSpec
-from rhymerl.workers.rollout.engine import DraftSource, GenRequest, SourceCount
+from rhymerl.workers.rollout.engine import DraftSource
 from rhymerl.workers.rollout.fastest_of_n import job_sources
+from rhymerl.workers.rollout.generation import GenRequest, SourceCount
 from rhymerl.workers.rollout.speculators import DraftCapController, HistoryDrafts
 
 FILLER = 0

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams
+from rhymerl.workers.rollout.generation import GenRequest, GenResult, SamplingParams
 
 
 def request_seed(seed: int, sample_id: int) -> int:

@@ -26,7 +26,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from rhymerl.workers import atomic, dumps
 from rhymerl.workers.model.policy import PolicyModel, read_weights, save_model, save_weights
 from rhymerl.workers.run_folder import checkpoints
 from rhymerl.workers.run_folder.identity import JOB_UID_FILE
+from rhymerl.workers.run_folder.loop_state import LoopState
 from rhymerl.workers.run_folder.run_lock import RunLock
 from rhymerl.workers.run_folder.step_metrics import StepMetrics
 
@@ -64,24 +65,6 @@ def pod_run_dir() -> Path:
 
 class RunDirError(UserError):
     """A run folder that cannot be created, read or written; the message names the path."""
-
-
-@dataclass
-class LoopState:
-    """Where the loop is: the last finished step and the next prompt to visit."""
-
-    step: int = 0
-    epoch: int = 1
-    cursor: int = 0
-    policy_version: int = 0
-
-    @classmethod
-    def from_json(cls, text: str) -> LoopState:
-        data = json.loads(text)
-        if not isinstance(data, dict) or set(data) != {f.name for f in fields(cls)} or not all(
-                isinstance(v, int) and v >= 0 for v in data.values()):
-            raise ValueError(f"expected non-negative integers {[f.name for f in fields(cls)]}")
-        return cls(**data)
 
 
 def finite_json(row: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,10 @@ def prompt_tokens(tok: Tokenizer, prompt: Prompt) -> list[int]:
     if prompt.messages is None:
         return tok.prompt_ids(prompt.text)
     return tok.encode(prompt_text(tok, prompt))
+
+
+def encode_prompts(tok: Tokenizer, prompts: Sequence[Prompt]) -> dict[str, list[int]]:
+    return {p.prompt_id: prompt_tokens(tok, p) for p in prompts}
 
 
 def read_jsonl(path: Path) -> list[Prompt]:

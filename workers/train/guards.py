@@ -15,13 +15,7 @@ import math
 import torch
 from torch import Tensor
 
-from rhymerl.errors import UserError
-
 SKIP_HINT = "set algorithm.on_nonfinite: skip to leave such samples out instead"
-
-
-class NonFiniteError(UserError):
-    """A nan or inf was about to reach the weights under the `fail` policy."""
 
 
 def finite(value: float) -> bool:

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from rhymerl.algorithms import objectives as obj
 from rhymerl.api.algorithm import AlgorithmSpec
+from rhymerl.errors import NonFiniteError
 from rhymerl.workers.model.policy import PolicyModel
 from rhymerl.workers.train import guards
 from rhymerl.workers.train.ranks import ONE_RANK, Ranks, idle_loss, shard, share
@@ -188,7 +189,7 @@ class Trainer:
                 norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.max_grad_norm))
                 if not guards.finite(norm):
                     if algo.on_nonfinite == "fail":
-                        raise guards.NonFiniteError(
+                        raise NonFiniteError(
                             f"gradient norm is {norm} in update {updates + self.skipped_updates + 1} of the step "
                             f"(finite losses, so no single sample is to blame; lower algorithm.lr or check the "
                             f"rewards); this update was not applied; {guards.SKIP_HINT}")
@@ -222,8 +223,8 @@ class Trainer:
         Checked before the step, so a skipped sample is out of every loss normaliser too."""
         bad = [s for s in samples if not guards.finite(s.advantage)]
         if bad and self.algo.on_nonfinite == "fail":
-            raise guards.NonFiniteError(f"{bad[0].label or 'a sample'}: advantage {bad[0].advantage}; no weight was "
-                                        f"changed; {guards.SKIP_HINT}")
+            raise NonFiniteError(f"{bad[0].label or 'a sample'}: advantage {bad[0].advantage}; no weight was "
+                                 f"changed; {guards.SKIP_HINT}")
         self.skipped_samples += [s.label for s in bad]
         return [s for s in samples if guards.finite(s.advantage)] if bad else samples
 
@@ -242,8 +243,8 @@ class Trainer:
                 break
             if self.algo.on_nonfinite == "fail":
                 label, value, advantage = reported[0]
-                raise guards.NonFiniteError(f"{label or 'a sample'}: its loss is {value} (advantage {advantage}); "
-                                            f"this update was not applied; {guards.SKIP_HINT}")
+                raise NonFiniteError(f"{label or 'a sample'}: its loss is {value} (advantage {advantage}); "
+                                     f"this update was not applied; {guards.SKIP_HINT}")
             bad = set(found.bad) if found else set()
             left_out += [samples[mb[r]].label for r in sorted(bad)]
             mb = [i for r, i in enumerate(mb) if r not in bad]

@@ -39,7 +39,8 @@ from rhymerl.tools.bench import report
 from rhymerl.tools.bench.tables import print_table
 from rhymerl.workers.model.registry import load_native_policy
 from rhymerl.workers.model.tokenizer import Tokenizer
-from rhymerl.workers.rollout.engine import GenRequest, SamplingParams, TorchEngine
+from rhymerl.workers.rollout.engine import TorchEngine
+from rhymerl.workers.rollout.generation import GenRequest, SamplingParams
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.task.prompts import epoch_order, load_prompts, prompt_tokens
 

@@ -32,8 +32,9 @@ from numpy.typing import NDArray
 from rhymerl.algorithms.drafting import AimdWindows, HistoryIndex
 from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.tools.bench.draft_workloads import PromptWork
-from rhymerl.workers.rollout.engine import DraftSource, GenRequest
+from rhymerl.workers.rollout.engine import DraftSource
 from rhymerl.workers.rollout.fastest_of_n import FastestOfNDrafts
+from rhymerl.workers.rollout.generation import GenRequest
 from rhymerl.workers.rollout.speculators import DraftCapController, HistoryDrafts, NgramDrafts
 
 I32 = NDArray[np.int32]

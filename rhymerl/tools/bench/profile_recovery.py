@@ -53,7 +53,8 @@ from rhymerl.tools.bench import report
 from rhymerl.tools.bench.tables import print_table
 from rhymerl.tools.bench.workload import RunWorkload, load_run_workload
 from rhymerl.workers.history.store import MemoryHistoryStore
-from rhymerl.workers.rollout.engine import EngineSession, GenRequest, GenResult, TorchEngine
+from rhymerl.workers.rollout.engine import EngineSession, TorchEngine
+from rhymerl.workers.rollout.generation import GenRequest, GenResult
 from rhymerl.workers.rollout.speculation import RolloutSpeculation, reachable_batches
 from rhymerl.workers.rollout.speculators import DraftCapController
 from rhymerl.workers.rollout.verify_cost import CacheEntry, ProfileStore, measure_cells

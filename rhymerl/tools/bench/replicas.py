@@ -44,11 +44,11 @@ from rhymerl.workers.controller.loop import fleet_metrics
 from rhymerl.workers.controller.transport import LocalTransport
 from rhymerl.workers.roles.history_worker import HistoryWorker
 from rhymerl.workers.roles.reward_worker import RewardWorker
-from rhymerl.workers.roles.rollout_worker import RolloutWorker, encode_prompts
+from rhymerl.workers.roles.rollout_worker import RolloutWorker
 from rhymerl.workers.roles.samples import SampleRef, ScoredSample
 from rhymerl.workers.rollout.engine import TorchEngine
 from rhymerl.workers.rollout.speculation import speculation_metrics
-from rhymerl.workers.task.prompts import load_prompts
+from rhymerl.workers.task.prompts import encode_prompts, load_prompts
 
 
 @dataclass

@@ -56,15 +56,9 @@ from rhymerl.workers.model.folder import model_dir
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.reward.pool import Scorer, open_scorer
 from rhymerl.workers.rollout.draft_model import DraftModelDrafts, default_draft, load_draft_model
-from rhymerl.workers.rollout.engine import (
-    DraftSource,
-    GenRequest,
-    GenResult,
-    SamplingParams,
-    TorchEngine,
-    merged_counts,
-)
+from rhymerl.workers.rollout.engine import DraftSource, TorchEngine
 from rhymerl.workers.rollout.fastest_of_n import job_sources
+from rhymerl.workers.rollout.generation import GenRequest, GenResult, SamplingParams, merged_counts
 from rhymerl.workers.rollout.speculation import speculation_metrics
 from rhymerl.workers.rollout.speculators import DraftCapController, HistoryDrafts, NgramDrafts
 from rhymerl.workers.rollout.verify_cost import measure

@@ -50,7 +50,7 @@ from rhymerl.workers.model.folder import model_dir
 from rhymerl.workers.model.policy import save_model
 from rhymerl.workers.reward.pool import open_scorer
 from rhymerl.workers.rollout.draft_model import default_draft, draft_folder
-from rhymerl.workers.rollout.engine import GenResult, merged_counts
+from rhymerl.workers.rollout.generation import GenResult, merged_counts
 from rhymerl.workers.rollout.speculation import reachable_batches
 from rhymerl.workers.rollout.vllm_engine import VllmEngine, VllmSettings
 

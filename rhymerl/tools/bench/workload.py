@@ -27,9 +27,10 @@ from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.reward.pool import Scorer
 from rhymerl.workers.roles.groups import Group, score_samples
 from rhymerl.workers.roles.groups import records as rollout_records
-from rhymerl.workers.rollout.engine import GenRequest, GenResult, SamplingParams
+from rhymerl.workers.rollout.generation import GenRequest, GenResult, SamplingParams
 from rhymerl.workers.rollout.sampling import sample_key
-from rhymerl.workers.run_folder.run_dir import LoopState, RunDir, RunDirError
+from rhymerl.workers.run_folder.loop_state import LoopState
+from rhymerl.workers.run_folder.run_dir import RunDir, RunDirError
 from rhymerl.workers.task.prompts import Prompt, epoch_order, load_prompts, prompt_tokens
 
 
