@@ -26,7 +26,8 @@ waits until the test creates `NAME-STEP.go`; each point holds once.
 
 `RHYMERL_FORCE=DECISION[,DECISION...]` forces a decision a cost model would otherwise make from
 measured times (`forced`): `freed-drafters`, every freed rollout worker drafts for a straggling one
-(workers/controller/fleet.py), so a test on real processes sees the drafts travel between them.
+(`forced_costs`, workers/controller/fleet_drafters.py), so a test on real processes sees the drafts
+travel between them; a fleet in the test's own process is given those costs through its `costs` seam.
 
 Why environment variables: the processes these points stop are started by Ray, by the pods-as-processes
 harness or by `rhymerl run` itself, not by the test; the environment is the one channel that reaches

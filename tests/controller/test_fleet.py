@@ -21,8 +21,9 @@ from rhymerl.algorithms.scheduling.histopipe import HistoPipe
 from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.algorithms.scheduling.types import Action, Move, RoundPlan, Sample, Watch
 from rhymerl.api import RLJob
-from rhymerl.workers import dumps, faults
+from rhymerl.workers import dumps
 from rhymerl.workers.controller.fleet import RolloutFleet, pod_ordinal, table_profile
+from rhymerl.workers.controller.fleet_drafters import forced_costs
 from rhymerl.workers.controller.history_client import HistoryClient
 from rhymerl.workers.controller.loop import fleet_metrics, run_steps
 from rhymerl.workers.controller.role_apis import RolloutAPI, TrainAPI
@@ -200,22 +201,21 @@ class SplitOverTwo(Scheduler):
         return RoundPlan(round_no=step, queues=[[s.sid for s in every[0::2]], [s.sid for s in every[1::2]], []])
 
 
-def test_without_consolidate_tail_no_worker_is_emptied_to_draft(model_dir: Path, tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_consolidate_tail_no_worker_is_emptied_to_draft(model_dir: Path, tmp_path: Path) -> None:
     job = _job(model_dir, 3, rollout=_drafting(model_dir, consolidate_tail=False))
-    monkeypatch.setenv(faults.FORCE_ENV, "freed-drafters")
     f = Fleet(job, tmp_path / "three", scheduler=SplitOverTwo())
+    f.fleet.drafters.costs = lambda: forced_costs(job, f.fleet.drafters.consolidates)
     out, rnd = f.round(PROMPTS[:2])
     assert len(out) == 8 and rnd.consolidations == 0 and rnd.counts["migrated"] == 0
     assert "rollout worker 2 drafts for rollout worker 0 (step 1; freed drafters)" in f.notes
 
 
 def test_a_straggling_worker_no_freed_one_drafts_for_is_emptied_onto_another_and_drafts_for_it(
-        model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        model_dir: Path, tmp_path: Path) -> None:
     one, _ = Fleet(_job(model_dir, rollout={"temperature": 0}), tmp_path / "one").round(PROMPTS[:2])
     job = _job(model_dir, 3, rollout=_drafting(model_dir))
-    monkeypatch.setenv(faults.FORCE_ENV, "freed-drafters")  # the real decisions, on costs where every merge pays
     f = Fleet(job, tmp_path / "three", scheduler=SplitOverTwo())
+    f.fleet.drafters.costs = lambda: forced_costs(job, f.fleet.drafters.consolidates)  # the real decisions; merges pay
     merges: list[tuple[int, int] | None] = []
     priced = f.fleet.drafters.decide
 

@@ -23,9 +23,9 @@ from rhymerl.api import RLJob, parse_job
 from rhymerl.tools.sim import SimConfig, Simulator
 from rhymerl.tools.sim import drafters as sim_drafters
 from rhymerl.tools.traces import Trace
-from rhymerl.workers import faults
 from rhymerl.workers.controller import fleet_drafters
 from rhymerl.workers.controller.fleet import RolloutFleet
+from rhymerl.workers.controller.fleet_drafters import forced_costs
 from rhymerl.workers.controller.history_client import HistoryClient
 from rhymerl.workers.controller.role_apis import TrainAPI
 from rhymerl.workers.controller.transport import LocalTransport
@@ -202,13 +202,14 @@ class LeaveAt:
 
 
 def test_freed_workers_pairs_and_merges_are_the_same_in_the_fleet_and_the_simulator(
-        model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, record: Callable[[], Decisions]) -> None:
+        model_dir: Path, tmp_path: Path, record: Callable[[], Decisions]) -> None:
     lengths, order = _by_length(model_dir, tmp_path / "one")
     # workers 0 and 1 run a few short samples, no queue; 2 runs the rest, more than its batch: it queues
     queues = [order[3:6], [order[2], order[6]], order[:2] + order[7:]]
-    monkeypatch.setenv(faults.FORCE_ENV, "freed-drafters")  # forced costs: drafting and every merge that fits pay
     job = _job(model_dir, 3, f", speculation: {{method: none, freed_drafters: true, draft_model: {model_dir}}}")
     fleet = InProcessFleet(job, tmp_path / "three", Placed(queues))
+    drafters = fleet.fleet.drafters
+    drafters.costs = lambda: forced_costs(job, drafters.consolidates)  # drafting and every merge that fits pay
     in_fleet = record()
     assert fleet.lengths() == lengths
     assert in_fleet.priced is not None

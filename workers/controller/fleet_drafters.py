@@ -50,6 +50,8 @@ class FreedDrafters:
         """Member id of a worker whose samples are moving away -> the one it is to draft for once freed."""
         self.decide: Decide = self._priced
         """The decision (a seam: tests force pairs, or watch the merges)."""
+        self.costs: Callable[[], tuple[IterationProfile, DraftCosts] | None] = self._draft_costs
+        """What the decision prices (a seam: in-process tests price with `forced_costs`)."""
 
     def after_event(self, rnd: Round) -> None:
         """The pairs the decision makes from the round's calls, linked; a merge it asks for, begun."""
@@ -128,7 +130,7 @@ class FreedDrafters:
     def _priced(self, views: Sequence[WorkerView], freed: Sequence[int], current: Mapping[int, int],
                 may_merge: bool) -> DrafterPlan:
         """freed_drafters.decide on the costs of `_draft_costs` (no pairs before they are known)."""
-        priced = self._draft_costs()
+        priced = self.costs()
         if priced is None:
             return DrafterPlan({}, None)
         return decide(views, freed, current, *priced, may_merge=may_merge)
@@ -136,14 +138,20 @@ class FreedDrafters:
     def _draft_costs(self) -> tuple[IterationProfile, DraftCosts] | None:
         """The pass times and drafting costs the drafter decisions price: the fleet's measured pass
         times (None before they are measured), the draft model's steps at DRAFT_STEP_COST of a policy
-        pass; forced (faults.forced), passes that cost the same whatever they verify and drafts that
-        cost nothing and are almost always right, so every straggling worker a freed one can serve
-        pays, and so does every merge that fits one drafter."""
+        pass; `forced_costs` where RHYMERL_FORCE names freed-drafters (faults.forced: a run's
+        processes started by Ray or the pods harness, which no in-process seam reaches)."""
         if faults.forced("freed-drafters"):
-            flat = TableProfile.constant(max_batch=self.job.spec.rollout.max_batch_size)
-            return flat, DraftCosts(acceptance=0.99, message_s=0.0, draft_profile=ScaledProfile(flat, 0.0),
-                                    consolidate=self.consolidates)
+            return forced_costs(self.job, self.consolidates)
         if self.sched.profile is None:
             return None
         return self.sched.profile, DraftCosts(draft_profile=ScaledProfile(self.sched.profile, DRAFT_STEP_COST),
                                               consolidate=self.consolidates)
+
+
+def forced_costs(job: RLJob, consolidates: bool) -> tuple[IterationProfile, DraftCosts]:
+    """Passes that cost the same whatever they verify and drafts that cost nothing and are almost
+    always right: every straggling worker a freed one can serve pays, and so does every merge that
+    fits one drafter (how tests force the real decisions to pair and merge)."""
+    flat = TableProfile.constant(max_batch=job.spec.rollout.max_batch_size)
+    return flat, DraftCosts(acceptance=0.99, message_s=0.0, draft_profile=ScaledProfile(flat, 0.0),
+                            consolidate=consolidates)
