@@ -290,3 +290,29 @@ def test_a_finished_siblings_last_tokens_stay_in_its_group() -> None:
     source.begin(2, GenRequest([1], 2, "q"))
     source.settle([1, 2], [0, 0], [0, 0], [[5, 6], [5, 6]])
     assert source.propose([1, 2], 2) == [[7, 8], []]  # another prompt's group has nothing to offer
+
+
+def _ngram_after(tokens: list[int], width: int, slots: list[int]) -> list[list[int]]:
+    """What n-gram drafting proposes in `slots` (each fed the same prompt and then `tokens`, one pass
+    per token) from a buffer `width` tokens wide to begin with."""
+    drafts = NgramDrafts(SpeculationSpec(window={"initial": 4, "max": 4}), None, width=width)
+    for s in slots:
+        drafts.begin(s, GenRequest([1, 3, 4], s))
+    for tok in tokens:
+        drafts.settle(slots, [0] * len(slots), [0] * len(slots), [[tok]] * len(slots))
+    return drafts.propose(slots, len(slots))
+
+
+def test_ngram_drafts_of_a_sequence_longer_than_the_buffer_match_its_latest_tokens() -> None:
+    """The buffer grows with the sequence (vLLM's proposer reads the whole context): 9 10 11 12 13 comes
+    after 40 tokens of filler and 5 6 7 at the end recalls it, 4 tokens drafted (the window)."""
+    filler = [20 + i % 17 for i in range(40)]
+    tokens = [*filler, 5, 6, 7, 9, 10, 11, 12, 13, *filler[:5], 5, 6, 7]
+    assert _ngram_after(tokens, width=8, slots=[0]) == [[9, 10, 11, 12]]
+    assert _ngram_after(tokens, width=8, slots=[0]) == _ngram_after(tokens, width=2048, slots=[0])
+
+
+def test_ngram_drafts_are_the_same_from_packed_slots_and_from_scattered_ones() -> None:
+    """Slots 0..n-1 are read in place, any others copied out: the drafts do not depend on which."""
+    tokens = [5, 6, 7, 9, 10, 11, 30, 31, 5, 6, 7]
+    assert _ngram_after(tokens, 4, [0, 1]) == _ngram_after(tokens, 4, [3, 1]) == [[9, 10, 11, 30]] * 2

@@ -260,29 +260,41 @@ with `min_prob` over a history's branch priorities, and a sequence's own context
 
 
 class NgramDrafts:
-    """vLLM-style n-gram (prompt lookup) drafts from each sequence's own context, AIMD window."""
+    """vLLM-style n-gram (prompt lookup) drafts from each sequence's whole context (prompt and every
+    token generated so far, as vLLM's proposer reads it), AIMD window.
 
-    def __init__(self, spec: SpeculationSpec, control: DraftCapController | None, max_len: int = 2048,
+    The contexts are one buffer of a row per slot; it starts `width` tokens wide and doubles when a
+    sequence outgrows it, so a long response keeps matching its latest tokens. A pass over slots
+    0..n-1 (the engine packs the tail into the lowest slots) hands the native matcher a view of the
+    buffer, not a copy."""
+
+    def __init__(self, spec: SpeculationSpec, control: DraftCapController | None, width: int = 2048,
                  match: tuple[int, int] = NGRAM_MATCH) -> None:
         if not 1 <= match[0] <= match[1]:
             raise ValueError(f"n-gram match {match}: need 1 <= shortest <= longest")
+        if width < 1:
+            raise ValueError(f"n-gram context width {width}: need at least 1")
         self.spec = spec
         self.control = control
         self.match = match
-        self.context = np.zeros((0, max_len), dtype=np.int32)
+        self.context = np.zeros((0, width), dtype=np.int32)
         self.length: dict[int, int] = {}
         self.windows = AimdWindows(spec.window)
 
-    def _row(self, slot: int) -> None:
-        if slot >= self.context.shape[0]:
-            grown = np.zeros((slot + 1, self.context.shape[1]), dtype=np.int32)
-            grown[: self.context.shape[0]] = self.context
-            self.context = grown
+    def _fit(self, slot: int, tokens: int) -> None:
+        """Room for `slot`'s row and for `tokens` tokens in it."""
+        rows, width = self.context.shape
+        if slot < rows and tokens <= width:
+            return
+        grown = np.zeros((max(rows, slot + 1), width if tokens <= width else max(tokens, 2 * width)), dtype=np.int32)
+        grown[:rows, :width] = self.context
+        self.context = grown
+        if slot >= rows:
             self.windows.resize(slot + 1)
 
     def begin(self, slot: int, request: GenRequest) -> None:
-        self._row(slot)
         n = len(request.prompt_ids)
+        self._fit(slot, n)
         self.context[slot, :n] = request.prompt_ids
         self.length[slot] = n
         self.windows.reset(slot)
@@ -292,10 +304,11 @@ class NgramDrafts:
             return [[] for _ in slots]
         rows = np.array(slots, dtype=np.int64)
         lengths = np.array([self.length[s] for s in slots], dtype=np.int64)
-        offsets, tokens = ngram_draft(self.context[rows], lengths, self.windows.windows[rows], *self.match)
+        packed = np.array_equal(rows, np.arange(len(slots)))
+        contexts = self.context[: len(slots)] if packed else self.context[rows]
+        offsets, tokens = ngram_draft(contexts, lengths, self.windows.windows[rows], *self.match)
         cap = self.spec.window.max if self.control is None else self.control.cap(batch_size, np.diff(offsets).tolist())
-        out = [tokens[offsets[i]: min(offsets[i + 1], offsets[i] + cap)].tolist() for i in range(len(slots))]
-        return out
+        return [tokens[offsets[i]: min(offsets[i + 1], offsets[i] + cap)].tolist() for i in range(len(slots))]
 
     def settle(self, slots: list[int], drafted: list[int], accepted: list[int], emitted: list[list[int]]) -> None:
         if self.control is not None:
@@ -303,9 +316,9 @@ class NgramDrafts:
         self.windows.update(drafted, accepted, rows=slots)
         for s, toks in zip(slots, emitted, strict=True):
             n = self.length[s]
-            room = self.context.shape[1] - n
-            self.context[s, n: n + min(room, len(toks))] = toks[:room]
-            self.length[s] = n + min(room, len(toks))
+            self._fit(s, n + len(toks))
+            self.context[s, n: n + len(toks)] = toks
+            self.length[s] = n + len(toks)
 
     def end(self, slot: int) -> None:
         self.length.pop(slot, None)

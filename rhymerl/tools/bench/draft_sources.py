@@ -183,7 +183,7 @@ def histospec(indexes: Sequence[HistoryIndex | None], knobs: SpeculationSpec, na
 def ngram(knobs: SpeculationSpec, name: str = "n-gram") -> EngineSource:
     """vLLM-style n-gram drafts (`NgramDrafts`) from each sequence's own context, `knobs`' AIMD window;
     the n-grams matched are the engine's (`NGRAM_MATCH`, the paper's 3 to 7), whatever `knobs.prefix` says."""
-    return EngineSource(name, knobs, lambda width: NgramDrafts(knobs, None, max_len=width))
+    return EngineSource(name, knobs, lambda width: NgramDrafts(knobs, None, width=width))
 
 
 def fastest_of_n(sources: Sequence[EngineSource], knobs: SpeculationSpec, name: str = "fastest-of-n") -> EngineSource:
