@@ -166,6 +166,8 @@ def test_drafting_is_priced_with_the_draft_models_own_steps(model: TinyLlama) ->
     source.step_cost = 10.0  # ten plain passes per step: nothing is offered, so nothing is drafted
     assert source.propose(list(range(4)), 4) == [[]] * 4
     assert control.caps_chosen[0] == 1
+    # the step's metrics say the draft model's price turned drafting off, not that no draft was there
+    assert control.take_decisions().summary()["4-7"]["reasons"] == {"priced": 1, "priced-off": 1}
 
 
 def test_a_probe_drafts_at_most_the_initial_window_whatever_the_windows_grew_to(model: TinyLlama) -> None:

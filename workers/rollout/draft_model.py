@@ -120,7 +120,8 @@ class DraftModelDrafts:
         if self.control is None:
             cap = max(lengths, default=0)
         else:
-            cap = self.control.cap(batch_size, self._priced(batch_size, lengths))
+            offer = self._priced(batch_size, lengths)
+            cap = self.control.cap(batch_size, offer, priced_off=any(lengths) and not any(offer))
         if cap == 0:
             return [[] for _ in slots]
         return self._draft(slots, [min(n, cap) for n in lengths])

@@ -95,8 +95,10 @@ class DraftCapController:
         self.decisions.record(batch_size, "parked")
         return True
 
-    def cap(self, batch_size: int, lengths: Sequence[int] | None = None) -> int:
-        """This pass's cap; `lengths` are the drafts on offer (see adaptive.choose_cap)."""
+    def cap(self, batch_size: int, lengths: Sequence[int] | None = None, *, priced_off: bool = False) -> int:
+        """This pass's cap; `lengths` are the drafts on offer (see adaptive.choose_cap); `priced_off`:
+        the source offers none because it priced its drafts off itself (the draft model's own steps),
+        so the pass counts as `priced-off`, not `no-draft`."""
         limit = self.spec.window.max
         if self.evidence is not None:  # re-measured cells (verify_cost.ProfileStore) count from the next choice
             self.profile = self.evidence.profile
@@ -121,20 +123,20 @@ class DraftCapController:
             self._backoff = 1
         self._probe_due = False
         drafts = [min(n, cap) for n in lengths] if lengths is not None else [cap] * batch_size
-        reason = self._reason(fixed, offered, probe, cap)
+        reason = self._reason(fixed, offered, probe, cap, priced_off)
         self._record(batch_size, cap, drafts)
         self.decisions.record(batch_size, reason, cap if reason in DRAFTING else 0)
         return cap
 
-    def _reason(self, fixed: bool, offered: bool, probe: bool, cap: int) -> Reason:
-        """Why this pass got `cap`: a probe that drafts, the fixed rule, nothing on offer, no profile, or the
-        profile's choice, in that order."""
+    def _reason(self, fixed: bool, offered: bool, probe: bool, cap: int, priced_off: bool) -> Reason:
+        """Why this pass got `cap`: a probe that drafts, the fixed rule, nothing on offer (the source's
+        own price, or no draft), no profile, or the profile's choice, in that order."""
         if probe and offered:
             return "probe"
         if fixed:
             return "fixed-off"
         if not offered:
-            return "no-draft"
+            return "priced-off" if priced_off else "no-draft"
         if self.profile is None:
             return "unpriced"
         return "priced" if cap > 0 else "priced-off"
