@@ -84,9 +84,6 @@ RULES: dict[type[BaseModel], tuple[Rule, ...]] = {
              "replicas: must lie between minReplicas and maxReplicas", ".replicas"),
         Rule("self.resources.gpu >= self.gpusPerReplica",
              "resources.gpu: must be at least gpusPerReplica (a replica's GPUs are its pod's)", ".resources.gpu"),
-        Rule("self.engine != 'vllm' || self.speculation.method != 'fastest-of-n' || !has(self.speculation.draftModel)",
-             "speculation: with vllm, fastest-of-n chooses between history and n-gram; the draft model runs on the "
-             "torch engine (remove draftModel, or use method draft-model)", ".speculation"),
         Rule("self.engine != 'vllm' || !self.speculation.freedDrafters",
              "speculation: freedDrafters runs on the torch engine (a vLLM call is one generate)", ".speculation"),
         Rule("!self.autoscaling.enabled || self.minReplicas < self.maxReplicas",

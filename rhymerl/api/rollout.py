@@ -66,9 +66,6 @@ class RolloutSpec(Placement):
                              "raise max_replicas, or leave autoscaling off")
         if self.resources.gpu < self.gpus_per_replica:
             raise ValueError("resources: gpu must be at least gpus_per_replica (a replica's GPUs are its pod's)")
-        if self.engine == "vllm" and self.speculation.method == "fastest-of-n" and self.speculation.draft_model:
-            raise ValueError("speculation: with vllm, fastest-of-n chooses between history and n-gram; the draft model "
-                             "runs on the torch engine (remove draft_model, or use method draft-model)")
         if self.engine == "vllm" and self.speculation.freed_drafters:
             raise ValueError("speculation: freed_drafters runs on the torch engine (a vLLM call is one generate)")
         affinity = self.pod.affinity

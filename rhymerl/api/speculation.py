@@ -57,8 +57,8 @@ class SpeculationSpec(Strict):
         "history", description="history: HistoSpec (the prompt's responses of its last history_epochs epochs, the "
         "run's recent responses for a prompt without any, and the group's own with group_drafts); "
         "ngram: each sequence's own context; draft-model: a small model (draft_model); fastest-of-n: every source "
-        "there is (history with the group, n-gram, the draft model where draft_model is set; with the vllm engine "
-        "history and n-gram) drafts and each response takes the drafts of the one its own tokens confirmed most"
+        "there is (history with the group, n-gram, the draft model where draft_model is set, on either engine) "
+        "drafts and each response takes the drafts of the one its own tokens confirmed most"
     )
     reward_weighted: bool = Field(
         False, description="history: rank branches by the summed reward of the responses through them (RhymeRL), "

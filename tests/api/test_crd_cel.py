@@ -73,9 +73,6 @@ STATIC = [
      {"rollout": {"gpusPerReplica": 2, "resources": {"gpu": 2}}}, {"gpusPerReplica": 4}),
     ("spec.rollout", "!self.autoscaling.enabled", {"rollout": {"maxReplicas": 4, "autoscaling": {"enabled": True}}},
      {"maxReplicas": 1, "replicas": 1}),
-    ("spec.rollout", "self.engine != 'vllm' || self.speculation.method",
-     {"rollout": {"speculation": {"method": "fastest-of-n", "draftModel": "builtin:tiny-arith-draft"}}},
-     {"engine": "vllm"}),
     ("spec.rollout", "self.engine != 'vllm' || !self.speculation.freedDrafters",
      {"rollout": {"speculation": {"freedDrafters": True, "draftModel": "builtin:tiny-arith-draft"}}},
      {"engine": "vllm"}),
@@ -152,6 +149,13 @@ def test_model_data_algorithm_and_checkpoint_storage_cannot_change_after_creatio
     old = _at(_stored(), path)
     assert _holds(rule, copy.deepcopy(old), old)
     assert not _holds(rule, _set(old, "", IMMUTABLE_CHANGES[path]), old)
+
+
+def test_a_vllm_job_whose_fastest_of_n_names_a_draft_model_is_admitted() -> None:
+    stored = _stored(rollout={"engine": "vllm", "speculation": {"method": "fastest-of-n",
+                                                                "draftModel": "builtin:tiny-arith-draft"}})
+    for path in ("spec", "spec.rollout", "spec.rollout.speculation"):
+        assert all(_holds(r, _at(stored, path)) for r in _rules(path, on_create=True)), path
 
 
 def test_scaling_rollout_within_bounds_is_allowed_on_update() -> None:

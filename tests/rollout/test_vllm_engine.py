@@ -33,6 +33,7 @@ from rhymerl.workers.train.trainer import Trainer, TrainSample
 
 pytestmark = pytest.mark.slow
 TINY = model_dir("builtin:tiny-arith")
+DRAFT = model_dir("builtin:tiny-arith-draft")
 
 
 @pytest.fixture(scope="module")
@@ -90,12 +91,13 @@ def test_greedy_outputs_are_the_same_with_and_without_the_history_proposer(
 @pytest.fixture(scope="module")
 def fastest_engine() -> Iterator[VllmEngine]:
     engine = VllmEngine(VllmSettings(TINY, method="fastest-of-n", max_batch_size=128, max_model_len=512,
-                                     speculation=SpeculationSpec(method="fastest-of-n")))
+                                     speculation=SpeculationSpec(method="fastest-of-n", draft_model="builtin:tiny-arith-draft"),
+                                     draft_model=DRAFT))
     yield engine
     engine.close()
 
 
-def test_greedy_outputs_are_the_same_with_fastest_of_n_which_counts_each_sources_drafts(
+def test_greedy_outputs_are_the_same_with_fastest_of_n_and_its_draft_model_which_counts_each_sources_drafts(
         fastest_engine: VllmEngine, plain_engine: VllmEngine, tok: CharTokenizer) -> None:
     prompts = _prompts(tok, 12)
     first = plain_engine.generate(_requests(prompts, 2, 1), SamplingParams(1.0, 1.0, 0, 300), tok.eos_id)
@@ -105,11 +107,12 @@ def test_greedy_outputs_are_the_same_with_fastest_of_n_which_counts_each_sources
     assert [r.response_ids for r in drafted] == [r.response_ids for r in plain_engine.generate(
         _requests(prompts, 2, 2), params, tok.eos_id)]
     assert sum(r.accepted for r in drafted) > 0.3 * sum(len(r.response_ids) for r in drafted)
-    for r in drafted:  # every drafted token is some source's, history or n-gram
-        assert set(r.by_source) <= {"history", "ngram"}
+    for r in drafted:  # every drafted token is some source's: history, n-gram or the draft model
+        assert set(r.by_source) <= {"history", "ngram", "draft-model"}
         assert (sum(c.drafted for c in r.by_source.values()), sum(c.accepted for c in r.by_source.values())) == \
             (r.drafted, r.accepted)
-    assert any("history" in r.by_source for r in drafted)
+    # history leads; the draft model, loaded in vLLM's process beside the proposer, drafts where it was picked
+    assert any("history" in r.by_source for r in drafted) and any("draft-model" in r.by_source for r in drafted)
 
 
 @pytest.fixture(scope="module")

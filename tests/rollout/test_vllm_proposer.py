@@ -8,7 +8,9 @@ exactly the draft its reference gets."""
 
 from __future__ import annotations
 
+import json
 import random
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,13 +19,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from jobs import make_job
 
 from rhymerl.algorithms.drafting.index import HistoryDrafter, HistoryIndex
 from rhymerl.api.speculation import SpeculationSpec
-from rhymerl.workers.rollout.fastest_of_n import job_sources
+from rhymerl.workers.model.folder import ModelError, model_dir
+from rhymerl.workers.rollout.fastest_of_n import FastestOfNDrafts, job_sources
 from rhymerl.workers.rollout.generation import GenRequest
 from rhymerl.workers.rollout.speculators import DraftCapController
-from rhymerl.workers.rollout.vllm_engine import VllmSettings
+from rhymerl.workers.rollout.vllm_engine import VllmSettings, job_settings
 from rhymerl.workers.rollout.vllm_proposer import FILLER, HistoryProposer
 
 K = 8
@@ -268,3 +272,32 @@ def test_engine_settings_whose_method_and_speculation_method_differ_are_refused(
     with pytest.raises(ValueError, match=r"method fastest-of-n: our proposer runs speculation\.method, which is history"):
         VllmSettings(Path("m"), method="fastest-of-n")
     assert VllmSettings(Path("m"), method="fastest-of-n", speculation=SpeculationSpec(method="fastest-of-n"))
+
+
+def test_a_vllm_jobs_fastest_of_n_drafts_with_the_draft_model_it_names_loaded_by_the_proposer() -> None:
+    """The spec accepts fastest-of-n with a draft model on vLLM; the engine settings carry its folder,
+    checked against the policy, and the proposer configured with it drafts with all three sources."""
+    job = make_job("rollout.engine=vllm", "rollout.speculation.method=fastest-of-n",
+                   "rollout.speculation.draft_model=builtin:tiny-arith-draft")
+    settings = job_settings(job, 64)
+    assert settings.draft_model == model_dir("builtin:tiny-arith-draft") and settings.method == "fastest-of-n"
+    proposer = HistoryProposer(_config())
+    proposer.configure(job.spec.rollout.speculation, None, str(settings.draft_model))
+    assert proposer.draft is not None and proposer.draft_folder == str(settings.draft_model)
+    proposer.set_step([[1, 5, 9]], [None])
+    assert isinstance(proposer.source, FastestOfNDrafts) and proposer.source.names == ["history", "ngram", "draft-model"]
+    proposer.configure(job.spec.rollout.speculation, None)  # no folder: history and n-gram alone
+    assert proposer.draft is None and isinstance(proposer.source, FastestOfNDrafts)
+    assert proposer.source.names == ["history", "ngram"]
+
+
+def test_a_draft_model_of_another_vocabulary_is_refused_for_vllm_naming_the_field(tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(model_dir("builtin:tiny-arith-draft"), other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps(config | {"vocab_size": config["vocab_size"] + 1}))
+    job = make_job("rollout.engine=vllm", "rollout.speculation.method=fastest-of-n",
+                   f"rollout.speculation.draft_model={other}")
+    with pytest.raises(ModelError, match=r"spec\.rollout\.speculation\.draft_model: .* a draft model must use the "
+                                         r"policy's tokenizer"):
+        job_settings(job, 64)

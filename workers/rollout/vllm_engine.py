@@ -103,7 +103,8 @@ class VllmSettings:
     log_stats: bool = False
     """vLLM's own counters (LLM.get_metrics: speculative-decoding acceptance and more), for benches."""
     draft_model: Path | None = None
-    """method draft-model: the draft model's folder (vLLM's own draft_model method)."""
+    """The draft model's folder: vLLM's own draft_model method runs it (method draft-model), or our
+    proposer's Fastest-of-N drafts with it beside history and n-gram (method fastest-of-n)."""
 
     def __post_init__(self) -> None:
         if self.method in OURS and self.speculation.method != self.method:
@@ -125,7 +126,7 @@ def job_settings(job: RLJob, longest_prompt: int) -> VllmSettings:
     spec = job.spec
     drafting = spec.rollout.speculation
     draft = None
-    if drafting.method == "draft-model" and drafting.draft_model is not None:
+    if drafting.method in ("draft-model", "fastest-of-n") and drafting.draft_model is not None:
         draft = draft_folder(drafting.draft_model, model_dir(spec.model.path))
     return VllmSettings(model=model_dir(spec.model.path), method=spec.rollout.speculation.method, draft_model=draft,
                         speculation=spec.rollout.speculation, max_batch_size=spec.rollout.max_batch_size,
@@ -217,9 +218,10 @@ class VllmEngine:
             return
         profile = None if self._configured else json.dumps(asdict(self.profile)) if self.profile else None
         blobs = {id(i): i.to_bytes() for i in indexes if i is not None}  # one bytes object per index, pickled once
+        draft = str(self.settings.draft_model) if self.settings.draft_model is not None else None
         self.llm.collective_rpc("rhymerl_set_step", args=(
             self.settings.speculation.model_dump_json(), profile, [list(p) for p in prompts],
-            [blobs[id(i)] if i is not None else None for i in indexes]))
+            [blobs[id(i)] if i is not None else None for i in indexes], draft))
         self._configured = True
 
     def proposer_stats(self) -> dict[str, int]:

@@ -1,6 +1,7 @@
 """The job's drafting inside vLLM: a `custom_class` speculative proposer that adapts vLLM's calls to the
 torch engine's draft sources (`DraftSource`: HistoSpec's `HistoryDrafts` with its group drafts, or
-Fastest-of-N over history and n-gram), so drafting is implemented once for both engines.
+Fastest-of-N over history, n-gram and the draft model where the job names one), so drafting is
+implemented once for both engines.
 
 vLLM instantiates the class named in `speculative_config={"method": "custom_class", "model":
 "rhymerl.workers.rollout.vllm_proposer.HistoryProposer", ...}` with its `VllmConfig` and calls
@@ -35,15 +36,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from numpy.typing import NDArray
 
 from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
 from rhymerl.algorithms.drafting.cap_decisions import CapDecisions
 from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api.speculation import SpeculationSpec
+from rhymerl.workers.model.transformer import TinyLlama, load_model
 from rhymerl.workers.rollout.engine import DraftSource
 from rhymerl.workers.rollout.fastest_of_n import job_sources
 from rhymerl.workers.rollout.generation import GenRequest, SourceCount
@@ -106,22 +110,30 @@ class HistoryProposer:
         self.lengths_held: dict[int, int] = {}  # states held per length (most lengths hold none)
         self.slots = 0  # slots begun this step
         self.stats = ProposerStats()
+        self.draft_folder: str | None = None
+        self.draft: TinyLlama | None = None
         self.configure(SpeculationSpec(), None)
 
-    def configure(self, spec: SpeculationSpec, profile: CostProfile | None) -> None:
-        """Drafting knobs and the per-pass cost profile (None: AIMD windows only, capped at k)."""
+    def configure(self, spec: SpeculationSpec, profile: CostProfile | None, draft: str | None = None) -> None:
+        """Drafting knobs, the per-pass cost profile (None: AIMD windows only, capped at k) and, for
+        Fastest-of-N, the draft model's folder (checked against the policy by the caller: job_settings):
+        loaded here, in the process vLLM runs this proposer in, on that process's device."""
         if spec.method not in METHODS:
             raise ValueError(f"speculation.method {spec.method!r}: this proposer runs {', '.join(METHODS)}")
         self.spec = spec
         self.control = DraftCapController(spec, profile)
+        if draft != self.draft_folder:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            self.draft = None if draft is None else load_model(Path(draft), torch.float32, device).eval()
+            self.draft_folder = draft
         self.source: DraftSource = self._source({})
         self.rows, self.lengths_held = {}, {}
 
     def _source(self, indexes: Mapping[str, HistoryIndex]) -> DraftSource:
         """The job's draft source over the step's indexes, as the torch engine builds it (Fastest-of-N
-        without a draft model: vLLM runs none beside a custom proposer)."""
+        with the draft model where one is configured)."""
         if self.spec.method == "fastest-of-n":
-            return job_sources(self.spec, indexes, self.control)
+            return job_sources(self.spec, indexes, self.control, self.draft)
         return HistoryDrafts(self.spec, indexes, self.control)
 
     def set_step(self, prompts: Sequence[Sequence[int]], indexes: Sequence[HistoryIndex | None]) -> None:

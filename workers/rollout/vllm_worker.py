@@ -60,15 +60,16 @@ class RhymerlWorkerExtension:
         return fix_cpu_rejection_sampling()
 
     def rhymerl_set_step(self, spec_json: str, profile_json: str | None, prompts: list[list[int]],
-                         indexes: list[bytes | None]) -> bool:
-        """The step's prompts and their history indexes; False when this engine has no history proposer."""
+                         indexes: list[bytes | None], draft: str | None = None) -> bool:
+        """The step's prompts and their history indexes (and the draft model's folder, for Fastest-of-N);
+        False when this engine has no history proposer."""
         proposer = self._proposer()
         if proposer is None:
             return False
         spec = SpeculationSpec.model_validate_json(spec_json)
-        if spec != proposer.spec or profile_json is not None:
+        if spec != proposer.spec or profile_json is not None or draft != proposer.draft_folder:
             profile = CostProfile.from_dict(json.loads(profile_json)) if profile_json else None
-            proposer.configure(spec, profile)
+            proposer.configure(spec, profile, draft)
         loaded = {id(b): HistoryIndex.from_bytes(b) for b in indexes if b is not None}  # a blob sent for many prompts loads once
         proposer.set_step(prompts, [loaded[id(b)] if b is not None else None for b in indexes])
         return True
