@@ -25,7 +25,8 @@ import ray
 import torch
 
 from rhymerl.tools.bench.report import machine
-from rhymerl.workers.roles.weight_sync import Group, Layout, WeightReceiver, WeightSender
+from rhymerl.workers.roles.weight_layout import Group, Layout
+from rhymerl.workers.roles.weight_sync import WeightReceiver, WeightSender
 
 SIZES = {  # hidden, layers, intermediate, vocab, dtype
     "embedded": (128, 4, 352, 32, "float32"),

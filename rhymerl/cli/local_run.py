@@ -244,7 +244,7 @@ def _run_steps(job: RLJob, run: RunDir, resume: bool, console: Console, total: i
     with progress:
         task = progress.add_task("rollout+train", total=total, completed=done, unit="prompts")
         if job.spec.backend == "ray":
-            from rhymerl.workers.runtime.ray_transport import (
+            from rhymerl.workers.runtime.ray_backend import (
                 run_steps_local_ray,  # Ray loads only when asked for
             )
 

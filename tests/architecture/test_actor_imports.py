@@ -1,21 +1,30 @@
-"""The reward and history workers' actors (a process each, per run) start without torch: importing their
-modules must not load it, which would cost each about 2 CPU-seconds (the records they pass on live in
-torch-free modules: rollout/generation.py, run_folder/loop_state.py, roles/groups.py)."""
+"""The reward and history workers' modules import without torch, which would cost each actor (a process
+per run) about 2 CPU-seconds: the records they pass on live in torch-free modules
+(rollout/generation.py, run_folder/loop_state.py, roles/groups.py), and so does the transport seam
+(role_apis.py, transport.py, runtime/ray_transport.py). On Ray the reward worker's process stays
+torch-free; the history worker's loads torch all the same, because Ray loads the class of every actor
+handle it unpickles (its constructor gets the train worker's handle, to refill from its dumps:
+history_client.FillFromTrain), and the train worker's module is torch."""
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
 
 import pytest
 
+from rhymerl.workers.controller.history_client import FillFromTrain
+from rhymerl.workers.runtime.ray_transport import RayTransport, _Actor
 
-def loads(module: str, other: str) -> bool:
-    """Whether importing `module` in a fresh interpreter loads `other`."""
-    code = f"import sys, {module}; print({other!r} in sys.modules)"
-    res = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    return res.stdout.strip() == "True"
+
+def loads(module: str, other: str, pickled: bytes = b"") -> bool:
+    """Whether importing `module`, then unpickling `pickled` (if any), in a fresh interpreter loads `other`."""
+    code = (f"import pickle, sys, {module}; data = sys.stdin.buffer.read(); data and pickle.loads(data); "
+            f"print({other!r} in sys.modules)")
+    res = subprocess.run([sys.executable, "-P", "-c", code], input=pickled, capture_output=True, timeout=120)
+    assert res.returncode == 0, res.stderr.decode()
+    return res.stdout.decode().strip() == "True"
 
 
 @pytest.mark.parametrize("module", ["rhymerl.workers.roles.reward_worker", "rhymerl.workers.roles.history_worker"])
@@ -25,3 +34,13 @@ def test_a_reward_or_history_worker_module_imports_without_torch(module: str) ->
 
 def test_the_check_sees_a_module_that_an_import_loads() -> None:
     assert loads("rhymerl.workers.roles.groups", "rhymerl.workers.reward.pool")
+
+
+def test_the_transport_seam_imports_without_torch() -> None:
+    assert not loads("rhymerl.workers.runtime.ray_transport", "torch")
+    assert not loads("rhymerl.workers.controller.history_client", "torch")
+
+
+def test_the_check_sees_a_module_that_unpickling_loads() -> None:
+    arguments = pickle.dumps(FillFromTrain(RayTransport(), _Actor("handle")))
+    assert loads("sys", "rhymerl.workers.runtime.ray_transport", arguments)

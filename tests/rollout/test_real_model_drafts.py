@@ -19,12 +19,13 @@ from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.workers.model.policy import read_weights, save_weights
 from rhymerl.workers.model.tokenizer import load_tokenizer
 from rhymerl.workers.model.transformer import TinyLlama, load_model
+from rhymerl.workers.rollout.draft_link import DraftStream, News
 from rhymerl.workers.rollout.draft_model import DraftModelDrafts, load_draft_model
 from rhymerl.workers.rollout.engine import DraftSource, TorchEngine
 from rhymerl.workers.rollout.fastest_of_n import job_sources
 from rhymerl.workers.rollout.generation import GenRequest, GenResult, SamplingParams
 from rhymerl.workers.rollout.group_drafts import GroupDrafts
-from rhymerl.workers.rollout.remote_drafts import DraftServer, DraftStream, News, RemoteDrafts
+from rhymerl.workers.rollout.remote_drafts import DraftServer, RemoteDrafts
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.rollout.speculators import DraftCapController, HistoryDrafts, NgramDrafts
 

@@ -13,10 +13,11 @@ from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.workers.model.folder import model_dir
 from rhymerl.workers.model.tokenizer import CharTokenizer
 from rhymerl.workers.model.transformer import TinyLlama, load_model
+from rhymerl.workers.rollout.draft_link import DraftStream, News
 from rhymerl.workers.rollout.draft_model import load_draft_model
 from rhymerl.workers.rollout.engine import TorchEngine
 from rhymerl.workers.rollout.generation import GenRequest, SamplingParams
-from rhymerl.workers.rollout.remote_drafts import SOURCE, DraftServer, DraftStream, News, RemoteDrafts
+from rhymerl.workers.rollout.remote_drafts import SOURCE, DraftServer, RemoteDrafts
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.rollout.speculators import NgramDrafts
 from rhymerl.workers.task import arith_chain

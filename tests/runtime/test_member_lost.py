@@ -12,7 +12,7 @@ from rhymerl.errors import RunFailed
 from rhymerl.workers.controller.fleet import WorkerLost
 from rhymerl.workers.controller.transport import ResultLost, WorkerGone
 from rhymerl.workers.runtime.controller_pod import member_lost_exit
-from rhymerl.workers.runtime.ray_transport import MemberLost, run_failure
+from rhymerl.workers.runtime.ray_backend import MemberLost, run_failure
 
 
 def _train_call_failed(cause: BaseException) -> BaseException:

@@ -100,7 +100,7 @@ def _ending(name: str) -> BaseException:
     ("bug", None, ""),
 ])
 def test_what_ends_a_ray_run_becomes_one_line_of_its_class(name: str, kind: str | None, words: str) -> None:
-    from rhymerl.workers.runtime.ray_transport import run_failure
+    from rhymerl.workers.runtime.ray_backend import run_failure
 
     failure = run_failure(_ending(name), "/runs/r")
     assert (type(failure).__name__ if failure is not None else None) == kind

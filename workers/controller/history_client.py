@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
-from rhymerl.workers.controller.role_apis import HistoryAPI
+from rhymerl.workers import dumps
+from rhymerl.workers.controller.role_apis import HistoryAPI, TrainAPI
 from rhymerl.workers.controller.transport import Handle, Indexes, Result, Transport, WorkerGone
 from rhymerl.workers.roles.groups import StepLayout
 from rhymerl.workers.roles.samples import ScoredSample
@@ -103,6 +104,18 @@ class HistoryClient:
             self.transport.get(self.transport.call(self.handle, HistoryAPI.close), timeout=HISTORY_WAIT_S)
         self.transport.stop(self.handle)
         self.handle = None
+
+
+class FillFromTrain:
+    """What a history worker starting mid-run refills its store from: the train worker's dumps. It is
+    the history worker's constructor argument (a Ray actor unpickles it), so this module and the
+    transport it holds import no torch (tests/architecture/test_actor_imports.py)."""
+
+    def __init__(self, t: Transport, train: Handle[TrainAPI]) -> None:
+        self.t, self.train = t, train
+
+    def __call__(self) -> list[dumps.RolloutRecord]:
+        return self.t.get(self.t.call(self.train, TrainAPI.history_records))
 
 
 def _why(exc: BaseException) -> str:

@@ -8,9 +8,7 @@ seam names no concrete worker class.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Protocol
-
-import torch
+from typing import TYPE_CHECKING, Protocol
 
 from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
 from rhymerl.algorithms.drafting.index import HistoryIndex
@@ -26,14 +24,17 @@ from rhymerl.workers.roles.samples import (
     ScoredSample,
     Tag,
 )
-from rhymerl.workers.roles.weight_sync import Group, Layout
+from rhymerl.workers.roles.weight_layout import Group, Layout
+from rhymerl.workers.rollout.draft_link import DraftLink, DraftStream, News
 from rhymerl.workers.rollout.generation import GenRequest
 from rhymerl.workers.rollout.group_drafts import GrownTokens
-from rhymerl.workers.rollout.remote_drafts import DraftLink, DraftStream, News
 from rhymerl.workers.run_folder.in_flight import InFlight
 from rhymerl.workers.run_folder.loop_state import LoopState
 
-Weights = dict[str, torch.Tensor]
+if TYPE_CHECKING:
+    import torch
+
+Weights = dict[str, "torch.Tensor"]
 """A policy version's tensors under Hugging Face names, on the CPU."""
 
 

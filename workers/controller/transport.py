@@ -40,7 +40,7 @@ from rhymerl.workers.roles.samples import (
     RolloutProgress,
     StateTag,
 )
-from rhymerl.workers.rollout.remote_drafts import DraftLink, LocalDraftLink
+from rhymerl.workers.rollout.draft_link import DraftLink, LocalDraftLink
 
 P = ParamSpec("P")
 A = TypeVar("A")

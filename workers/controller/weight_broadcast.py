@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from rhymerl.workers.controller.role_apis import RolloutAPI, TrainAPI
 from rhymerl.workers.controller.transport import Handle, Result, Transport
 from rhymerl.workers.roles.train_worker import TrainWorker
-from rhymerl.workers.roles.weight_sync import Group, Layout
+from rhymerl.workers.roles.weight_layout import Group, Layout
 
 
 class WeightBroadcast:

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rhymerl.workers.roles.samples import RolloutProgress, SampleRef
+from rhymerl.workers.rollout.draft_link import DraftLink
 from rhymerl.workers.rollout.generation import GenRequest, GenResult
 from rhymerl.workers.rollout.group_drafts import GrownTokens
-from rhymerl.workers.rollout.remote_drafts import DraftLink
 
 Admitted = tuple[SampleRef, GenRequest, GenResult | None]
 

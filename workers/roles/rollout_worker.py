@@ -51,11 +51,13 @@ from rhymerl.workers.roles.samples import (
 from rhymerl.workers.roles.threads import apply_threads, use_threads
 from rhymerl.workers.roles.torch_rollout import TorchRollout
 from rhymerl.workers.roles.vllm_rollout import VllmRollout
-from rhymerl.workers.roles.weight_sync import STAGED_WAIT_S, Group, Layout, WeightReceiver
+from rhymerl.workers.roles.weight_layout import Group, Layout
+from rhymerl.workers.roles.weight_sync import STAGED_WAIT_S, WeightReceiver
 from rhymerl.workers.roles.worker_metrics import WorkerMetrics
+from rhymerl.workers.rollout.draft_link import DraftLink, DraftStream, News
 from rhymerl.workers.rollout.generation import GenRequest, SamplingParams
 from rhymerl.workers.rollout.group_drafts import GrownTokens
-from rhymerl.workers.rollout.remote_drafts import DraftLink, DraftServer, DraftStream, News
+from rhymerl.workers.rollout.remote_drafts import DraftServer
 from rhymerl.workers.rollout.verify_cost import Progress
 from rhymerl.workers.task.prompts import encode_prompts, load_prompts
 

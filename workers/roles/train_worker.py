@@ -23,7 +23,8 @@ from rhymerl.workers.roles.rollout_worker import Weights
 from rhymerl.workers.roles.samples import GroupKey, ScoredSample
 from rhymerl.workers.roles.threads import apply_threads, use_threads
 from rhymerl.workers.roles.train_samples import training_samples
-from rhymerl.workers.roles.weight_sync import Group, Layout, WeightSender
+from rhymerl.workers.roles.weight_layout import Group, Layout
+from rhymerl.workers.roles.weight_sync import WeightSender
 from rhymerl.workers.roles.worker_metrics import WorkerMetrics
 from rhymerl.workers.run_folder.in_flight import NOTHING, InFlight, carried
 from rhymerl.workers.run_folder.loop_state import LoopState

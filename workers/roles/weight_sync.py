@@ -23,7 +23,6 @@ import datetime
 import os
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,6 +31,7 @@ from torch import Tensor
 from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
 
 from rhymerl.workers import faults
+from rhymerl.workers.roles.weight_layout import Group, Layout
 from rhymerl.workers.train.ranks import host_address
 
 BUCKET_BYTES = 64 << 20
@@ -43,49 +43,18 @@ STAGED_WAIT_S = TIMEOUT.total_seconds() / 2
 """How long a load waits for a broadcast version before it takes the object store's copy."""
 
 
-@dataclass(frozen=True)
-class Layout:
-    """What a transfer carries: each distinct tensor's name, shape and dtype, in order, and the
-    names that share another's tensor (a tied output layer)."""
-
-    tensors: tuple[tuple[str, tuple[int, ...], str], ...]
-    aliases: tuple[tuple[str, str], ...]
-
-    @classmethod
-    def of(cls, weights: Mapping[str, Tensor]) -> Layout:
-        seen: dict[int, str] = {}
-        tensors, aliases = [], []
-        for name, t in weights.items():
-            first = seen.setdefault(t.data_ptr(), name)
-            if first != name:
-                aliases.append((name, first))
-            else:
-                tensors.append((name, tuple(t.shape), str(t.dtype).removeprefix("torch.")))
-        return cls(tuple(tensors), tuple(aliases))
-
-    def buckets(self) -> list[list[int]]:
-        """Indexes of the tensors each bucket carries (one dtype, at most BUCKET_BYTES unless one tensor is larger)."""
-        out: list[list[int]] = []
-        size, dtype = 0, ""
-        for i, (_, shape, dt) in enumerate(self.tensors):
-            n = _numel(shape) * getattr(torch, dt).itemsize
-            if not out or dt != dtype or size + n > BUCKET_BYTES:
-                out.append([])
-                size, dtype = 0, dt
-            out[-1].append(i)
-            size += n
-        return out
-
-
-@dataclass(frozen=True)
-class Group:
-    """One transfer's members: the sender's store, the group's id (one transfer's, never used again),
-    how many members (rank 0 sends)."""
-
-    host: str
-    port: int
-    group_id: str
-    size: int
+def buckets(layout: Layout) -> list[list[int]]:
+    """Indexes of the tensors each bucket carries (one dtype, at most BUCKET_BYTES unless one tensor is larger)."""
+    out: list[list[int]] = []
+    size, dtype = 0, ""
+    for i, (_, shape, dt) in enumerate(layout.tensors):
+        n = _numel(shape) * getattr(torch, dt).itemsize
+        if not out or dt != dtype or size + n > BUCKET_BYTES:
+            out.append([])
+            size, dtype = 0, dt
+        out[-1].append(i)
+        size += n
+    return out
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -139,7 +108,7 @@ class WeightSender:
         pg = self._groups.open(group, 0, TCPStore(self.host, self.port, is_master=False, timeout=TIMEOUT))
         layout = Layout.of(weights)
         tensors = [weights[name] for name, _, _ in layout.tensors]
-        for bucket in layout.buckets():
+        for bucket in buckets(layout):
             flat = torch.cat([tensors[i].detach().reshape(-1).cpu() for i in bucket])
             _broadcast(pg, flat)
 
@@ -177,7 +146,7 @@ class WeightReceiver:
     def _receive(self, group: Group, rank: int, layout: Layout) -> dict[str, Tensor]:
         pg = self._groups.open(group, rank)
         out: dict[str, Tensor] = {}
-        for bucket in layout.buckets():
+        for bucket in buckets(layout):
             specs = [layout.tensors[i] for i in bucket]
             dtype = getattr(torch, specs[0][2])
             flat = torch.empty(sum(_numel(shape) for _, shape, _ in specs), dtype=dtype)

@@ -28,9 +28,8 @@ predicting better (a prompt whose history has little to say, the first epoch).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -39,47 +38,13 @@ from rhymerl.algorithms.drafting.fastest_of_n import SourceChoice, matched, told
 from rhymerl.algorithms.drafting.index import AimdWindows
 from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.workers.model.transformer import TinyLlama
+from rhymerl.workers.rollout.draft_link import DraftLink, DraftStream, News
 from rhymerl.workers.rollout.draft_model import DraftModelDrafts
 from rhymerl.workers.rollout.engine import DraftSource
 from rhymerl.workers.rollout.generation import GenRequest
 
 SOURCE = "freed-drafter"
 """The source name the verifier's remote drafts are counted under (dumps, `spec_sources`)."""
-
-
-@dataclass(frozen=True)
-class News:
-    """What the verifier tells the drafter of one sequence: the first time its whole context (`prompt`:
-    the prompt and what it generated so far), then the tokens it emitted since the last message, or
-    that it ended."""
-
-    seq: int
-    tokens: tuple[int, ...] = ()
-    prompt: tuple[int, ...] | None = None
-    ended: bool = False
-
-
-@dataclass(frozen=True)
-class DraftStream:
-    """Tokens predicted to follow the first `base` tokens (prompt and response) of sequence `seq`."""
-
-    seq: int
-    base: int
-    tokens: tuple[int, ...]
-
-
-class DraftLink(Protocol):
-    """The verifier's end of its link to a drafter: one message outstanding at a time."""
-
-    def send(self, news: Sequence[News]) -> None:
-        """Send news (nothing waits for the reply)."""
-
-    def poll(self) -> list[DraftStream] | None:
-        """The reply to the last send once it has come (each reply once); None while it has not.
-        Raises if the drafter is gone."""
-
-    def close(self) -> None:
-        """The verifier is done with the drafter (it frees what it held for this link)."""
 
 
 class DraftServer:
@@ -126,27 +91,6 @@ class DraftServer:
             self.free.append(slot)
         self.length.pop(seq, None)
         self.last.pop(seq, None)
-
-
-@dataclass
-class LocalDraftLink:
-    """A link to a drafter in this process: the reply is made as the news is sent (the in-process
-    fleet steps its workers in turn, so its runs repeat exactly), and read at the next pass. The
-    drafting runs in the verifier's turn, so its time counts on the verifier's clock, not beside it."""
-
-    drafter: Any  # the RolloutWorker that drafts
-    link: Hashable
-    _reply: list[DraftStream] | None = None
-
-    def send(self, news: Sequence[News]) -> None:
-        self._reply = self.drafter.exchange(self.link, list(news))
-
-    def poll(self) -> list[DraftStream] | None:
-        reply, self._reply = self._reply, None
-        return reply
-
-    def close(self) -> None:
-        self.drafter.drop_link(self.link)
 
 
 @dataclass

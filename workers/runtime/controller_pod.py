@@ -89,7 +89,7 @@ def member_lost_exit(failure: BaseException, head_alive: bool) -> int | None:
     """The controller's exit code for a run ended by `failure`: MEMBER_LOST_EXIT_CODE for a member of the
     run lost (not counted as this pod's crash) while this pod's own Ray head is alive; None where the
     failure is raised as itself (exit 1 for a RunFailed: the controller's own fault)."""
-    from rhymerl.workers.runtime.ray_transport import MemberLost
+    from rhymerl.workers.runtime.ray_backend import MemberLost
 
     return MEMBER_LOST_EXIT_CODE if isinstance(failure, MemberLost) and head_alive else None
 
@@ -123,7 +123,7 @@ def _run_steps(job: RLJob, run: RunDir, resume: bool, metrics: ControllerMetrics
                head_exit: Callable[[], int | None]) -> int:
     from rhymerl.workers.controller.scale import ScaleFile
     from rhymerl.workers.controller.stopping import RunStopped
-    from rhymerl.workers.runtime.ray_transport import MemberLost, run_steps_ray
+    from rhymerl.workers.runtime.ray_backend import MemberLost, run_steps_ray
 
     wanted = status.wanted() or ScaleFile(run.path, job)
     try:

@@ -9,7 +9,7 @@ from typing import Any
 
 import ray
 
-from rhymerl.workers.rollout.remote_drafts import DraftStream, News
+from rhymerl.workers.rollout.draft_link import DraftStream, News
 
 
 @dataclass
