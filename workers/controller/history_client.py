@@ -107,9 +107,10 @@ class HistoryClient:
 
 
 class FillFromTrain:
-    """What a history worker starting mid-run refills its store from: the train worker's dumps. It is
-    the history worker's constructor argument (a Ray actor unpickles it), so this module and the
-    transport it holds import no torch (tests/architecture/test_actor_imports.py)."""
+    """What a history worker starting mid-run refills its store from: the train worker's dumps. The
+    history worker's constructor argument: this module and the transport it holds import no torch,
+    but on Ray unpickling the train worker's handle loads that worker's class, and torch with it
+    (tests/architecture/test_actor_imports.py)."""
 
     def __init__(self, t: Transport, train: Handle[TrainAPI]) -> None:
         self.t, self.train = t, train
