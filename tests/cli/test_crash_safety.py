@@ -30,19 +30,23 @@ TINY = ["--set", "data.num_prompts=4", "--set", "algorithm.prompts_per_step=2", 
         "--set", "algorithm.epochs=2", "--set", "algorithm.max_response_length=64"]
 
 
+def _env(crash_at: str | None, signal_name: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RHYMERL_CRASH")}
+    return env | ({"RHYMERL_CRASH_AT": crash_at, "RHYMERL_CRASH_SIGNAL": signal_name} if crash_at else {})
+
+
 def _start(out: Path, crash_at: str | None = None, signal_name: str = "SIGKILL",
            sets: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RHYMERL_CRASH")}
-    if crash_at:
-        env["RHYMERL_CRASH_AT"] = crash_at
-        env["RHYMERL_CRASH_SIGNAL"] = signal_name
     return subprocess.run([str(SCRIPT), "run", str(REPO / "examples" / "quickstart.yaml"), "--out", str(out), *TINY,
                            *(a for s in sets for a in ("--set", s))],
-                          capture_output=True, text=True, env=env, timeout=600)
+                          capture_output=True, text=True, env=_env(crash_at, signal_name), timeout=600)
 
 
-def _resume(out: Path) -> subprocess.CompletedProcess[str]:
-    return rhymerl("run", "--resume", str(out))
+def _resume(out: Path, crash_at: str | None = None, signal_name: str = "SIGKILL") -> subprocess.CompletedProcess[str]:
+    if crash_at is None:
+        return rhymerl("run", "--resume", str(out))
+    return subprocess.run([str(SCRIPT), "run", "--resume", str(out)], capture_output=True, text=True,
+                          env=_env(crash_at, signal_name), timeout=600)
 
 
 def _outcome(run: Path) -> tuple[list[object], list[dict[str, object]], dict[str, torch.Tensor]]:
@@ -84,16 +88,41 @@ def test_on_sigterm_the_step_runs_to_its_end_is_checkpointed_and_the_resumed_run
     assert all(torch.equal(weights[k], ref_weights[k]) for k in ref_weights)
 
 
+# Every phase of a step, in the order a run reaches them, each in the run the link before resumed:
+# killed (SIGKILL, nothing runs after it) or out of disk (ENOSPC: in a checkpoint's writer, and before a
+# dump). A point of step 1 or 2 comes before the checkpoint of that step exists, so the resume of the
+# link before reaches it again; the links of step 3 each resume from step 2's checkpoint. The first
+# link stops a run before its first step (its folder resumes from step 0).
+LINKS = [("rollout:1", "SIGKILL"), ("checkpoint-files:1", "SIGKILL"), ("checkpoint-files:2", "ENOSPC"),
+         ("rollout:3", "SIGKILL"), ("train:3", "SIGKILL"), ("dump:3", "ENOSPC"), ("dump:3", "SIGKILL"),
+         ("metrics:3", "SIGKILL"), ("checkpoint-files:3", "SIGKILL"), ("checkpoint-manifest:3", "SIGKILL"),
+         ("checkpoint-renamed:3", "SIGKILL")]
+
+
+def _assert_disk_full_line(full: subprocess.CompletedProcess[str], out: Path, full_at: str) -> None:
+    """One line naming where, that what was written is intact and how to resume; exit 2."""
+    assert full.returncode == 2, (full_at, full.stderr)
+    lines = full.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: no space left on the disk of "), full.stderr
+    assert str(out) in lines[0] and "what was written before is intact" in lines[0]
+    assert lines[0].endswith(f"Resume with: rhymerl run --resume {out}")
+    if full_at.startswith("checkpoint"):
+        step = full_at.rsplit(":", 1)[1]
+        assert f"{out / 'checkpoints'} while writing the checkpoint of step {step}" in lines[0]
+        assert "needs about" in lines[0]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("crash_at", ["rollout:1", "checkpoint-files:1", "rollout:3", "train:3", "dump:3",
-                                      "metrics:3", "checkpoint-files:3", "checkpoint-manifest:3",
-                                      "checkpoint-renamed:3"])
-def test_a_run_killed_at_any_phase_resumes_to_the_uninterrupted_result(
-        tmp_path: Path, reference: tuple[list[object], list[dict[str, object]], dict[str, torch.Tensor]],
-        crash_at: str) -> None:
+def test_a_run_killed_or_out_of_disk_at_every_phase_in_turn_resumes_each_time_and_ends_as_the_uninterrupted_run(
+        tmp_path: Path, reference: tuple[list[object], list[dict[str, object]], dict[str, torch.Tensor]]) -> None:
     out = tmp_path / "run"
-    killed = _start(out, crash_at)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    for i, (crash_at, signal_name) in enumerate(LINKS):
+        stopped = _start(out, crash_at, signal_name) if i == 0 else _resume(out, crash_at, signal_name)
+        assert "Traceback" not in stopped.stderr + stopped.stdout, (crash_at, stopped.stderr)
+        if signal_name == "ENOSPC":
+            _assert_disk_full_line(stopped, out, crash_at)
+        else:
+            assert stopped.returncode == -signal.SIGKILL, (crash_at, stopped.stderr)
     resumed = _resume(out)
     assert resumed.returncode == 0, resumed.stderr
     assert "Traceback" not in resumed.stderr + resumed.stdout
@@ -104,7 +133,7 @@ def test_a_run_killed_at_any_phase_resumes_to_the_uninterrupted_result(
     assert records == ref_records
     assert weights.keys() == ref_weights.keys()
     assert all(torch.equal(weights[k], ref_weights[k]) for k in weights)
-    assert not list(out.rglob("*.tmp")), "debris of the interrupted write must be gone"
+    assert not list(out.rglob("*.tmp")), "debris of the interrupted writes must be gone"
 
 
 @pytest.mark.slow
@@ -147,22 +176,11 @@ def test_interrupting_a_run_says_where_it_stands_and_how_to_resume(tmp_path: Pat
     assert _resume(out).returncode == 0
 
 
-def test_a_run_stopped_before_its_first_step_can_be_started_again_into_the_same_folder(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    assert _start(out, "rollout:1").returncode == -signal.SIGKILL
-    # SIGKILL leaves the folder (nothing runs after it): it resumes from step 0
-    resumed = _resume(out)
-    assert resumed.returncode == 0, resumed.stderr
-    assert [m["step"] for m in RunDir(out).metrics()] == [1, 2, 3, 4]
-
-
 def _stopped_start(out: Path, signal_name: str) -> subprocess.CompletedProcess[str]:
     """A run that sends itself `signal_name` once its roles are set up, before its first step
     (fault point `start`); SIGINT restored, as a terminal's Ctrl-C finds it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RHYMERL_CRASH")}
-    env |= {"RHYMERL_CRASH_AT": "start:0", "RHYMERL_CRASH_SIGNAL": signal_name}
     return subprocess.run([str(SCRIPT), "run", str(REPO / "examples" / "quickstart.yaml"), "--out", str(out), *TINY],
-                          capture_output=True, text=True, env=env, timeout=600,
+                          capture_output=True, text=True, env=_env("start:0", signal_name), timeout=600,
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
@@ -175,29 +193,6 @@ def test_a_start_stopped_by_a_signal_before_its_first_step_leaves_no_folder(
     assert "Traceback" not in stopped.stderr + stopped.stdout
     assert not out.exists()
     assert f"removed {out}" in " ".join(stopped.stdout.split())
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("full_at", ["checkpoint-files:2", "dump:3"])  # in a writer; before one
-def test_a_full_disk_is_one_line_naming_where_and_the_run_resumes_to_the_uninterrupted_result(
-        tmp_path: Path, reference: tuple[list[object], list[dict[str, object]], dict[str, torch.Tensor]],
-        full_at: str) -> None:
-    out = tmp_path / "run"
-    full = _start(out, full_at, "ENOSPC")
-    assert full.returncode == 2, full.stderr
-    assert "Traceback" not in full.stderr + full.stdout
-    lines = full.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: no space left on the disk of "), full.stderr
-    assert str(out) in lines[0] and "what was written before is intact" in lines[0]
-    assert lines[0].endswith(f"Resume with: rhymerl run --resume {out}")
-    if full_at.startswith("checkpoint"):
-        assert f"{out / 'checkpoints'} while writing the checkpoint of step 2" in lines[0] and "needs about" in lines[0]
-    resumed = _resume(out)
-    assert resumed.returncode == 0, resumed.stderr
-    records, rows, weights = _outcome(out)
-    ref_records, ref_rows, ref_weights = reference
-    assert (records, rows) == (ref_records, ref_rows)
-    assert all(torch.equal(weights[k], ref_weights[k]) for k in ref_weights)
 
 
 @pytest.mark.parametrize("error", [
