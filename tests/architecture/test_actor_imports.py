@@ -1,10 +1,9 @@
 """The reward and history workers' modules import without torch, which would cost each actor (a process
 per run) about 2 CPU-seconds: the records they pass on live in torch-free modules
 (rollout/generation.py, run_folder/loop_state.py, roles/groups.py), and so does the transport seam
-(role_apis.py, transport.py, runtime/ray_transport.py). On Ray the reward worker's process stays
-torch-free; the history worker's loads torch all the same, because Ray loads the class of every actor
-handle it unpickles (its constructor gets the train worker's handle, to refill from its dumps:
-history_client.FillFromTrain), and the train worker's module is torch."""
+(role_apis.py, transport.py, runtime/ray_transport.py). Their constructor arguments unpickle without
+torch too: on Ray unpickling an actor handle loads its actor's class, so a history worker given the
+train worker's handle would load torch (it is refilled by the step loop instead: history_client.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +12,9 @@ import subprocess
 import sys
 
 import pytest
+from jobs import make_job
 
-from rhymerl.workers.controller.history_client import FillFromTrain
-from rhymerl.workers.runtime.ray_transport import RayTransport, _Actor
+from rhymerl.workers.run_folder.loop_state import LoopState
 
 
 def loads(module: str, other: str, pickled: bytes = b"") -> bool:
@@ -41,6 +40,11 @@ def test_the_transport_seam_imports_without_torch() -> None:
     assert not loads("rhymerl.workers.controller.history_client", "torch")
 
 
+def test_a_reward_or_history_workers_constructor_arguments_unpickle_without_torch() -> None:
+    job = make_job()
+    assert not loads("rhymerl.workers.roles.reward_worker", "torch", pickle.dumps((job,)))
+    assert not loads("rhymerl.workers.roles.history_worker", "torch", pickle.dumps((job, "run-id")))
+
+
 def test_the_check_sees_a_module_that_unpickling_loads() -> None:
-    arguments = pickle.dumps(FillFromTrain(RayTransport(), _Actor("handle")))
-    assert loads("sys", "rhymerl.workers.runtime.ray_transport", arguments)
+    assert loads("sys", "rhymerl.workers.run_folder.loop_state", pickle.dumps(LoopState()))

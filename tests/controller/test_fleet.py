@@ -96,7 +96,7 @@ class Fleet:
         self.notes: list[str] = []
         self.train = t.start("train", TrainWorker, job, run)
         reward = [t.start("reward", RewardWorker, job)]
-        history = HistoryClient(t, lambda: t.start("history", HistoryWorker, job, list), self.notes.append)
+        history = HistoryClient(t, lambda: t.start("history", HistoryWorker, job), list, self.notes.append)
         encoded = encode_prompts(load_job_tokenizer(job), load_prompts(job.spec.data))
         self.fleet = RolloutFleet(job, t, LengthHistory(), encoded, reward,
                                   lambda: t.start("rollout", RolloutWorker, job), wanted or (lambda: job.spec.rollout.replicas),

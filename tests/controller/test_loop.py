@@ -84,15 +84,16 @@ def test_rollout_workers_start_before_the_step_loop_waits_on_the_trainer(model_d
     anything it must wait for (in a new run and in a resumed one), so the two overlap."""
     job = make_job(f"model.path={model_dir}")
     _run(job, tmp_path / "run", steps=2)
-    # a new run's first call to the trainer is the history worker's refill (from its own process on Ray)
-    for resume, first_call in ((False, "train history_records"), (True, "train restore")):
+    # a new run's first call to the trainer is for the history worker's refill (whose result the step
+    # loop hands on without waiting for it); a resumed run's is the restore
+    for resume, first_calls in ((False, ["start history", "train history_records"]), (True, ["train restore"])):
         run = RunDir(tmp_path / "run" if resume else tmp_path / "new")
         if not resume:
             run.create(job)
         order = _Order()
         next(run_steps(job, run, resume, backend=dataclasses.replace(local_backend(job, run), transport=order)))
         first = next(i for i, e in enumerate(order.events) if e.startswith("train "))
-        assert order.events[:first + 1] == ["start train", "start controller", "start rollout", first_call]
+        assert order.events[:first + 1] == ["start train", "start controller", "start rollout", *first_calls]
 
 
 def test_the_torch_engine_samples_from_the_trainers_distribution_so_importance_ratios_are_one(

@@ -154,7 +154,7 @@ class InProcessFleet:
         run.create(job)
         notes: list[str] = []
         train = t.start("train", TrainWorker, job, run)
-        history = HistoryClient(t, lambda: t.start("history", HistoryWorker, job, list), notes.append)
+        history = HistoryClient(t, lambda: t.start("history", HistoryWorker, job), list, notes.append)
         self.encoded = encode_prompts(load_job_tokenizer(job), load_prompts(job.spec.data))
         self.fleet = RolloutFleet(job, t, LengthHistory(), self.encoded, [t.start("reward", RewardWorker, job)],
                                   lambda: t.start("rollout", RolloutWorker, job),

@@ -4,8 +4,11 @@ recorded, and a history worker (or its Redis) that cannot serve costs speculatio
 A history worker that cannot answer within HISTORY_WAIT_S, or whose store (Redis) fails, leaves that
 call without drafts (the round's `history_ok` is false; events.log says so once, whether an index or
 a record failed first, and once more when it serves again); one that died for good (its store was
-down when it started) is replaced, so drafting comes back with the store, the new one refilling from
-the train worker's dumps. Drafts never change tokens, so none of this changes the run's samples.
+down when it started) is replaced, so drafting comes back with the store. Every history worker this
+client starts is refilled from the train worker's dumps before its first index, by a call given the
+train worker's result: a history worker never holds the train worker's handle, whose unpickling on
+Ray would load the train worker's class, and torch with it, into the history worker's process.
+Drafts never change tokens, so none of this changes the run's samples.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import contextlib
 from collections.abc import Callable
 
 from rhymerl.workers import dumps
-from rhymerl.workers.controller.role_apis import HistoryAPI, TrainAPI
+from rhymerl.workers.controller.role_apis import HistoryAPI
 from rhymerl.workers.controller.transport import Handle, Indexes, Result, Transport, WorkerGone
 from rhymerl.workers.roles.groups import StepLayout
 from rhymerl.workers.roles.samples import ScoredSample
@@ -23,27 +26,34 @@ from rhymerl.workers.run_folder.loop_state import LoopState
 HISTORY_WAIT_S = 10.0
 
 
+Dumped = list[dumps.RolloutRecord]
+
+
 class HistoryClient:
     def __init__(self, transport: Transport, start: Callable[[], Handle[HistoryAPI]],
-                 note: Callable[[str], None]) -> None:
-        self.transport, self._start, self.note = transport, start, note
+                 dumped: Callable[[], Dumped | Result[Dumped]], note: Callable[[str], None]) -> None:
+        """`start` starts a history worker; `dumped` asks for every response dumped so far (the train
+        worker's `history_records`), which each one started is refilled from."""
+        self.transport, self._start, self._dumped, self.note = transport, start, dumped, note
         self.handle: Handle[HistoryAPI] | None = None
         self.down: str | None = None  # why it cannot serve, while it cannot
         self.pending: list[tuple[int, Result[int]]] = []
-        self.restart()
+        self.restart(0)
 
-    def restart(self) -> None:
+    def restart(self, step: int) -> None:
         try:
             self.handle = self._start()
+            refilled = self.transport.call(self.handle, HistoryAPI.refill, self.transport.arg(self._dumped()))
+            self.pending.append((step, refilled))  # runs before its first index; a failure is noted as a record's
         except Exception as exc:  # a store that is down when the worker starts (in this process)
             self.handle = None
-            self._failed(0, _why(exc))
+            self._failed(step, _why(exc))
 
     def indexes(self, epoch: int, prompt_ids: list[str], step: int) -> Result[Indexes] | None:
         """The history worker's indexes of these prompts, or None if it cannot serve them in
         HISTORY_WAIT_S."""
         if self.handle is None:
-            self.restart()
+            self.restart(step)
             if self.handle is None:
                 return None
         try:
@@ -54,7 +64,7 @@ class HistoryClient:
             return None
         except WorkerGone as exc:
             self._failed(step, str(exc) or "it died")
-            self.restart()
+            self.restart(step)
             return None
         except Exception as exc:  # its store failed (Redis down): the call raised
             self._failed(step, _why(exc))
@@ -104,19 +114,6 @@ class HistoryClient:
             self.transport.get(self.transport.call(self.handle, HistoryAPI.close), timeout=HISTORY_WAIT_S)
         self.transport.stop(self.handle)
         self.handle = None
-
-
-class FillFromTrain:
-    """What a history worker starting mid-run refills its store from: the train worker's dumps. The
-    history worker's constructor argument: this module and the transport it holds import no torch,
-    but on Ray unpickling the train worker's handle loads that worker's class, and torch with it
-    (tests/architecture/test_actor_imports.py)."""
-
-    def __init__(self, t: Transport, train: Handle[TrainAPI]) -> None:
-        self.t, self.train = t, train
-
-    def __call__(self) -> list[dumps.RolloutRecord]:
-        return self.t.get(self.t.call(self.train, TrainAPI.history_records))
 
 
 def _why(exc: BaseException) -> str:

@@ -25,7 +25,7 @@ from rhymerl.api.roles import train_ranks
 from rhymerl.workers import dumps, faults
 from rhymerl.workers.controller.batches import Batch, BatchSampler
 from rhymerl.workers.controller.fleet import RolloutFleet, Round
-from rhymerl.workers.controller.history_client import FillFromTrain, HistoryClient
+from rhymerl.workers.controller.history_client import HistoryClient
 from rhymerl.workers.controller.role_apis import HistoryAPI, RewardAPI, TrainAPI
 from rhymerl.workers.controller.scale import ScaleFile
 from rhymerl.workers.controller.stopping import GracefulStop
@@ -104,8 +104,8 @@ def run_steps(job: RLJob, run: RunDir, resume: bool = False, backend: Backend | 
         state, resumed = _restore(train, run) if resume else (LoopState(), InFlight())
         if resume:
             run.cut_back(state.step)  # the loop's own records, where they are not the train worker's
-        history = HistoryClient(t, lambda: _start_history(t, job, FillFromTrain(t, train.lead), history_run_id(job, run.path)),
-                                run.note)
+        history = HistoryClient(t, lambda: _start_history(t, job, history_run_id(job, run.path)),
+                                lambda: t.call(train.lead, TrainAPI.history_records), run.note)
         for pid, ls in t.get(t.call(train.lead, TrainAPI.lengths)):
             lengths.observe(pid, ls)
         broadcast = None
@@ -135,8 +135,8 @@ def _start_train(t: Transport, job: RLJob, backend: Backend, ahead: bool, rank: 
     return start("train", TrainWorker, job, backend.train_run, backend.threads, ahead, rank, world)
 
 
-def _start_history(t: Transport, job: RLJob, fill: FillFromTrain, run_id: str | None) -> Handle[HistoryAPI]:
-    return t.start("history", HistoryWorker, job, fill, run_id)
+def _start_history(t: Transport, job: RLJob, run_id: str | None) -> Handle[HistoryAPI]:
+    return t.start("history", HistoryWorker, job, run_id)
 
 
 def _restore(train: TrainRole, run: RunDir) -> tuple[LoopState, InFlight]:

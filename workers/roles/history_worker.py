@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 
 from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api import RLJob
@@ -20,17 +19,21 @@ from rhymerl.workers.task.prompts import encode_prompts, load_prompts
 
 
 class HistoryWorker:
-    def __init__(self, job: RLJob, fill: Callable[[], list[dumps.RolloutRecord]], run_id: str | None = None) -> None:
-        """Starts from `fill()`: every response dumped so far (the train worker keeps the dumps), so a
-        history worker started by a resumed run, or restarted, drafts what the first one would have.
-        `run_id` names the run's keys in Redis (run_history.history_run_id; a fresh one without)."""
+    def __init__(self, job: RLJob, run_id: str | None = None) -> None:
+        """Starts empty: the step loop refills it (`refill`) before its first index. `run_id` names the
+        run's keys in Redis (run_history.history_run_id; a fresh one without)."""
         self.job = job
         self.closed = False
         self.history = RunHistory.for_job(job, run_id or new_run_id())
         self.prompts = {p.prompt_id: p for p in load_prompts(job.spec.data)}
         self.encoded = encode_prompts(load_job_tokenizer(job), list(self.prompts.values()))
-        self.history.record(fill())
         self.metrics = WorkerMetrics("history")
+
+    def refill(self, dumped: list[dumps.RolloutRecord]) -> int:
+        """Record every response dumped so far (the train worker keeps the dumps), so a history worker
+        started by a resumed run, or started again, drafts what the first one would have."""
+        self.history.record(dumped)
+        return len(dumped)
 
     def ping(self) -> int:
         return os.getpid()

@@ -6,9 +6,10 @@ the pod's CPU limit is what bounds it), so the worker of a rollout pod lands on 
 nowhere else. A local run starts a private Ray instance on this machine that advertises every
 role, so the same placement code runs unchanged.
 
-Reward and history workers are restarted by Ray when their process dies, as often as it takes,
-without retrying the call that was running: the step loop runs it again (the fleet bounds how often
-one call may lose its worker). Rollout workers are not restarted in place: the rollout fleet
+Reward workers are restarted by Ray when their process dies, as often as it takes, without retrying
+the call that was running: the step loop runs it again (the fleet bounds how often one call may lose
+its worker). A history worker is not: the step loop starts another and refills it from the train
+worker's dumps (controller/history_client.py), as a restart would need to be. Rollout workers are not restarted in place: the rollout fleet
 replaces a lost one where there is room and resumes its samples elsewhere
 (workers/controller/fleet.py). The train worker is not restarted: its weights and optimiser die
 with it, and the run resumes from its last checkpoint.
@@ -31,7 +32,7 @@ from rhymerl.workers.controller.stopping import held_signals, reassert_handlers
 from rhymerl.workers.runtime.reaper import Reaper
 
 NAMESPACE = "rhymerl"
-RESTARTS: dict[Role, int] = {"rollout": 0, "train": 0, "reward": -1, "history": -1, "controller": -1}  # -1: always
+RESTARTS: dict[Role, int] = {"rollout": 0, "train": 0, "reward": -1, "history": 0, "controller": -1}  # -1: always
 LOCAL_ROLE_UNITS = 1024  # a local instance hosts any number of each role's workers
 NO_IDLE_WORKERS = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
 """Ray's settings that keep a node from starting idle worker processes in advance (one per CPU as the

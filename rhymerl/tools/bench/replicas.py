@@ -93,7 +93,7 @@ def _fleet_run(w: RunWorkload, policy: str, relay: bool, cfg: ReplicaBenchConfig
     notes: list[str] = []
     reward = [t.start("reward", RewardWorker, job)]
     records = [] if cfg.first_epoch else w.records
-    history = HistoryClient(t, lambda: t.start("history", HistoryWorker, job, lambda: records), notes.append)
+    history = HistoryClient(t, lambda: t.start("history", HistoryWorker, job), lambda: records, notes.append)
     lengths = LengthHistory()  # the length history a resumed run replays from its dumps
     groups: dict[tuple[int, str], list[int]] = {}
     for rec in records:
