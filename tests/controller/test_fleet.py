@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from in_process_fleet import InProcessFleet
 from jobs import make_job
 
 from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
@@ -18,27 +19,18 @@ from rhymerl.algorithms.scheduling.baselines import Reallocate
 from rhymerl.algorithms.scheduling.costmodel import TableProfile
 from rhymerl.algorithms.scheduling.freed_drafters import DrafterPlan, WorkerView
 from rhymerl.algorithms.scheduling.histopipe import HistoPipe
-from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.algorithms.scheduling.types import Action, Move, RoundPlan, Sample, Watch
 from rhymerl.api import RLJob
 from rhymerl.workers import dumps
-from rhymerl.workers.controller.fleet import RolloutFleet, pod_ordinal, table_profile
+from rhymerl.workers.controller.fleet import pod_ordinal, table_profile
 from rhymerl.workers.controller.fleet_drafters import forced_costs
-from rhymerl.workers.controller.history_client import HistoryClient
 from rhymerl.workers.controller.loop import fleet_metrics, run_steps
 from rhymerl.workers.controller.role_apis import RolloutAPI, TrainAPI
-from rhymerl.workers.controller.transport import LocalTransport
-from rhymerl.workers.model.tokenizer import load_job_tokenizer
-from rhymerl.workers.roles.history_worker import HistoryWorker
-from rhymerl.workers.roles.reward_worker import RewardWorker
 from rhymerl.workers.roles.rollout_worker import RolloutWorker
-from rhymerl.workers.roles.samples import ScoredSample
-from rhymerl.workers.roles.train_worker import TrainWorker
 from rhymerl.workers.rollout.group_drafts import GrownTokens
 from rhymerl.workers.rollout.remote_drafts import SOURCE
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.run_folder.run_dir import RunDir
-from rhymerl.workers.task.prompts import encode_prompts, load_prompts
 
 # 6 prompts, 3 groups of 4 a step, up to 4 workers
 FLEET = {"data": {"num_prompts": 6}, "algorithm": {"group_size": 4, "prompts_per_step": 3, "max_off_policy_steps": 0},
@@ -83,38 +75,6 @@ def test_every_policy_on_several_workers_emits_the_tokens_of_one(model_dir: Path
         assert [r["schedule_ranking"] for r in rows] == ["prompt-length", "prompt-length", "history", "history"]
 
 
-class Fleet:
-    """A fleet of workers in this process over `job`, with its own reward and history workers."""
-
-    def __init__(self, job: RLJob, path: Path, wanted: Callable[[], int] | None = None,
-                 scheduler: Scheduler | None = None) -> None:
-        self.job = job
-        self.in_use: list[int | None] = []
-        t = self.t = LocalTransport()
-        run = RunDir(path)
-        run.create(job)
-        self.notes: list[str] = []
-        self.train = t.start("train", TrainWorker, job, run)
-        reward = [t.start("reward", RewardWorker, job)]
-        history = HistoryClient(t, lambda: t.start("history", HistoryWorker, job), list, self.notes.append)
-        encoded = encode_prompts(load_job_tokenizer(job), load_prompts(job.spec.data))
-        self.fleet = RolloutFleet(job, t, LengthHistory(), encoded, reward,
-                                  lambda: t.start("rollout", RolloutWorker, job), wanted or (lambda: job.spec.rollout.replicas),
-                                  self.notes.append, self.notes.append, in_use=self.in_use.append, scheduler=scheduler)
-        self.fleet.start(0, t.get(t.call(self.train, TrainAPI.weights)), history)
-
-    def round(self, prompts: list[str], epoch: int = 1) -> tuple[dict[tuple[str, int], tuple[int, ...]], object]:
-        """One round of these prompts' groups: every response's tokens, and the round."""
-        rnd = self.fleet.launch([(epoch, p) for p in prompts], step=1, inter_step=False)
-        out: dict[tuple[str, int], tuple[int, ...]] = {}
-        for _, scored in self.fleet.collect(rnd):
-            s: ScoredSample
-            for s in self.t.get(scored):
-                assert (s.sample.prompt_id, s.sample.index) not in out, "a sample generated twice"
-                out[(s.sample.prompt_id, s.sample.index)] = tuple(s.result.response_ids)
-        return out, rnd
-
-
 PROMPTS = [f"ac-0-{i:05d}" for i in range(6)]
 
 
@@ -143,9 +103,9 @@ class MoveAtFiveTokens(Scheduler):
 
 
 def test_a_move_mid_generation_keeps_the_samples_tokens_and_counts_it_once(model_dir: Path, tmp_path: Path) -> None:
-    one, _ = Fleet(_job(model_dir), tmp_path / "one").round(PROMPTS)
+    one, _ = InProcessFleet(_job(model_dir), tmp_path / "one").round(PROMPTS)
     sched = MoveAtFiveTokens()
-    moved, rnd = Fleet(_job(model_dir, 2), tmp_path / "two", scheduler=sched).round(PROMPTS)
+    moved, rnd = InProcessFleet(_job(model_dir, 2), tmp_path / "two", scheduler=sched).round(PROMPTS)
     assert moved == one
     assert sched.moves and any(m.generated >= 5 for m in sched.moves)
     assert rnd.counts["migrated"] == sched.stats.intra_step > 0  # those not refused (finished first)
@@ -166,10 +126,10 @@ class AllOnZero(Scheduler):
 
 def test_a_freed_worker_drafts_for_a_straggling_one_and_the_tokens_stay_one_workers(
         model_dir: Path, tmp_path: Path) -> None:
-    one, _ = Fleet(_job(model_dir, rollout={"temperature": 0}), tmp_path / "one").round(PROMPTS)
+    one, _ = InProcessFleet(_job(model_dir, rollout={"temperature": 0}), tmp_path / "one").round(PROMPTS)
     # the policy drafting for itself, greedily: every draft it makes is the token plain decoding takes
     job = _job(model_dir, 2, rollout=_drafting(model_dir))
-    f = Fleet(job, tmp_path / "two", scheduler=AllOnZero())
+    f = InProcessFleet(job, tmp_path / "two", scheduler=AllOnZero())
     asked: list[tuple[list[int], list[int]]] = []
 
     def forced(views: Sequence[WorkerView], freed: Sequence[int], current: Mapping[int, int],
@@ -203,7 +163,7 @@ class SplitOverTwo(Scheduler):
 
 def test_without_consolidate_tail_no_worker_is_emptied_to_draft(model_dir: Path, tmp_path: Path) -> None:
     job = _job(model_dir, 3, rollout=_drafting(model_dir, consolidate_tail=False))
-    f = Fleet(job, tmp_path / "three", scheduler=SplitOverTwo())
+    f = InProcessFleet(job, tmp_path / "three", scheduler=SplitOverTwo())
     f.fleet.drafters.costs = lambda: forced_costs(job, f.fleet.drafters.consolidates)
     out, rnd = f.round(PROMPTS[:2])
     assert len(out) == 8 and rnd.consolidations == 0 and rnd.counts["migrated"] == 0
@@ -212,9 +172,9 @@ def test_without_consolidate_tail_no_worker_is_emptied_to_draft(model_dir: Path,
 
 def test_a_straggling_worker_no_freed_one_drafts_for_is_emptied_onto_another_and_drafts_for_it(
         model_dir: Path, tmp_path: Path) -> None:
-    one, _ = Fleet(_job(model_dir, rollout={"temperature": 0}), tmp_path / "one").round(PROMPTS[:2])
+    one, _ = InProcessFleet(_job(model_dir, rollout={"temperature": 0}), tmp_path / "one").round(PROMPTS[:2])
     job = _job(model_dir, 3, rollout=_drafting(model_dir))
-    f = Fleet(job, tmp_path / "three", scheduler=SplitOverTwo())
+    f = InProcessFleet(job, tmp_path / "three", scheduler=SplitOverTwo())
     f.fleet.drafters.costs = lambda: forced_costs(job, f.fleet.drafters.consolidates)  # the real decisions; merges pay
     merges: list[tuple[int, int] | None] = []
     priced = f.fleet.drafters.decide
@@ -240,8 +200,8 @@ def test_a_straggling_worker_no_freed_one_drafts_for_is_emptied_onto_another_and
 def test_the_default_shared_queue_emits_the_tokens_of_the_per_worker_placement_it_replaced(
         model_dir: Path, tmp_path: Path) -> None:
     paper = HistoPipe(3, groups=2, placement="per-worker")
-    before, _ = Fleet(_job(model_dir, 3), tmp_path / "per-worker", scheduler=paper).round(PROMPTS)
-    f = Fleet(_job(model_dir, 3), tmp_path / "shared")
+    before, _ = InProcessFleet(_job(model_dir, 3), tmp_path / "per-worker", scheduler=paper).round(PROMPTS)
+    f = InProcessFleet(_job(model_dir, 3), tmp_path / "shared")
     after, rnd = f.round(PROMPTS)
     assert isinstance(f.fleet.sched, HistoPipe) and f.fleet.sched.placement == "shared"
     assert after == before and len(after) == 24 and len(rnd.workers) == 3
@@ -249,9 +209,9 @@ def test_the_default_shared_queue_emits_the_tokens_of_the_per_worker_placement_i
 
 def test_reallocation_hears_every_event_and_rebalances_samples_with_their_tokens(
         model_dir: Path, tmp_path: Path) -> None:
-    one, _ = Fleet(_job(model_dir), tmp_path / "one").round(PROMPTS)
+    one, _ = InProcessFleet(_job(model_dir), tmp_path / "one").round(PROMPTS)
     sched = Reallocate(3, threshold=2, cooldown_s=0.0)
-    got, rnd = Fleet(_job(model_dir, 3, "realloc"), tmp_path / "three", scheduler=sched).round(PROMPTS)
+    got, rnd = InProcessFleet(_job(model_dir, 3, "realloc"), tmp_path / "three", scheduler=sched).round(PROMPTS)
     assert got == one
     assert sched.stats.rebalanced == rnd.counts["migrated"] > 0
     assert sched.stats.finished == 24
@@ -266,11 +226,11 @@ def _after(n: int, before: int, then: int) -> Callable[[], int]:
 
 def test_a_worker_asked_to_leave_mid_round_hands_its_samples_back_with_their_tokens(
         model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    one, _ = Fleet(_job(model_dir, length=40), tmp_path / "one").round(PROMPTS)
+    one, _ = InProcessFleet(_job(model_dir, length=40), tmp_path / "one").round(PROMPTS)
     job = _job(model_dir, 3, length=40)
     pods = iter([2, 1, 0])  # the workers joining in turn run on these rollout pods (their host names)
     monkeypatch.setattr(RolloutWorker, "host", lambda self: f"{job.metadata.name}-rollout-{next(pods)}")
-    f = Fleet(job, tmp_path / "three", wanted=_after(30, 3, 1))
+    f = InProcessFleet(job, tmp_path / "three", wanted=_after(30, 3, 1))
     got, rnd = f.round(PROMPTS)
     assert got == one
     assert rnd.counts["handed_back"] > 0 and f.fleet.sched.stats.evacuated > 0
@@ -289,10 +249,10 @@ def test_a_rollout_pods_ordinal_comes_from_its_host_name() -> None:
 
 
 def test_a_worker_that_joins_mid_round_takes_started_samples_at_once(model_dir: Path, tmp_path: Path) -> None:
-    one, _ = Fleet(_job(model_dir, length=40), tmp_path / "one").round(PROMPTS)
+    one, _ = InProcessFleet(_job(model_dir, length=40), tmp_path / "one").round(PROMPTS)
     # every sample runs at once on the first worker: what the newcomer takes has tokens; a pass is
     # priced in proportion to its batch, so splitting the batch pays (not this machine's measured costs)
-    f = Fleet(_job(model_dir, 1, length=40, batch=32), tmp_path / "grow", wanted=_after(20, 1, 2))
+    f = InProcessFleet(_job(model_dir, 1, length=40, batch=32), tmp_path / "grow", wanted=_after(20, 1, 2))
     f.fleet.sched.profile = TableProfile(batch_sizes=(1, 64), context_lens=(0, 100_000),
                                          seconds=((0.01, 0.01), (0.64, 0.64)), prefill_seconds_per_token=0.0,
                                          max_batch=64)
@@ -304,7 +264,7 @@ def test_a_worker_that_joins_mid_round_takes_started_samples_at_once(model_dir: 
 
 
 def test_rounds_are_numbered_on_from_the_rounds_before(model_dir: Path, tmp_path: Path) -> None:
-    f = Fleet(_job(model_dir, 2), tmp_path / "run")
+    f = InProcessFleet(_job(model_dir, 2), tmp_path / "run")
     f.fleet.start(0, f.t.get(f.t.call(f.train, TrainAPI.weights)), f.fleet.history, rounds_before=7)  # resumed: 7 rounds before
     f.round(PROMPTS[:3])
     f.round(PROMPTS[3:])
@@ -332,10 +292,10 @@ class DeferAtFiveTokens(MoveAtFiveTokens):
 def test_a_sample_deferred_to_the_next_round_goes_on_there_with_the_weights_it_began_with(
         model_dir: Path, tmp_path: Path) -> None:
     first, second = PROMPTS[:3], PROMPTS[3:]
-    reference = Fleet(_job(model_dir), tmp_path / "one")
+    reference = InProcessFleet(_job(model_dir), tmp_path / "one")
     old_tokens, _ = reference.round(first)
     sched = DeferAtFiveTokens()
-    f = Fleet(_job(model_dir, 2), tmp_path / "two", scheduler=sched)
+    f = InProcessFleet(_job(model_dir, 2), tmp_path / "two", scheduler=sched)
     rnd1 = f.fleet.launch([(1, p) for p in first], step=1, inter_step=True)
     done1 = {s.sample: tuple(s.result.response_ids) for _, scored in f.fleet.collect(rnd1) for s in f.t.get(scored)}
     deferred = {f.fleet.book.key(m.sid) for m in sched.moves} - set(done1)
@@ -354,9 +314,9 @@ def test_a_sample_deferred_to_the_next_round_goes_on_there_with_the_weights_it_b
 
 
 def test_a_resumed_fleet_starts_each_group_with_the_policy_version_it_is_given(model_dir: Path, tmp_path: Path) -> None:
-    reference = Fleet(_job(model_dir), tmp_path / "one")
+    reference = InProcessFleet(_job(model_dir), tmp_path / "one")
     old_tokens, _ = reference.round(PROMPTS[:2])
-    f = Fleet(_job(model_dir, 2), tmp_path / "two")
+    f = InProcessFleet(_job(model_dir, 2), tmp_path / "two")
     old = f.t.get(f.t.call(f.train, TrainAPI.weights))
     f.fleet.start(5, {k: v + 0.5 for k, v in old.items()}, f.fleet.history, older={4: old})  # a checkpoint of version 5, 4 in flight
     rnd = f.fleet.launch([(1, p) for p in PROMPTS[:3]], step=6, inter_step=False,
@@ -373,8 +333,8 @@ def test_a_resumed_fleet_starts_each_group_with_the_policy_version_it_is_given(m
 
 def test_siblings_on_other_workers_reach_each_others_group_and_the_tokens_stay_one_workers(
         model_dir: Path, tmp_path: Path) -> None:
-    one, _ = Fleet(_job(model_dir, length=40), tmp_path / "one").round(PROMPTS)
-    f = Fleet(_job(model_dir, 2, length=40), tmp_path / "two")  # the shared queue deals each group over both
+    one, _ = InProcessFleet(_job(model_dir, length=40), tmp_path / "one").round(PROMPTS)
+    f = InProcessFleet(_job(model_dir, 2, length=40), tmp_path / "two")  # the shared queue deals each group over both
     relayed: list[tuple[int, list[GrownTokens]]] = []
     tell = f.t.tell
 
@@ -403,7 +363,7 @@ def test_siblings_on_other_workers_reach_each_others_group_and_the_tokens_stay_o
 
 
 def test_with_the_relay_off_each_workers_groups_hold_only_its_own_samples(model_dir: Path, tmp_path: Path) -> None:
-    f = Fleet(_job(model_dir, 2, length=40, rollout={"speculation": {"group_relay": False}}), tmp_path / "two")
+    f = InProcessFleet(_job(model_dir, 2, length=40, rollout={"speculation": {"group_relay": False}}), tmp_path / "two")
     told: list[object] = []
     tell = f.t.tell
     f.t.tell = lambda handle, method, *args: (told.append(method), tell(handle, method, *args))[1]  # type: ignore[method-assign]

@@ -12,31 +12,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from in_process_fleet import InProcessFleet
 
 from rhymerl.algorithms.scheduling.base import Scheduler
 from rhymerl.algorithms.scheduling.costmodel import IterationProfile, TableProfile
 from rhymerl.algorithms.scheduling.executor import Executor
 from rhymerl.algorithms.scheduling.freed_drafters import DraftCosts, DrafterPlan, decide
-from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.algorithms.scheduling.types import Move, RoundPlan, Sample, SampleId
 from rhymerl.api import RLJob, parse_job
 from rhymerl.tools.sim import SimConfig, Simulator
 from rhymerl.tools.sim import drafters as sim_drafters
 from rhymerl.tools.traces import Trace
 from rhymerl.workers.controller import fleet_drafters
-from rhymerl.workers.controller.fleet import RolloutFleet
 from rhymerl.workers.controller.fleet_drafters import forced_costs
-from rhymerl.workers.controller.history_client import HistoryClient
-from rhymerl.workers.controller.role_apis import TrainAPI
-from rhymerl.workers.controller.transport import LocalTransport
-from rhymerl.workers.model.tokenizer import load_job_tokenizer
-from rhymerl.workers.roles.history_worker import HistoryWorker
-from rhymerl.workers.roles.reward_worker import RewardWorker
-from rhymerl.workers.roles.rollout_worker import RolloutWorker
-from rhymerl.workers.roles.samples import ScoredSample
-from rhymerl.workers.roles.train_worker import TrainWorker
-from rhymerl.workers.run_folder.run_dir import RunDir
-from rhymerl.workers.task.prompts import encode_prompts, load_prompts
 
 PROMPTS = [f"ac-0-{i:05d}" for i in range(6)]
 GROUP = 4
@@ -144,33 +132,10 @@ def record(monkeypatch: pytest.MonkeyPatch) -> Callable[[], Decisions]:
     return start
 
 
-class InProcessFleet:
-    """A rollout fleet of workers in this process over `job`, with its own train, reward and history
-    workers (as tests/controller/test_fleet.py builds one)."""
-
-    def __init__(self, job: RLJob, path: Path, scheduler: Scheduler, wanted: Callable[[], int] | None = None) -> None:
-        t = self.t = LocalTransport()
-        run = RunDir(path)
-        run.create(job)
-        notes: list[str] = []
-        train = t.start("train", TrainWorker, job, run)
-        history = HistoryClient(t, lambda: t.start("history", HistoryWorker, job), list, notes.append)
-        self.encoded = encode_prompts(load_job_tokenizer(job), load_prompts(job.spec.data))
-        self.fleet = RolloutFleet(job, t, LengthHistory(), self.encoded, [t.start("reward", RewardWorker, job)],
-                                  lambda: t.start("rollout", RolloutWorker, job),
-                                  wanted or (lambda: job.spec.rollout.replicas), notes.append, notes.append,
-                                  scheduler=scheduler)
-        self.fleet.start(0, t.get(t.call(train, TrainAPI.weights)), history)
-
-    def lengths(self) -> list[int]:
-        """One round of PROMPTS: each response's length, in the round's order (its samples' ids)."""
-        rnd = self.fleet.launch([(1, p) for p in PROMPTS], step=1, inter_step=False)
-        out: dict[tuple[str, int], int] = {}
-        for _, scored in self.fleet.collect(rnd):
-            s: ScoredSample
-            for s in self.t.get(scored):
-                out[(s.sample.prompt_id, s.sample.index)] = len(s.result.response_ids)
-        return [out[(p, k)] for p in PROMPTS for k in range(GROUP)]
+def fleet_lengths(fleet: InProcessFleet) -> list[int]:
+    """One round of PROMPTS: each response's length, in the round's order (its samples' ids)."""
+    out, _ = fleet.round(PROMPTS)
+    return [len(out[(p, k)]) for p in PROMPTS for k in range(GROUP)]
 
 
 def _trace(fleet: InProcessFleet, lengths: list[int]) -> Trace:
@@ -182,7 +147,7 @@ def _trace(fleet: InProcessFleet, lengths: list[int]) -> Trace:
 def _by_length(model_dir: Path, path: Path) -> tuple[list[int], list[int]]:
     """Every response's length (position-keyed sampling: the same on any worker, at any batch), and the
     samples from the shortest response to the longest."""
-    lengths = InProcessFleet(_job(model_dir, 1), path, Placed([list(range(len(PROMPTS) * GROUP))])).lengths()
+    lengths = fleet_lengths(InProcessFleet(_job(model_dir, 1), path, scheduler=Placed([list(range(len(PROMPTS) * GROUP))])))
     return lengths, sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
 
 
@@ -207,11 +172,11 @@ def test_freed_workers_pairs_and_merges_are_the_same_in_the_fleet_and_the_simula
     # workers 0 and 1 run a few short samples, no queue; 2 runs the rest, more than its batch: it queues
     queues = [order[3:6], [order[2], order[6]], order[:2] + order[7:]]
     job = _job(model_dir, 3, f", speculation: {{method: none, freed_drafters: true, draft_model: {model_dir}}}")
-    fleet = InProcessFleet(job, tmp_path / "three", Placed(queues))
+    fleet = InProcessFleet(job, tmp_path / "three", scheduler=Placed(queues))
     drafters = fleet.fleet.drafters
     drafters.costs = lambda: forced_costs(job, drafters.consolidates)  # drafting and every merge that fits pay
     in_fleet = record()
-    assert fleet.lengths() == lengths
+    assert fleet_lengths(fleet) == lengths
     assert in_fleet.priced is not None
     in_sim = record()
     profile, costs = in_fleet.priced  # the prices the fleet's decisions were taken on
@@ -233,10 +198,10 @@ def test_steals_and_a_leaving_workers_samples_go_the_same_way_in_the_fleet_and_t
     # 0 runs the longest, more than its batch; 1 runs dry first and steals 0's queue; 2 leaves mid-round
     queues = [order[-8:] + order[4:-11], order[:4], order[-11:-8]]
     asked = itertools.count()
-    fleet = InProcessFleet(_job(model_dir, 3), tmp_path / "three", Placed(queues, steals=True),
+    fleet = InProcessFleet(_job(model_dir, 3), tmp_path / "three", scheduler=Placed(queues, steals=True),
                            wanted=lambda: 3 if next(asked) < 40 else 2)
     in_fleet = record()
-    assert fleet.lengths() == lengths
+    assert fleet_lengths(fleet) == lengths
     (evacuated,) = [d[1] for d in in_fleet.log if d[0] == "evacuate"]
     tokens = {m[3] for m in evacuated}
     assert len(tokens) == 1  # 2's samples all ran from the start: they had as many tokens when it left
