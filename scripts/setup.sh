@@ -48,7 +48,7 @@ if [ ! -x .venv/bin/python ]; then
   "$py" -m venv .venv
 fi
 # pip installs without compiling bytecode (it compiles one file at a time: about 100 s of a fresh setup
-# on a 2-core machine); compile_installed below does it on every core, for what this run installed.
+# on a 2-core machine); compileall does it below on every core, for what this setup installed.
 stamp=.venv/.bytecode-compiled
 touch "$stamp.next"
 .venv/bin/pip install -q --no-compile --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
