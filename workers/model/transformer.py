@@ -30,7 +30,7 @@ from torch.utils.checkpoint import checkpoint
 from rhymerl.workers.model import cached_attention
 from rhymerl.workers.model.folder import ModelConfig, ModelError, check_native, read_config
 from rhymerl.workers.model.policy import PolicyModel, at_positions, read_weights
-from rhymerl.workers.model.row_invariant import padded_rows
+from rhymerl.workers.model.row_invariant import padded_rows, silu_rows
 
 
 class KVCache:
@@ -236,6 +236,11 @@ class MLP(nn.Module):
         result: Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         return result
 
+    def forward_rows(self, x: Tensor) -> Tensor:
+        """`forward` of x [T, hidden] whose rows' bits do not depend on T (the engine's passes)."""
+        result: Tensor = self.down_proj(silu_rows(self.gate_proj(x)) * self.up_proj(x))
+        return result
+
 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -370,7 +375,7 @@ class TinyLlama(PolicyModel):
         sin = self.rope_sin[cells.positions].to(x.dtype).unsqueeze(1)
         for i, layer in enumerate(self.blocks):
             x = x + layer.self_attn.forward_cached(layer.input_layernorm(x), cos, sin, cache, i, cells)
-            x = x + padded_rows(layer.mlp, layer.post_attention_layernorm(x))
+            x = x + padded_rows(layer.mlp.forward_rows, layer.post_attention_layernorm(x))
         if not last:
             return cells.pad(padded_rows(self._logits, x))
         ends = torch.cumsum(cells.counts, 0) - 1
