@@ -81,9 +81,26 @@ def assert_same_run(out: Path, reference: Path) -> None:
     assert [m["weight_fallbacks"] for m in metrics(out)] == [0] * len(metrics(out))
     assert [(r.step, r.policy_version) for r in dumps.read_run(out)] == \
         [(r.step, r.policy_version) for r in dumps.read_run(reference)]
-    ours, theirs = (load_file(str(p / "checkpoints" / "step_000004" / "model.safetensors")) for p in (out, reference))
+    gaps = weight_gaps(out, reference, "step_000004/model.safetensors")
+    assert gaps == {}, f"the final weights differ in {len(gaps)} tensors (largest gap {max(gaps.values()):.3g}); " + \
+        "; ".join(f"{name}: {len(weight_gaps(out, reference, name))} differ" for name in earlier_weights(out, reference))
+
+
+def weight_gaps(out: Path, reference: Path, name: str) -> dict[str, float]:
+    """The tensors of checkpoint file `name` (under checkpoints/) that are not bit for bit the
+    reference's, with their largest absolute difference."""
+    ours, theirs = (load_file(str(p / "checkpoints" / name)) for p in (out, reference))
     assert ours.keys() == theirs.keys()
-    assert [k for k in ours if not torch.equal(ours[k], theirs[k])] == []
+    return {k: float((ours[k] - theirs[k]).abs().max()) for k in ours if not torch.equal(ours[k], theirs[k])}
+
+
+def earlier_weights(out: Path, reference: Path) -> list[str]:
+    """The weight files of the earlier checkpoints both runs kept (where a run that ends elsewhere
+    started to differ: a step's weights, or the in-flight version it kept)."""
+    def kept(run: Path) -> set[str]:
+        return {str(f.relative_to(run / "checkpoints")) for f in (run / "checkpoints").glob("step_*/*")
+                if f.suffix in (".safetensors", ".weights") and f.parent.name != "step_000004"}
+    return sorted(kept(out) & kept(reference))
 
 
 def assert_step_2_kept_step_3s_round(out: Path) -> None:
