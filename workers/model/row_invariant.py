@@ -19,8 +19,9 @@ element divides it evenly. So with two threads, a pass of an odd number of rows 
 embedded model) computed part of its middle row's SiLU in scalar code, and that token, and every
 later one of its sequence, got other bits than in a pass of another size: a Ray run at off-policy 1
 trained on behaviour log-probabilities that differed in their last bits from those of the same run
-with other drafts (1 run in about 70 here, and once in CI). `silu_rows` runs the activation on row blocks that one
-thread computes whole, vector lanes only where a row is a whole number of vector steps wide.
+with other drafts (1 run in about 70 here, and once in CI). `silu_rows` runs the activation on row
+blocks that one thread computes whole, vector lanes only where a row is a whole number of vector
+steps wide.
 """
 
 from __future__ import annotations

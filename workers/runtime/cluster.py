@@ -9,9 +9,9 @@ role, so the same placement code runs unchanged.
 Reward workers are restarted by Ray when their process dies, as often as it takes, without retrying
 the call that was running: the step loop runs it again (the fleet bounds how often one call may lose
 its worker). A history worker is not: the step loop starts another and refills it from the train
-worker's dumps (controller/history_client.py), as a restart would need to be. Rollout workers are not restarted in place: the rollout fleet
-replaces a lost one where there is room and resumes its samples elsewhere
-(workers/controller/fleet.py). The train worker is not restarted: its weights and optimiser die
+worker's dumps (controller/history_client.py), as a restart would need to be. Rollout workers are
+not restarted in place: the rollout fleet replaces a lost one where there is room and resumes its
+samples elsewhere (workers/controller/fleet.py). The train worker is not restarted: its weights and optimiser die
 with it, and the run resumes from its last checkpoint.
 """
 
