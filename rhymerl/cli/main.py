@@ -146,21 +146,24 @@ def run(
                                                      "differs from the one its checkpoint was written under")] = False,
 ) -> None:
     """Run an RLJob on this machine (the local backend)."""
-    from rhymerl.cli.local_run import run_local
-
     if resume is None and job is None:
         raise UserError("give an RLJob file, or --resume RUN_DIR")
     if resume is not None and (job is not None or set_):
         raise UserError("--resume continues a run with its saved spec; do not pass a job file or --set with it")
     if accept_spec_change and resume is None:
         raise UserError("--accept-spec-change goes with --resume RUN_DIR")
+    # the spec is read and checked before the runner (torch, the step loop, matplotlib: 2-3 s) is imported,
+    # so a mistake in it is reported at once
+    parsed = None if job is None else _load(job, set_ or [])
+    from rhymerl.cli.local_run import run_local
+
     try:
         with stop_signals():  # from here on SIGTERM and Ctrl-C stop the run through every finally on the way out
-            if resume is not None:
+            if parsed is None:
+                assert resume is not None
                 run_local(None, resume, accept_spec_change=accept_spec_change)
                 return
-            assert job is not None
-            run_local(_load(job, set_ or []), out)
+            run_local(parsed, out)
     except KeyboardInterrupt:  # run_local has said where the run stands and how to resume it
         raise typer.Exit(INTERRUPTED) from None
     except (RunStopped, Terminated):  # SIGTERM: after a step, with its checkpoint, or at once; run_local said so

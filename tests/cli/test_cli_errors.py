@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -63,6 +65,18 @@ def test_a_set_that_fails_validation_names_the_set_item_not_a_line(repo: Path) -
     assert res.stderr.splitlines() == [
         f"error: {repo / 'examples' / 'quickstart.yaml'}: spec.algorithm.group_size: Input should be greater than 0 "
         "(--set algorithm.group_size=0)"]
+
+
+def test_run_reports_a_mistake_in_the_spec_before_it_imports_the_runner(repo: Path, tmp_path: Path) -> None:
+    """A spec error costs the time to read the spec, not the 2-3 s of importing torch and the step loop."""
+    job = repo / "examples" / "quickstart.yaml"
+    code = ("import sys\nfrom rhymerl.cli.main import app\ntry:\n    app(sys.argv[1:])\nexcept SystemExit as e:\n"
+            "    print(e.code, 'torch' in sys.modules, 'rhymerl.cli.local_run' in sys.modules)")
+    res = subprocess.run([sys.executable, "-P", "-c", code, "run", str(job), "--out", str(tmp_path / "run"), "--set",
+                          "algorithm.group_size=0"], capture_output=True, text=True, timeout=120)
+    assert res.stdout.split() == ["2", "False", "False"], res.stderr
+    assert "spec.algorithm.group_size: Input should be greater than 0" in res.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_sizes_beyond_their_bound_are_refused_by_validate(tmp_path: Path) -> None:
