@@ -142,6 +142,46 @@ def test_sampled_log_probabilities_are_the_tempered_softmax_of_the_drawn_token()
     assert torch.allclose(greedy_logprobs, torch.log_softmax(logits, -1)[torch.arange(4), greedy])
 
 
+def _gumbel_max_reference(logits: torch.Tensor, seed: int, ids: torch.Tensor, pos: torch.Tensor, temperature: float,
+                          top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Position-keyed Gumbel-max written out over the whole pass at once, one new tensor per operation."""
+    m32 = 0xFFFFFFFF
+
+    def mix(x: torch.Tensor) -> torch.Tensor:
+        x = x ^ (x >> 16)
+        x = (x * 0x7FEB352D) & m32
+        x = x ^ (x >> 15)
+        x = (x * 0x846CA68B) & m32
+        return x ^ (x >> 16)
+
+    h = mix(mix((ids & m32) ^ seed) ^ ((pos * 0x9E3779B1) & m32))
+    h = mix(h.unsqueeze(-1) ^ ((torch.arange(logits.shape[-1]) * 0x85EBCA77) & m32))
+    u = (h.to(torch.float64) + 0.5) / 4294967296.0
+    logp = torch.log_softmax(logits.double() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_lp, order = logp.sort(dim=-1, descending=True)
+        cum = sorted_lp.exp().cumsum(-1)
+        drop = torch.zeros_like(sorted_lp, dtype=torch.bool).scatter(-1, order, (cum - sorted_lp.exp()) >= top_p)
+        logp = torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
+    tokens = (logp - torch.log(-torch.log(u))).argmax(-1)
+    return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.8, 0.9)])
+def test_a_large_pass_sampled_in_blocks_draws_what_the_formula_draws_over_the_whole_pass(
+        temperature: float, top_p: float) -> None:
+    """SmolLM2's vocabulary, 37 rows: several blocks and a short last one; every row as the formula has it."""
+    torch.manual_seed(0)
+    logits = torch.randn(37, 49152) * 4
+    ids, pos = torch.randint(0, 2**31 - 1, (37,)), torch.randint(0, 5000, (37,))
+    tokens, logprobs = sample_tokens(logits, 77, ids, pos, temperature, top_p)
+    want_tokens, want_logprobs = _gumbel_max_reference(logits, 77, ids, pos, temperature, top_p)
+    assert torch.equal(tokens, want_tokens) and torch.equal(logprobs, want_logprobs)
+    # a row draws the same wherever it sits in a pass
+    some, some_logprobs = sample_tokens(logits[5:21], 77, ids[5:21], pos[5:21], temperature, top_p)
+    assert torch.equal(some, tokens[5:21]) and torch.equal(some_logprobs, logprobs[5:21])
+
+
 def test_the_same_key_always_draws_the_same_token() -> None:
     logits = torch.randn(3, 50)
     ids, pos = torch.tensor([5, 6, 7]), torch.tensor([0, 9, 100])
