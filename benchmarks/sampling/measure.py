@@ -16,13 +16,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
+from rhymerl.tools.bench.timing import interleaved_medians
 from rhymerl.workers.model.folder import model_dir
 from rhymerl.workers.model.tokenizer import load_tokenizer
 from rhymerl.workers.model.transformer import load_model
@@ -50,17 +50,6 @@ def baseline_module() -> ModuleType:
     return module
 
 
-def interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median seconds of each function, the functions called in turn `repeats` times."""
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
 def sampler_rows(before: ModuleType) -> list[str]:
     out = ["| vocabulary | rows | before ms | after ms | before / after | equal |", "|---|---|---|---|---|---|"]
     torch.manual_seed(0)
@@ -71,8 +60,8 @@ def sampler_rows(before: ModuleType) -> list[str]:
             equal = all(torch.equal(a, b) for a, b in zip(before.sample_tokens(*args), sampling.sample_tokens(*args),
                                                           strict=True))
             repeats = max(5, min(200, 2_000_000 // (rows * vocab)))
-            t = interleaved({"before": partial(before.sample_tokens, *args),
-                             "after": partial(sampling.sample_tokens, *args)}, repeats)
+            t = interleaved_medians({"before": partial(before.sample_tokens, *args),
+                                     "after": partial(sampling.sample_tokens, *args)}, repeats)
             out.append(f"| {vocab} ({name}) | {rows} | {t['before'] * 1e3:.2f} | {t['after'] * 1e3:.2f} | "
                        f"{t['before'] / t['after']:.2f} | {equal} |")
     return out
@@ -105,7 +94,8 @@ def rollout_rows(before: ModuleType, repeats: int = 5) -> list[str]:
         sampling_s.setdefault(name, []).append(spent[0])
 
     run(sampling, "warm-up")
-    t = interleaved({"before": partial(run, before, "before"), "after": partial(run, sampling, "after")}, repeats)
+    t = interleaved_medians({"before": partial(run, before, "before"), "after": partial(run, sampling, "after")},
+                            repeats)
     engine_module.sample_tokens = sampling.sample_tokens
     tokens = sum(len(r) for r in results["after"])
     inside = {k: statistics.median(v) for k, v in sampling_s.items() if k != "warm-up"}

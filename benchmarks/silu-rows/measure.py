@@ -8,30 +8,18 @@ the MLP's `forward` (torch's F.silu over the whole block) against `forward_rows`
 from __future__ import annotations
 
 import platform
-import statistics
-import time
 from collections.abc import Callable
 from functools import partial
 
 import torch
 
 from rhymerl.api import RLJob
+from rhymerl.tools.bench.timing import interleaved_medians
 from rhymerl.workers.model.registry import load_native_policy
 from rhymerl.workers.model.transformer import MLP, KVCache, ModelConfig, TinyLlama
 
 ROWS = (4, 16, 97, 256)
 THREADS = 2
-
-
-def interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median seconds of each function, the functions called in turn `repeats` times."""
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def mlp_rows() -> list[str]:
@@ -43,13 +31,14 @@ def mlp_rows() -> list[str]:
         for rows in ROWS:
             x = torch.randn(rows, hidden)
             with torch.inference_mode():
-                t = interleaved({"old": partial(mlp.forward, x), "new": partial(mlp.forward_rows, x)}, repeats)
+                t = interleaved_medians({"old": partial(mlp.forward, x), "new": partial(mlp.forward_rows, x)}, repeats)
             out.append(f"| {hidden} x {width} | {rows} | {t['old'] * 1e6:.1f} | {t['new'] * 1e6:.1f} | "
                        f"{t['new'] / t['old']:.2f} |")
     return out
 
 
-def _pass(forward: Callable[[MLP, torch.Tensor], torch.Tensor], model: TinyLlama, *args: torch.Tensor | KVCache) -> object:
+def _pass(forward: Callable[[MLP, torch.Tensor], torch.Tensor], model: TinyLlama,
+          *args: torch.Tensor | KVCache) -> object:
     """One forward_cached pass with `forward` as the engine's MLP."""
     MLP.forward_rows = forward  # type: ignore[method-assign]
     return model.forward_cached(*args)  # type: ignore[arg-type]
@@ -69,7 +58,8 @@ def passes() -> list[str]:
 
         args = (model, block, start, cache, counts)
         with torch.inference_mode():
-            t = interleaved({"old": partial(_pass, MLP.forward, *args), "new": partial(_pass, rows_forward, *args)}, 100)
+            t = interleaved_medians({"old": partial(_pass, MLP.forward, *args),
+                                     "new": partial(_pass, rows_forward, *args)}, 100)
         MLP.forward_rows = rows_forward  # type: ignore[method-assign]
         out.append(f"| {slots} slots x {width} | {slots * width} | {t['old'] * 1e3:.2f} | {t['new'] * 1e3:.2f} | "
                    f"{t['new'] / t['old']:.2f} |")

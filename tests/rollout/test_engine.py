@@ -180,6 +180,8 @@ def test_a_large_pass_sampled_in_blocks_draws_what_the_formula_draws_over_the_wh
     # a row draws the same wherever it sits in a pass
     some, some_logprobs = sample_tokens(logits[5:21], 77, ids[5:21], pos[5:21], temperature, top_p)
     assert torch.equal(some, tokens[5:21]) and torch.equal(some_logprobs, logprobs[5:21])
+    none, none_logprobs = sample_tokens(logits[:0], 77, ids[:0], pos[:0], temperature, top_p)
+    assert none.shape == none_logprobs.shape == (0,)
 
 
 def test_the_same_key_always_draws_the_same_token() -> None:

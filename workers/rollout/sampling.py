@@ -76,7 +76,7 @@ def sample_tokens(logits: Tensor, seed: int, sample_ids: Tensor, positions: Tens
     rows, ids, pos = logits.reshape(-1, logits.shape[-1]), sample_ids.reshape(-1), positions.reshape(-1)
     step = max(1, BLOCK_ELEMENTS // rows.shape[-1])
     blocks = [_sample_rows(rows[i:i + step], seed, ids[i:i + step], pos[i:i + step], temperature, top_p)
-              for i in range(0, rows.shape[0], step)]
+              for i in range(0, max(rows.shape[0], 1), step)]  # no rows: one empty block, empty results
     if len(blocks) == 1:
         return blocks[0][0].reshape(shape), blocks[0][1].reshape(shape)
     return torch.cat([b[0] for b in blocks]).reshape(shape), torch.cat([b[1] for b in blocks]).reshape(shape)
