@@ -35,7 +35,8 @@ def test_every_row_count_gives_each_row_the_bits_it_has_in_a_large_product() -> 
 
 @contextmanager
 def two_threads() -> Iterator[None]:
-    """torch at 2 threads inside (what splits an elementwise op's range between threads)."""
+    """torch at 2 threads inside (what splits an elementwise op's range between threads); the tests
+    take the `settable_threads` fixture, so a vLLM test earlier in the process cannot make it a no-op."""
     was = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -45,6 +46,7 @@ def two_threads() -> Iterator[None]:
 
 
 @pytest.mark.parametrize("width", [352, 1536, 100])  # the embedded model's MLP, SmolLM2's, one no vector step divides
+@pytest.mark.usefixtures("settable_threads")
 def test_silu_gives_each_row_the_bits_it_has_in_a_larger_block_at_two_threads(width: int) -> None:
     x = torch.randn(400, width, generator=torch.Generator().manual_seed(width)) * 3
     with two_threads(), torch.inference_mode():
@@ -54,6 +56,7 @@ def test_silu_gives_each_row_the_bits_it_has_in_a_larger_block_at_two_threads(wi
     assert differ == []
 
 
+@pytest.mark.usefixtures("settable_threads")
 def test_a_pass_of_many_tokens_gives_each_the_logits_it_gets_in_two_smaller_passes() -> None:
     """Odd token counts over torch's grain in one pass (before silu_rows, part of the middle token's
     SiLU ran in scalar code at 2 threads) and the same tokens as two passes."""
