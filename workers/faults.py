@@ -22,7 +22,10 @@ where `rhymerl run` is about to ask for its first step (rhymerl/cli/local_run.py
 `RHYMERL_HOLD_AT=NAME:STEP[,NAME:STEP...]` with `RHYMERL_HOLD_DIR` holds a process at a point
 instead, so a test can make something happen exactly there (scale the fleet, stop a pod): the first
 process to reach it writes `NAME-STEP.reached` (its pid and `RHYMERL_POD_NAME`) into that folder and
-waits until the test creates `NAME-STEP.go`; each point holds once.
+waits until the test creates `NAME-STEP.go`; each point holds once. `snapshot-kept`, in the step
+loop once it has kept a rollout call's snapshot (workers/controller/fleet_reports.py), is for holds:
+Ray delivers a streamed item after the yield that made it, so a test that must kill a worker after
+its snapshot arrived holds both there and kills it between.
 
 `RHYMERL_FORCE=DECISION[,DECISION...]` forces a decision a cost model would otherwise make from
 measured times (`forced`): `freed-drafters`, every freed rollout worker drafts for a straggling one

@@ -3,31 +3,46 @@ twice, the in-process run's tokens."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
-from ray_runs import RAY, TINY, TWO_WORKERS, metrics, run, samples
+from ray_runs import RAY, TINY, TWO_WORKERS, go, metrics, reached, run, samples, start
 
 pytestmark = pytest.mark.slow
 
 
 def test_a_worker_that_dies_mid_step_is_restarted_and_its_samples_are_not_lost_or_doubled(
         in_process: Path, tmp_path: Path) -> None:
-    """A reward worker dies in step 2 and a rollout worker in step 3, in one run (each step loses one)."""
-    once = tmp_path / "once"
+    """A reward worker dies in step 2 and a rollout worker in step 3, in one run (each step loses one).
+    The rollout worker is killed held after its first snapshot of step 3, once the step loop has
+    kept that snapshot (Ray delivers a streamed item after the yield: killed at once, the worker
+    may take it along and its samples start over)."""
+    once, holds = tmp_path / "once", tmp_path / "holds"
     once.mkdir()
+    holds.mkdir()
     out = tmp_path / "run"
-    res = run(out, [*TINY, *RAY], {"RHYMERL_CRASH_AT": "reward-worker:2,rollout-worker:3",
-                                   "RHYMERL_CRASH_ONCE_DIR": str(once)})
-    assert res.returncode == 0, res.stderr
-    for crash_at in ("reward-worker-2", "rollout-worker-3"):
-        assert (once / crash_at).exists(), f"the worker never reached its crash point {crash_at}"
+    proc = start(out, [*TINY, *RAY], {"RHYMERL_CRASH_AT": "reward-worker:2", "RHYMERL_CRASH_ONCE_DIR": str(once),
+                                      "RHYMERL_HOLD_AT": "rollout-worker:3,snapshot-kept:3",
+                                      "RHYMERL_HOLD_DIR": str(holds)})
+    try:
+        worker = int(reached(holds, "rollout-worker:3", proc).split()[0])
+        reached(holds, "snapshot-kept:3", proc)
+        os.kill(worker, signal.SIGKILL)
+        go(holds, "rollout-worker:3")
+        go(holds, "snapshot-kept:3")
+        _, err = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert (once / "reward-worker-2").exists(), "the reward worker never reached its crash point"
     assert samples(out) == samples(in_process)  # position-keyed sampling: the same tokens after the re-runs
     rows = metrics(out)
     assert [m["worker_reruns"] for m in rows] == [0, 1, 1, 0]
     events = (out / "events.log").read_text()
     assert "scoring rollout worker 0's 8 samples again" in events  # the reward worker's
-    # the rollout worker's re-run went on from the tokens the lost call had reported
+    # the rollout worker's re-run went on from the tokens of the snapshot the step loop kept
     assert rows[2]["rollout_resumed_tokens"] > 0
     assert "go on elsewhere from the tokens they had" in events
 

@@ -9,6 +9,7 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from rhymerl.algorithms.scheduling.executor import Executor
+from rhymerl.workers import faults
 from rhymerl.workers.controller.fleet_places import Placement
 from rhymerl.workers.controller.fleet_records import Book, Call, Round
 from rhymerl.workers.controller.role_apis import RolloutAPI
@@ -47,6 +48,7 @@ class Reports:
                 for s in state.running.keys() | state.finished.keys():
                     self.book.snapshot(call.id, s, progress, state.running.get(s, state.finished.get(s, 0)))
                 self._observe(call, state)
+                faults.point("snapshot-kept", call.round.step)
             case OutputReport(state=state, output=output):
                 call.output, call.ended = output, True
                 call.round.ends[call.member.id] = self.transport.clock(call.member.handle)
