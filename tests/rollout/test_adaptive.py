@@ -138,11 +138,33 @@ def test_calibration_tracks_the_excess_of_measured_over_predicted_per_kind() -> 
     assert c.extra(True) == 0.0 and c.extra(False) == 0.0
     c.observe(True, measured=0.03, predicted=0.02)
     assert c.extra(True) == pytest.approx(0.01)
-    assert c.extra(False) == pytest.approx(0.01)  # not seen yet: borrows the other side
+    assert c.extra(False) == 0.0  # not seen yet: the least a plain pass could cost
     c.observe(False, measured=0.012, predicted=0.01)
     c.observe(False, measured=0.01, predicted=0.01)  # EMA: 0.5 * 0.002 + 0.5 * 0.0
     assert c.extra(False) == pytest.approx(0.001)
     assert c.extra(True) == pytest.approx(0.01)
+
+
+def test_a_speculative_pass_not_seen_yet_costs_at_least_what_a_plain_one_does() -> None:
+    c = CostCalibration()
+    c.observe(False, measured=0.015, predicted=0.01)
+    assert c.extra(True) == c.extra(False) == pytest.approx(0.005)
+
+
+def test_plain_decoding_is_tried_once_drafting_proved_dearer_than_its_gain_before_any_plain_pass() -> None:
+    """Drafts on offer from the first pass: every pass so far drafted and cost 4 ms more than the
+    profile. Whether plain decoding shares that overhead is unknown until it runs: priced at none
+    of it, it is chosen (and then measured); priced at the drafts' overhead, drafting at p = 0.3
+    would go on, paying 4 ms a pass for 0.3 tokens."""
+    t = AcceptanceTracker(prior=0.3)
+    prof = _flat_profile(per_token=1e-4, base=0.004)
+    seen = CostCalibration()
+    seen.observe(True, measured=0.0125, predicted=0.0085)
+    assert choose_cap(prof, batch=8, tracker=t, lengths=[2] * 8) > 0  # on the profile alone, drafting pays
+    assert choose_cap(prof, batch=8, tracker=t, lengths=[2] * 8, calibration=seen) == 0
+    # once plain passes were seen to cost as much beyond the profile, drafting is back
+    seen.observe(False, measured=0.0088, predicted=0.0048)
+    assert choose_cap(prof, batch=8, tracker=t, lengths=[2] * 8, calibration=seen) > 0
 
 
 def test_a_gap_between_rollouts_is_not_taken_for_a_pass() -> None:

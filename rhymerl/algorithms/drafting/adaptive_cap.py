@@ -241,9 +241,15 @@ class CostCalibration:
             self.plain = new
 
     def extra(self, speculative: bool) -> float:
-        """Seconds to add to a predicted pass; a side not seen yet borrows the other's."""
-        mine, other = (self.spec, self.plain) if speculative else (self.plain, self.spec)
-        return mine if mine is not None else other if other is not None else 0.0
+        """Seconds to add to a predicted pass. A side not seen yet is priced at the least it could
+        cost, so that the choice tries it and it is measured: a speculative pass at the plain
+        side's overhead (it runs all a plain pass does), a plain pass at none. Priced at the
+        speculative side's overhead instead, plain decoding would look as dear as drafting
+        whatever drafting adds, and where drafts are on offer from the first pass it would never
+        run and never be measured."""
+        if speculative:
+            return self.spec if self.spec is not None else self.plain if self.plain is not None else 0.0
+        return self.plain if self.plain is not None else 0.0
 
 
 INCONSISTENT = 0.5
