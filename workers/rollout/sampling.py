@@ -22,6 +22,9 @@ def sample_key(*parts: object) -> int:
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
+_TOKEN_HASHES: dict[tuple[int, str], Tensor] = {}  # (vocabulary, device) -> each token's hash term
+
+
 def _token_hashes(vocab: int, device: torch.device) -> Tensor:
     """Each token's term of the noise hash, the same for every row (made once per vocabulary and device)."""
     key = (vocab, str(device))
@@ -29,9 +32,6 @@ def _token_hashes(vocab: int, device: torch.device) -> Tensor:
     if cached is None:
         cached = _TOKEN_HASHES[key] = (torch.arange(vocab, device=device, dtype=torch.int64) * 0x85EBCA77) & _M32
     return cached
-
-
-_TOKEN_HASHES: dict[tuple[int, str], Tensor] = {}
 
 
 def _mix32_(x: Tensor) -> Tensor:
