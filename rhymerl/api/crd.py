@@ -84,8 +84,10 @@ RULES: dict[type[BaseModel], tuple[Rule, ...]] = {
              "replicas: must lie between minReplicas and maxReplicas", ".replicas"),
         Rule("self.resources.gpu >= self.gpusPerReplica",
              "resources.gpu: must be at least gpusPerReplica (a replica's GPUs are its pod's)", ".resources.gpu"),
-        Rule("self.engine != 'vllm' || !self.speculation.freedDrafters",
-             "speculation: freedDrafters runs on the torch engine (a vLLM call is one generate)", ".speculation"),
+        Rule("self.engine != 'vllm' || !self.speculation.freedDrafters || "
+             "self.speculation.method in ['history', 'fastest-of-n']",
+             "speculation: freedDrafters on vLLM needs method history or fastest-of-n (rhymerl's proposer verifies "
+             "the freed drafters' drafts inside vLLM)", ".speculation"),
         Rule("!self.autoscaling.enabled || self.minReplicas < self.maxReplicas",
              "autoscaling: minReplicas equals maxReplicas: nothing to scale; raise maxReplicas, or leave "
              "autoscaling off", ".autoscaling"),

@@ -66,8 +66,9 @@ class RolloutSpec(Placement):
                              "raise max_replicas, or leave autoscaling off")
         if self.resources.gpu < self.gpus_per_replica:
             raise ValueError("resources: gpu must be at least gpus_per_replica (a replica's GPUs are its pod's)")
-        if self.engine == "vllm" and self.speculation.freed_drafters:
-            raise ValueError("speculation: freed_drafters runs on the torch engine (a vLLM call is one generate)")
+        if self.engine == "vllm" and self.speculation.freed_drafters and not self.speculation.reads_history:
+            raise ValueError("speculation: freed_drafters on vLLM needs method history or fastest-of-n (rhymerl's "
+                             "proposer verifies the freed drafters' drafts inside vLLM)")
         affinity = self.pod.affinity
         if self.spot.enabled and self.spot.node_selector and affinity is not None and affinity.nodeAffinity is not None:
             raise ValueError("pod.affinity.nodeAffinity: spot.node_selector sets the rollout pods' node affinity; "

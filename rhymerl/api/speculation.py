@@ -105,14 +105,15 @@ class SpeculationSpec(Strict):
         "builtin:tiny-arith-draft, where none is named"
     )
     freed_drafters: bool = Field(
-        False, description="torch engine: in a round's tail, rollout workers left with nothing to run draft with the "
-        "draft model (draft_model) for the workers still running the stragglers, which verify per sequence those "
-        "drafts or their own method's, whichever its tokens confirmed more; the controller pairs them where its "
-        "cost model prices the drafted passes faster (SPECATOR's drafters on freed GPUs)"
+        False, description="in a round's tail, rollout workers left with nothing to run draft with the draft model "
+        "(draft_model) for the workers still running the stragglers, which verify per sequence those drafts or their "
+        "own method's, whichever its tokens confirmed more; the controller pairs them where its cost model prices the "
+        "drafted passes faster (SPECATOR's drafters on freed GPUs); with engine vllm: method history or fastest-of-n "
+        "(rhymerl's proposer verifies them inside vLLM)"
     )
     consolidate_tail: bool = Field(
-        True, description="with freed_drafters: a straggling worker no freed one is left to draft for is emptied onto "
-        "another straggling worker (its samples move with their tokens, their KV cache recomputed there) and drafts "
+        True, description="with freed_drafters, torch engine: a straggling worker no freed one is left to draft for is "
+        "emptied onto another straggling worker (its samples move with their tokens, their KV cache recomputed there) and drafts "
         "for it, where the cost model predicts the two finish sooner that way (benchmarks/freed-drafters: 1.07-1.09x "
         "rollout in the simulator, against 1.03-1.04x without)"
     )

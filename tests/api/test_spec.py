@@ -179,6 +179,14 @@ def test_a_refused_spec_is_not_echoed_by_pydantic_even_for_a_problem_of_another_
     assert SECRET not in str(info.value)
 
 
+def test_freed_drafters_on_vllm_need_a_method_rhymerls_proposer_runs_inside_vllm() -> None:
+    sets = ["rollout.engine=vllm", "rollout.speculation.freed_drafters=true"]
+    assert parse_job(GOOD, overrides=sets).spec.rollout.speculation.freed_drafters
+    assert problems_of(GOOD + "  rollout: {engine: vllm, speculation: {freed_drafters: true, method: ngram}}\n") == {
+        "spec.rollout.speculation": "freed_drafters on vLLM needs method history or fastest-of-n (rhymerl's "
+                                    "proposer verifies the freed drafters' drafts inside vLLM)"}
+
+
 def test_a_draft_model_is_required_only_where_the_policy_has_no_embedded_one() -> None:
     assert parse_job(GOOD, overrides=["rollout.speculation.method=draft-model"]).spec.rollout.speculation.draft_model \
         == "builtin:tiny-arith-draft"

@@ -19,13 +19,15 @@ from rhymerl.algorithms.scheduling.baselines import Reallocate
 from rhymerl.algorithms.scheduling.costmodel import TableProfile
 from rhymerl.algorithms.scheduling.freed_drafters import DrafterPlan, WorkerView
 from rhymerl.algorithms.scheduling.histopipe import HistoPipe
+from rhymerl.algorithms.scheduling.history import LengthHistory
 from rhymerl.algorithms.scheduling.types import Action, Move, RoundPlan, Sample, Watch
 from rhymerl.api import RLJob
 from rhymerl.workers import dumps
-from rhymerl.workers.controller.fleet import pod_ordinal, table_profile
+from rhymerl.workers.controller.fleet import RolloutFleet, pod_ordinal, table_profile
 from rhymerl.workers.controller.fleet_drafters import forced_costs
 from rhymerl.workers.controller.loop import fleet_metrics, run_steps
 from rhymerl.workers.controller.role_apis import RolloutAPI, TrainAPI
+from rhymerl.workers.controller.transport import LocalTransport
 from rhymerl.workers.roles.rollout_worker import RolloutWorker
 from rhymerl.workers.rollout.group_drafts import GrownTokens
 from rhymerl.workers.rollout.remote_drafts import SOURCE
@@ -195,6 +197,21 @@ def test_a_straggling_worker_no_freed_one_drafts_for_is_emptied_onto_another_and
     assert said.index("rollout worker 1 hands its 4 samples to rollout worker 0 and drafts for it (step 1; freed "
                       "drafters)") < said.index("rollout worker 1 drafts for rollout worker 0 (step 1; freed drafters)")
     assert fleet_metrics([rnd], 3, 3)["rollout_consolidations"] == 1
+
+
+@pytest.mark.parametrize(("engine", "merges"), [("torch", True), ("vllm", False)])
+def test_a_vllm_fleet_pairs_freed_drafters_and_follows_its_calls_but_empties_no_worker_onto_another(
+        engine: str, merges: bool) -> None:
+    """A vLLM call verifies a drafter's drafts but takes no moved sample (rollout_engine.VLLM)."""
+    job = make_job({"rollout": {"engine": engine, "replicas": 2, "max_replicas": 2, "speculation": {
+        "method": "history", "freed_drafters": True, "draft_model": "builtin:tiny-arith-draft"}}})
+
+    def never() -> Any:
+        raise AssertionError("no worker starts before the fleet does")
+
+    fleet = RolloutFleet(job, LocalTransport(), LengthHistory(), {}, [], never, lambda: 2, print, print)
+    assert fleet.drafters.enabled and fleet.drafters.consolidates == merges
+    assert fleet.starter.drafts_remotely and fleet.starter.releasable == merges
 
 
 def test_the_default_shared_queue_emits_the_tokens_of_the_per_worker_placement_it_replaced(

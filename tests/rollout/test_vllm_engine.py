@@ -26,7 +26,10 @@ from rhymerl.workers.model.policy import save_model
 from rhymerl.workers.model.registry import load_policy
 from rhymerl.workers.model.tokenizer import CharTokenizer
 from rhymerl.workers.model.transformer import TinyLlama
+from rhymerl.workers.rollout.draft_link import DraftStream, LocalDraftLink, News
+from rhymerl.workers.rollout.draft_model import load_draft_model
 from rhymerl.workers.rollout.generation import GenRequest, GenResult, SamplingParams
+from rhymerl.workers.rollout.remote_drafts import SOURCE, DraftServer
 from rhymerl.workers.rollout.sampling import sample_key
 from rhymerl.workers.rollout.vllm_engine import VllmEngine, VllmSettings
 from rhymerl.workers.train.trainer import Trainer, TrainSample
@@ -113,6 +116,59 @@ def test_greedy_outputs_are_the_same_with_fastest_of_n_and_its_draft_model_which
             (r.drafted, r.accepted)
     # history leads; the draft model, loaded in vLLM's process beside the proposer, drafts where it was picked
     assert any("history" in r.by_source for r in drafted) and any("draft-model" in r.by_source for r in drafted)
+
+
+FREED = SpeculationSpec(freed_drafters=True, draft_model="builtin:tiny-arith-draft", group_drafts=False)
+"""History drafting without group drafts: in a first epoch a row's only drafts are the freed drafter's."""
+
+
+@pytest.fixture(scope="module")
+def verifier_engine() -> Iterator[VllmEngine]:
+    engine = VllmEngine(VllmSettings(TINY, method="history", speculation=FREED, max_batch_size=128, max_model_len=512))
+    yield engine
+    engine.close()
+
+
+class FreedWorker:
+    """A freed rollout worker's drafting end (RolloutWorker.exchange and drop_link) over the real
+    DraftServer and draft model, without an engine of its own."""
+
+    def __init__(self) -> None:
+        self.server = DraftServer(FREED, load_draft_model("builtin:tiny-arith-draft", TINY))
+        self.exchanges = 0
+        self.dropped: list[object] = []
+
+    def exchange(self, link: object, news: list[News]) -> list[DraftStream]:
+        self.exchanges += 1
+        return self.server.exchange(news)
+
+    def drop_link(self, link: object) -> None:
+        self.dropped.append(link)
+
+
+def test_a_freed_drafters_drafts_are_verified_inside_vllm_and_greedy_tokens_stay_plain_decodings(
+        verifier_engine: VllmEngine, plain_engine: VllmEngine, tok: CharTokenizer) -> None:
+    prompts = _prompts(tok, 12)
+    requests, params = _requests(prompts, 1, 1), SamplingParams(0.0, 1.0, 0, 200)
+    plain = [r.response_ids for r in plain_engine.generate(requests, params, tok.eos_id)]
+    verifier_engine.set_history(prompts, [None] * len(prompts))
+    alone = verifier_engine.generate(requests, params, tok.eos_id)
+    assert [r.response_ids for r in alone] == plain and sum(r.drafted for r in alone) == 0  # no history, no drafter
+
+    drafter = FreedWorker()
+    verifier_engine.set_history(prompts, [None] * len(prompts))
+    assert verifier_engine.draft_from(LocalDraftLink(drafter, "0:7:1"))
+    drafted = verifier_engine.generate(requests, params, tok.eos_id)
+    assert verifier_engine.draft_from(None) and drafter.dropped == ["0:7:1"]
+    assert [r.response_ids for r in drafted] == plain
+    for r in drafted:  # every draft token is the drafter's, counted under its source
+        assert set(r.by_source) <= {SOURCE} and (r.by_source[SOURCE].drafted, r.by_source[SOURCE].accepted) == \
+            (r.drafted, r.accepted)
+    # the draft model is the policy's distilled draft: it predicts most greedy tokens, from an
+    # exchange once per engine step that the verifier never waits for
+    assert sum(r.accepted for r in drafted) > 0.3 * sum(len(r.response_ids) for r in drafted)
+    assert sum(r.forward_passes for r in drafted) < sum(r.forward_passes for r in alone)
+    assert 0 < drafter.exchanges <= max(r.forward_passes for r in drafted)
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,7 @@ JOB: dict[str, Any] = {
     "history": {"replicas": 1},
     "checkpoint": {"every_steps": 1},
 }
-# one rollout pod serving vLLM (drafting for others is the torch engine's), at off-policy 1
+# one rollout pod serving vLLM, at off-policy 1 (vLLM workers drafting for each other: test_ray_failures.py)
 VLLM_JOB = job_dict(JOB, "data.num_prompts=4", "algorithm.max_off_policy_steps=1", "rollout.engine=vllm",
                     "rollout.replicas=1", "rollout.max_replicas=1", "rollout.speculation.freed_drafters=false",
                     "rollout.speculation.consolidate_tail=true", base="defaults")

@@ -1,14 +1,15 @@
 """What ends a Ray run says so in one line with the right exit code, and leaves no Ray process: a
 user's mistake met by a worker, Redis down, SIGTERM while Ray starts, a lost raylet; and vLLM
-rollout workers on Ray."""
+rollout workers on Ray, one drafting for the other once freed."""
 
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 
 import pytest
-from ray_runs import MARK, RAY, TINY, marked, metrics, run, samples
+from ray_runs import MARK, RAY, TINY, TWO_WORKERS, go, marked, metrics, reached, run, samples, start
 
 pytestmark = pytest.mark.slow
 
@@ -30,15 +31,31 @@ def test_a_users_mistake_met_by_a_worker_is_one_plain_line_and_exit_2(tmp_path: 
     assert "the reward function returned nan" in res.stderr and "Traceback" not in res.stderr
 
 
-def test_rollout_workers_run_vllm_with_history_drafts_and_the_transformers_trainers_weights(tmp_path: Path) -> None:
+def test_vllm_rollout_workers_verify_history_and_a_freed_workers_drafts_with_the_transformers_trainers_weights(
+        tmp_path: Path) -> None:
     pytest.importorskip("vllm")
-    out = tmp_path / "run"
-    res = run(out, [*TINY, *RAY, "rollout.engine=vllm", "model.implementation=transformers"])
-    assert res.returncode == 0, res.stderr[-3000:]
+    out, holds = tmp_path / "run", tmp_path / "holds"
+    holds.mkdir()
+    proc = start(out, [*TINY, *RAY, *TWO_WORKERS, "rollout.engine=vllm", "model.implementation=transformers",
+                       "rollout.speculation.freed_drafters=true"],
+                 {"RHYMERL_FORCE": "freed-drafters", "RHYMERL_HOLD_AT": "rollout-worker:2", "RHYMERL_HOLD_DIR": str(holds)})
+    # a worker held mid-call in step 2 keeps its samples while the other's call ends: freed, it drafts for it
+    reached(holds, "rollout-worker:2", proc)
+    deadline = time.monotonic() + 600
+    while "(step 2; freed drafters)" not in (out / "events.log").read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, "no freed worker drafted in step 2"
+        time.sleep(0.2)
+    go(holds, "rollout-worker:2")
+    _, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, err[-3000:]
     assert len(samples(out)) == 4 * 4 * 2
     rows = metrics(out)
     # every step's tokens were sampled with the weights the train worker had (float rounding only)
     assert all(m["rollout_logprob_diff_max"] < 1e-3 for m in rows)
+    # step 2 is the first epoch's: no history yet, so the held call's drafts came from the freed worker's
+    # draft model, over a Ray link into our proposer inside vLLM; from step 3 on, history drafts too
+    sources = rows[1]["spec_sources"]
+    assert isinstance(sources, dict) and sources["freed-drafter"]["share"] > 0 and rows[1]["rollout_drafting_workers"]
     assert all(m["spec_rate"] > 0 for m in rows[2:])
 
 

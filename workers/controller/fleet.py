@@ -117,7 +117,7 @@ class RolloutFleet:
                                self.starter.relays_groups)
         self.drafters = FreedDrafters(job, transport, self.book, self.calls, self.membership, self.sched,
                                       self.executor, note,
-                                      self.starter.releasable and self.starter.abilities.remote_drafts)
+                                      self.starter.drafts_remotely, self.starter.releasable)
         self.rounds = 0
         self.live_round: Round | None = None
 

@@ -47,6 +47,8 @@ class CallStarter:
             and self.abilities.relays_groups
         """Calls report their samples' new tokens, relayed to the calls running their siblings
         elsewhere (group drafts across workers; a vLLM call's groups are its own)."""
+        self.drafts_remotely = speculation.freed_drafters and self.abilities.remote_drafts
+        """Freed workers draft for straggling ones (fleet_drafters.py), found from their calls' reports."""
 
     def open(self, m: Member, rnd: Round, samples: list[SampleRef], indexes: Result[Indexes] | None, version: int,
              resume_of: Mapping[SampleRef, Progress | None], resumed: Mapping[SampleRef, int]) -> Call:
@@ -71,7 +73,8 @@ class CallStarter:
         concurrent = self.transport.concurrent
         watched = self.job.spec.rollout.max_replicas > 1 or self.fleet_size() > 1
         rc = RolloutCall(call.id, list(call.samples), list(call.requests), call.round.step,
-                         report_every=(STATE_PASSES if concurrent else 1) if watched and self.releasable else None,
+                         report_every=(STATE_PASSES if concurrent else 1)
+                         if watched and (self.releasable or self.drafts_remotely) else None,
                          snapshot_every=SNAPSHOT_PASSES if concurrent and self.abilities.snapshots else None,
                          share_every=STATE_PASSES if watched and self.relays_groups else None)
         held = self.book.held(call.id)

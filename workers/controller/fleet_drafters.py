@@ -38,13 +38,14 @@ class FreedDrafters:
     """Pairs freed workers with straggling ones, and empties a straggler to draft where it pays."""
 
     def __init__(self, job: RLJob, transport: Transport, book: Book, calls: Calls, members: Membership,
-                 sched: Scheduler, executor: Executor, note: Callable[[str], None], engine_drafts: bool) -> None:
-        """engine_drafts: the engine's calls move samples and verify or serve remote drafts."""
+                 sched: Scheduler, executor: Executor, note: Callable[[str], None], pairs: bool,
+                 moves: bool) -> None:
+        """pairs: the job has freed drafters and its engine verifies and serves remote drafts; moves:
+        its calls hand samples over and take them in (a merge moves them: torch, not vLLM)."""
         self.job, self.transport, self.book, self.calls, self.members = job, transport, book, calls, members
         self.sched, self.executor, self.note = sched, executor, note
-        speculation = job.spec.rollout.speculation
-        self.enabled = speculation.freed_drafters and engine_drafts
-        self.consolidates = self.enabled and speculation.consolidate_tail
+        self.enabled = pairs
+        self.consolidates = pairs and moves and job.spec.rollout.speculation.consolidate_tail
         self.drafting: dict[int, tuple[int, int]] = {}  # drafter's member id -> (verifier's member id, its call id)
         self.emptied: dict[int, int] = {}
         """Member id of a worker whose samples are moving away -> the one it is to draft for once freed."""

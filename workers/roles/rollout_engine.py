@@ -54,9 +54,11 @@ class EngineAbilities:
 
 
 TORCH = EngineAbilities(releases=True, admits=True, snapshots=True, remote_drafts=True, relays_groups=True)
-VLLM = EngineAbilities(releases=True, admits=False, snapshots=False, remote_drafts=False, relays_groups=False)
+VLLM = EngineAbilities(releases=True, admits=False, snapshots=False, remote_drafts=True, relays_groups=False)
 """vLLM's sampling is not keyed by position: a lost call is run again whole, and a sample cannot
-join a running generate; its group drafts are its own."""
+join a running generate; its group drafts are its own. Our proposer inside it verifies a freed
+drafter's drafts (rollout/vllm_proposer.py), and a vLLM worker drafts for others with the job's
+draft model beside its engine."""
 
 
 def engine_abilities(spec: RLJobSpec) -> EngineAbilities:

@@ -2,8 +2,10 @@
 
 A call runs one engine step at a time (rollout/vllm_run.py): between steps it hands back, with
 their tokens and log-probabilities, the samples the step loop asked for (`release`) or, leaving,
-every unfinished one; a resumed sample goes on from its tokens. No snapshots and no admits: vLLM's
-sampling is not keyed by position, so a lost call is run again whole (rollout_engine.VLLM).
+every unfinished one; a resumed sample goes on from its tokens, and a drafter link the fleet sends
+(`draft_from`, freed drafters) goes to our proposer inside vLLM. No snapshots and no admits: vLLM's
+sampling is not keyed by position, so a lost call is run again whole (rollout_engine.VLLM). With
+freed_drafters the worker holds the job's draft model beside vLLM, to draft for others when freed.
 """
 
 from __future__ import annotations
@@ -11,10 +13,13 @@ from __future__ import annotations
 from collections.abc import Generator, Mapping
 from typing import ClassVar
 
+import torch
+
 from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
 from rhymerl.algorithms.drafting.cap_decisions import CapDecisions
 from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api import RLJob
+from rhymerl.workers import faults
 from rhymerl.workers.model.folder import model_dir, read_config
 from rhymerl.workers.model.transformer import TinyLlama
 from rhymerl.workers.roles.busy_clock import BusyClock
@@ -30,6 +35,7 @@ from rhymerl.workers.roles.rollout_engine import (
     reported,
 )
 from rhymerl.workers.roles.samples import CallState, RolloutCall, RolloutProgress, StateTag
+from rhymerl.workers.rollout.draft_model import load_draft_model
 from rhymerl.workers.rollout.generation import GenResult, SamplingParams
 from rhymerl.workers.rollout.verify_cost import Progress
 from rhymerl.workers.rollout.vllm_engine import OURS, VllmEngine
@@ -43,8 +49,13 @@ class VllmRollout:
     def __init__(self, job: RLJob, stop_ids: list[int], params: SamplingParams, longest_prompt: int,
                  progress: Progress | None) -> None:
         self.stop_ids, self.params = stop_ids, params
-        vocab = read_config(model_dir(job.spec.model.path)).vocab_size
-        self.vllm = VllmEngine.for_job(job, vocab, longest_prompt, progress)
+        policy = model_dir(job.spec.model.path)
+        self.vllm = VllmEngine.for_job(job, read_config(policy).vocab_size, longest_prompt, progress)
+        drafting = job.spec.rollout.speculation
+        self.draft: TinyLlama | None = None
+        if drafting.freed_drafters and drafting.draft_model is not None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            self.draft = load_draft_model(drafting.draft_model, policy, torch.float32, device)
 
     def run(self, call: RolloutCall, indexes: Mapping[str, HistoryIndex] | None, resume: RolloutProgress | None,
             mailbox: CallMailbox, busy: BusyClock) -> Generator[Report, None, CallEnd]:
@@ -60,6 +71,8 @@ class VllmRollout:
             passes = 0
             while run.busy:
                 mail = mailbox.collect()
+                if mail.link:
+                    self.vllm.draft_from(mail.link[0])
                 taken = {i: run.take(i) for i in run.running() if mail.leaving or samples[i] in mail.release}
                 if taken or mail.release:
                     self.vllm.count_drafts([requests[i] for i in taken], list(taken.values()), [carried[i] for i in taken])
@@ -73,9 +86,11 @@ class VllmRollout:
                     yield from reported(busy, None, StateTag(CallState(
                         {samples[i]: run.generated(i) for i in run.running()},
                         {samples[i]: len(r.response_ids) for i, r in results.items()})))
+                    faults.point("rollout-worker", call.step)
         finally:
             run.close()
             mailbox.close()
+            self.vllm.draft_from(None)  # the drafter frees what it held for this call
         if mailbox.leaving and not said:  # told to leave as the call ended: nothing to hand back, but say so
             yield from handed_back(busy, {}, set(), leaving=True)
         kept = [i for i in range(len(samples)) if i not in gone]
@@ -92,7 +107,7 @@ class VllmRollout:
         self.vllm.load_weights(weights)
 
     def drafter(self) -> TinyLlama | None:
-        return None
+        return self.draft
 
     def cost_profile(self) -> CostProfile | None:
         """vLLM's pass-cost profile, where it was measured."""

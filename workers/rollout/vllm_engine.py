@@ -45,6 +45,7 @@ from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.errors import UserError
 from rhymerl.workers import atomic
 from rhymerl.workers.model.folder import model_dir, read_config
+from rhymerl.workers.rollout.draft_link import DraftLink
 from rhymerl.workers.rollout.draft_model import draft_folder
 from rhymerl.workers.rollout.generation import GenRequest, GenResult, SamplingParams, SourceCount
 from rhymerl.workers.rollout.speculation import reachable_batches
@@ -194,6 +195,8 @@ class VllmEngine:
                             worker_extension_cls=EXTENSION, speculative_config=spec_config,
                             logprobs_mode="processed_logprobs", **kwargs)
         self.llm.collective_rpc("rhymerl_prepare")
+        self.remote_drafts = settings.method in OURS and settings.speculation.freed_drafters
+        self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" and settings.tensor_parallel_size == 1
         self.profile: CostProfile | None = None
         self._configured = False
 
@@ -223,6 +226,17 @@ class VllmEngine:
             self.settings.speculation.model_dump_json(), profile, [list(p) for p in prompts],
             [blobs[id(i)] if i is not None else None for i in indexes], draft))
         self._configured = True
+
+    def draft_from(self, link: DraftLink | None) -> bool:
+        """Have our proposer verify drafts from a freed drafter at the other end of `link` (None: from
+        nobody), from the next engine step of the running requests on (rollout/remote_drafts.py).
+        False, and nothing done, where the job has no freed drafters or the link cannot reach the
+        proposer: a link is a live object (another worker's handle), handed over only where vLLM's
+        engine core and its one worker run in this process (the default; not with
+        VLLM_ENABLE_V1_MULTIPROCESSING=1 or tensor parallelism)."""
+        if not self.remote_drafts or (link is not None and not self.in_process):
+            return False
+        return bool(self.llm.collective_rpc("rhymerl_draft_from", args=(link,))[0])
 
     def proposer_stats(self) -> dict[str, int]:
         return dict(self.llm.collective_rpc("rhymerl_proposer_stats")[0])

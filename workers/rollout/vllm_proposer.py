@@ -30,6 +30,11 @@ verify pass. The per-pass cap is the torch engine's `DraftCapController`, fed ea
 size, the drafts on offer and what verification accepted, and priced from vLLM's own pass times
 (`set_step(profile=...)`, workers/rollout/vllm_engine.py measures them); each step's cap and its
 reason are counted in the step's stats (`ProposerStats.caps`), which a rollout call reads at its end.
+
+With `freed_drafters` the job's source is wrapped as the torch engine wraps it (`RemoteDrafts`):
+while a freed worker drafts for this one (`draft_from`), each row verifies its own method's draft
+or the drafter's, whichever its tokens confirmed more, and the exchange with the drafter happens
+once per engine step without waiting for its reply.
 """
 
 from __future__ import annotations
@@ -48,9 +53,11 @@ from rhymerl.algorithms.drafting.cap_decisions import CapDecisions
 from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.workers.model.transformer import TinyLlama, load_model
+from rhymerl.workers.rollout.draft_link import DraftLink
 from rhymerl.workers.rollout.engine import DraftSource
 from rhymerl.workers.rollout.fastest_of_n import job_sources
 from rhymerl.workers.rollout.generation import GenRequest, SourceCount
+from rhymerl.workers.rollout.remote_drafts import RemoteDrafts
 from rhymerl.workers.rollout.speculators import DraftCapController, HistoryDrafts
 
 FILLER = 0
@@ -126,15 +133,30 @@ class HistoryProposer:
             device = "cuda" if torch.cuda.is_available() else "cpu"
             self.draft = None if draft is None else load_model(Path(draft), torch.float32, device).eval()
             self.draft_folder = draft
-        self.source: DraftSource = self._source({})
+        self._use(self._source({}))
         self.rows, self.lengths_held = {}, {}
 
     def _source(self, indexes: Mapping[str, HistoryIndex]) -> DraftSource:
         """The job's draft source over the step's indexes, as the torch engine builds it (Fastest-of-N
         with the draft model where one is configured)."""
-        if self.spec.method == "fastest-of-n":
-            return job_sources(self.spec, indexes, self.control, self.draft)
-        return HistoryDrafts(self.spec, indexes, self.control)
+        inner: DraftSource = job_sources(self.spec, indexes, self.control, self.draft) \
+            if self.spec.method == "fastest-of-n" else HistoryDrafts(self.spec, indexes, self.control)
+        return RemoteDrafts(self.spec, inner) if self.spec.freed_drafters else inner
+
+    def _use(self, source: DraftSource) -> None:
+        """Draft from `source` from now on; a drafter linked to the one before frees what it held."""
+        before = getattr(self, "source", None)
+        if isinstance(before, RemoteDrafts):
+            before.attach(None)
+        self.source: DraftSource = source
+
+    def draft_from(self, link: DraftLink | None) -> bool:
+        """Verify drafts from the freed drafter at the other end of `link` (None: from nobody) until
+        the next `set_step` (the end of the call); False without freed drafters."""
+        if not isinstance(self.source, RemoteDrafts):
+            return False
+        self.source.attach(link)
+        return True
 
     def set_step(self, prompts: Sequence[Sequence[int]], indexes: Sequence[HistoryIndex | None]) -> None:
         """The prompts of the requests about to be generated and each one's history index (None: no
@@ -144,7 +166,7 @@ class HistoryProposer:
         self.rows, self.lengths_held, self.stats, self.slots = {}, {}, ProposerStats(), 0
         self.control.decisions = self.stats.caps
         self.prompts = {np.asarray(t, dtype=np.int32).tobytes(): str(i) for i, t in enumerate(prompts)}
-        self.source = self._source({str(i): index for i, index in enumerate(indexes) if index is not None})
+        self._use(self._source({str(i): index for i, index in enumerate(indexes) if index is not None}))
         self.lengths_desc = sorted({len(t) for t in prompts}, reverse=True)
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:

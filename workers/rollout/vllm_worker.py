@@ -3,7 +3,8 @@ HistoSpec proposer, in-place weight loads after a train step, and the proposer's
 
 The methods run inside vLLM's worker processes (or in this process when vLLM's engine core runs
 in-process), called by name through `LLM.collective_rpc`, so they take and return only what
-pickles: index bytes, the drafting knobs as JSON, tensors on the CPU.
+pickles: index bytes, the drafting knobs as JSON, tensors on the CPU; a freed drafter's link, a
+live object, is handed over only in-process (VllmEngine.draft_from).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
 from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api.speculation import SpeculationSpec
+from rhymerl.workers.rollout.draft_link import DraftLink
 from rhymerl.workers.rollout.vllm_proposer import HistoryProposer, RequestStats
 
 
@@ -73,6 +75,13 @@ class RhymerlWorkerExtension:
         loaded = {id(b): HistoryIndex.from_bytes(b) for b in indexes if b is not None}  # a blob sent for many prompts loads once
         proposer.set_step(prompts, [loaded[id(b)] if b is not None else None for b in indexes])
         return True
+
+    def rhymerl_draft_from(self, link: DraftLink | None) -> bool:
+        """Verify drafts from the freed drafter at the other end of `link` (None: from nobody); False
+        when this engine's proposer has no freed drafters (a live link: in-process engines only,
+        VllmEngine.draft_from)."""
+        proposer = self._proposer()
+        return proposer is not None and proposer.draft_from(link)
 
     def rhymerl_force_drafts(self, k: int) -> None:
         """Offer k filler tokens on every row (measuring pass costs); -1 back to history drafts."""
