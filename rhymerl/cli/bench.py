@@ -280,16 +280,17 @@ def _batch_size(text: str) -> int:
 def rollout(
     run: Annotated[Path, typer.Option("--run", help="finished run folder (policy, prompts and history come "
                                       "from it)")],
-    batch_sizes: Annotated[str, typer.Option("--batch-sizes", help="comma-separated workloads: 'job' (the run's own "
-                                             "rollout, one engine call per training step) and/or engine batch sizes "
-                                             "(all samples as one continuously batched pool)")] = "job,16,64,256",
+    batch_sizes: Annotated[str | None, typer.Option(
+        "--batch-sizes", help="comma-separated workloads: 'job' (the run's own rollout, one engine call per training "
+        "step) and/or engine batch sizes (torch: all samples as one continuously batched pool; vllm: the job's calls, "
+        "at most that many sequences per engine step); default job,16,64,256 (torch), job (vllm)")] = None,
     methods: Annotated[str | None, typer.Option("--methods", help="comma-separated subset of the methods")] = None,
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="runs per cell; the median is reported")] = 1,
     out: Annotated[Path | None, typer.Option("--out", help="folder for results.json, table.md, speedup.png, "
                                              "verify_profile.png")] = None,
     engine: Annotated[str, typer.Option("--engine", help="torch (the methods above, outputs checked identical) or "
-                                        "vllm (none, ngram, suffix, history, history-alone, history-aimd, draft-model; "
-                                        "--batch-sizes job only)")
+                                        "vllm (none, ngram, suffix, history, history-alone, history-aimd, fastest-of-n, "
+                                        "draft-model)")
                       ] = "torch",
     device: Annotated[str, typer.Option("--device", help="cpu or cuda[:N] (--engine torch)")] = "cpu",
     epoch: Annotated[int | None, typer.Option("--epoch", help="the run's epoch to generate, each step drafting from "
@@ -300,7 +301,7 @@ def rollout(
     from rich.console import Console
 
     if engine == "vllm":
-        _rollout_vllm(run, methods, repeats, epoch, out, Console())
+        _rollout_vllm(run, methods, _batch_sizes(batch_sizes or "job"), repeats, epoch, out, Console())
         return
     if engine != "torch":
         raise OptionError(f"--engine: '{engine}' is not torch or vllm")
@@ -312,12 +313,16 @@ def rollout(
     unknown = [m for m in chosen if m not in METHODS]
     if unknown:
         raise OptionError(f"--methods: unknown {', '.join(unknown)}; known: {', '.join(METHODS)}")
-    sizes = tuple(b.strip() if b.strip() == "job" else _batch_size(b) for b in batch_sizes.split(","))
+    sizes = _batch_sizes(batch_sizes or "job,16,64,256")
     main(RolloutBenchConfig(run, sizes, chosen, repeats, device, epoch), writable_folder(out) if out else None, Console())
 
 
-def _rollout_vllm(run: Path, methods: str | None, repeats: int, epoch: int | None, out: Path | None,
-                  console: Any) -> None:
+def _batch_sizes(text: str) -> tuple[int | str, ...]:
+    return tuple(b.strip() if b.strip() == "job" else _batch_size(b) for b in text.split(","))
+
+
+def _rollout_vllm(run: Path, methods: str | None, sizes: tuple[int | str, ...], repeats: int, epoch: int | None,
+                  out: Path | None, console: Any) -> None:
     from rhymerl.tools.bench.rollout_vllm import METHODS, VllmBenchConfig, main
     from rhymerl.workers.rollout.vllm_engine import vllm_installed
 
@@ -328,7 +333,8 @@ def _rollout_vllm(run: Path, methods: str | None, repeats: int, epoch: int | Non
     if unknown:
         raise OptionError(f"--methods: unknown {', '.join(unknown)}; known with --engine vllm: {', '.join(METHODS)}")
     out_dir = writable_folder(out) if out else None
-    main(VllmBenchConfig(run, ("none", *[m for m in picked if m != "none"]), repeats, epoch), out_dir, console)
+    batches = tuple(None if b == "job" else int(b) for b in sizes)
+    main(VllmBenchConfig(run, ("none", *[m for m in picked if m != "none"]), repeats, epoch, batches), out_dir, console)
 
 
 @bench_app.command("replicas")

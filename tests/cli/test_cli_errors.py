@@ -162,6 +162,8 @@ def test_bench_option_values_are_user_errors_not_tracebacks(tmp_path: Path) -> N
     res = rhymerl("bench", "rollout", "--run", str(tmp_path), "--engine", "vllm", "--methods", "history-paper")
     assert res.returncode == 2
     assert res.stderr.startswith("error: --methods: unknown history-paper; known with --engine vllm: none, ngram")
+    res = rhymerl("bench", "rollout", "--run", str(tmp_path), "--engine", "vllm", "--batch-sizes", "job,0")
+    assert (res.returncode, res.stderr.splitlines()) == (2, ["error: --batch-sizes: 0 must be >= 1"])
 
 
 def test_run_refuses_train_ranks_and_gpus_this_machine_cannot_give_before_the_run_folder_exists(

