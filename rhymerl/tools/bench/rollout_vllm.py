@@ -255,7 +255,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     for i, r in enumerate(rows):
         ax.text(i, r["tokens_per_s"], f"x{r['speedup']:.2f}", ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("tokens/s (median)")
-    ax.set_title("vLLM rollout by draft source, one call per training step (speedup over plain at its batch)")
+    ax.set_title("vLLM rollout by draft source and engine batch\n(one call per training step; x: over plain at "
+                 "its batch)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
