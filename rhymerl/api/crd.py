@@ -88,6 +88,9 @@ RULES: dict[type[BaseModel], tuple[Rule, ...]] = {
              "self.speculation.method in ['history', 'fastest-of-n']",
              "speculation: freedDrafters on vLLM needs method history or fastest-of-n (rhymerl's proposer verifies "
              "the freed drafters' drafts inside vLLM)", ".speculation"),
+        Rule("self.gpusPerReplica <= 1 || self.engine != 'vllm' || !self.speculation.freedDrafters",
+             "speculation: freedDrafters on vLLM needs gpusPerReplica 1 (a drafter's link reaches rhymerl's proposer "
+             "only where vLLM's one worker runs in the rollout worker's process)", ".speculation"),
         Rule("!self.autoscaling.enabled || self.minReplicas < self.maxReplicas",
              "autoscaling: minReplicas equals maxReplicas: nothing to scale; raise maxReplicas, or leave "
              "autoscaling off", ".autoscaling"),

@@ -69,6 +69,9 @@ class RolloutSpec(Placement):
         if self.engine == "vllm" and self.speculation.freed_drafters and not self.speculation.reads_history:
             raise ValueError("speculation: freed_drafters on vLLM needs method history or fastest-of-n (rhymerl's "
                              "proposer verifies the freed drafters' drafts inside vLLM)")
+        if self.engine == "vllm" and self.speculation.freed_drafters and self.gpus_per_replica > 1:
+            raise ValueError("speculation: freed_drafters on vLLM needs gpus_per_replica 1 (a drafter's link reaches "
+                             "rhymerl's proposer only where vLLM's one worker runs in the rollout worker's process)")
         affinity = self.pod.affinity
         if self.spot.enabled and self.spot.node_selector and affinity is not None and affinity.nodeAffinity is not None:
             raise ValueError("pod.affinity.nodeAffinity: spot.node_selector sets the rollout pods' node affinity; "

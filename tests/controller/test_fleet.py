@@ -200,7 +200,7 @@ def test_a_straggling_worker_no_freed_one_drafts_for_is_emptied_onto_another_and
 
 
 @pytest.mark.parametrize(("engine", "merges"), [("torch", True), ("vllm", False)])
-def test_a_vllm_fleet_pairs_freed_drafters_and_follows_its_calls_but_empties_no_worker_onto_another(
+def test_a_vllm_fleet_pairs_freed_drafters_but_empties_no_worker_onto_another(
         engine: str, merges: bool) -> None:
     """A vLLM call verifies a drafter's drafts but takes no moved sample (rollout_engine.VLLM)."""
     job = make_job({"rollout": {"engine": engine, "replicas": 2, "max_replicas": 2, "speculation": {

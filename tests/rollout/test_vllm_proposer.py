@@ -24,6 +24,7 @@ from jobs import make_job
 from rhymerl.algorithms.drafting.index import HistoryDrafter, HistoryIndex
 from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.workers.model.folder import ModelError, model_dir
+from rhymerl.workers.rollout.draft_link import DraftStream, LocalDraftLink, News
 from rhymerl.workers.rollout.fastest_of_n import FastestOfNDrafts, job_sources
 from rhymerl.workers.rollout.generation import GenRequest
 from rhymerl.workers.rollout.speculators import DraftCapController
@@ -259,6 +260,42 @@ def test_requests_of_a_group_draft_for_each_other_without_history() -> None:
     table[1, :5] = [*prompt, 11, 12]           # behind: the one ahead drafts for it
     table[2, :4] = [1, 9, 11, 12]              # another prompt's group has nothing to offer
     assert proposer.propose([[14], [12], [12]], np.array([7, 5, 4]), table) == [[], [13, 14], []]
+
+
+class _Listener:
+    """A freed worker's drafting end (RolloutWorker.exchange) that records what it hears and drafts nothing."""
+
+    def __init__(self) -> None:
+        self.heard: list[list[News]] = []
+        self.dropped: list[object] = []
+
+    def exchange(self, link: object, news: list[News]) -> list[DraftStream]:
+        self.heard.append(list(news))
+        return []
+
+    def drop_link(self, link: object) -> None:
+        self.dropped.append(link)
+
+
+def test_a_freed_drafter_hears_a_finished_request_end_and_the_link_is_dropped_with_the_step() -> None:
+    proposer = HistoryProposer(_config())
+    proposer.configure(_spec().model_copy(update={"freed_drafters": True}), None)
+    prompt = [1, 5, 6]
+    proposer.set_step([prompt], [None])
+    drafter = _Listener()
+    assert proposer.draft_from(LocalDraftLink(drafter, "0:7:1"))
+    table = np.zeros((2, MAX_LEN), dtype=np.int32)
+    table[0, :5], table[1, :5] = [*prompt, 11, 12], [*prompt, 21, 22]
+    proposer.propose([[12], [22]], np.array([5, 5]), table)
+    proposer.end_requests([[*prompt, 11, 12, 13]])  # the first finished in the next engine step
+    table[0, :6] = [*prompt, 21, 22, 23]
+    proposer.propose([[23]], np.array([6]), table[:1])
+    first, second = drafter.heard
+    seqs = {n.prompt: n.seq for n in first}
+    assert sorted(seqs) == [(*prompt, 11, 12), (*prompt, 21, 22)]
+    assert second == [News(seqs[(*prompt, 11, 12)], ended=True), News(seqs[(*prompt, 21, 22)], tokens=(23,))]
+    proposer.set_step([prompt], [None])
+    assert drafter.dropped == ["0:7:1"]
 
 
 def test_a_forced_draft_offers_filler_on_every_sampling_row_within_the_length() -> None:

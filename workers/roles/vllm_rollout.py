@@ -42,7 +42,8 @@ from rhymerl.workers.rollout.vllm_engine import OURS, VllmEngine
 
 
 class VllmRollout:
-    """vLLM behind a rollout worker, driven one engine step at a time (vllm_run.py): it hands back on a notice, nothing more."""
+    """vLLM behind a rollout worker, driven one engine step at a time (vllm_run.py): between steps it hands
+    back on a notice and takes a freed drafter's link (module docstring)."""
 
     abilities: ClassVar[EngineAbilities] = VLLM
 
@@ -67,20 +68,24 @@ class VllmRollout:
         arrived, gone, said = set(results), set[int](), False
         run.add_all([(i, r, carried[i]) for i, r in enumerate(requests) if i not in arrived])
         mailbox.open(call.id, 0)  # it admits nothing
+        linked = False
         try:
             passes = 0
             while run.busy:
                 mail = mailbox.collect()
                 if mail.link:
-                    self.vllm.draft_from(mail.link[0])
+                    linked = self.vllm.draft_from(mail.link[0]) or linked
                 taken = {i: run.take(i) for i in run.running() if mail.leaving or samples[i] in mail.release}
                 if taken or mail.release:
                     self.vllm.count_drafts([requests[i] for i in taken], list(taken.values()), [carried[i] for i in taken])
+                    self.vllm.end_requests([requests[i] for i in taken], list(taken.values()))
                     gone.update(taken)
                     said = mail.leaving
                     yield from handed_back(busy, {samples[i]: r for i, r in taken.items()}, mail.release, mail.leaving)
                     continue
-                results.update(run.step())
+                done = run.step()
+                results.update(done)
+                self.vllm.end_requests([requests[i] for i, _ in done], [r for _, r in done])
                 passes += 1
                 if call.report_every and passes % call.report_every == 0:
                     yield from reported(busy, None, StateTag(CallState(
@@ -90,7 +95,8 @@ class VllmRollout:
         finally:
             run.close()
             mailbox.close()
-            self.vllm.draft_from(None)  # the drafter frees what it held for this call
+            if linked:
+                self.vllm.draft_from(None)  # the drafter frees what it held for this call
         if mailbox.leaving and not said:  # told to leave as the call ended: nothing to hand back, but say so
             yield from handed_back(busy, {}, set(), leaving=True)
         kept = [i for i in range(len(samples)) if i not in gone]

