@@ -132,6 +132,16 @@ def count_said(out: Path, count: str, proc: subprocess.Popen[str], timeout_s: fl
         time.sleep(0.2)
 
 
+def said(out: Path, text: str, proc: subprocess.Popen[str], timeout_s: float = 600) -> None:
+    """Wait until the run's events.log holds `text`."""
+    deadline = time.monotonic() + timeout_s
+    while text not in (out / "events.log").read_text():
+        assert proc.poll() is None, f"the run ended ({proc.returncode}) before saying {text!r}: " \
+            f"{proc.communicate()[1][-3000:]}"
+        assert time.monotonic() < deadline, f"never said {text!r}"
+        time.sleep(0.2)
+
+
 def go(holds: Path, point: str) -> None:
     (holds / f"{point.replace(':', '-')}.go").touch()
 

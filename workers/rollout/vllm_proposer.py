@@ -39,7 +39,7 @@ once per engine step without waiting for its reply.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -230,66 +230,59 @@ class HistoryProposer:
         keep nothing that costs a pass, and their slots end with the step."""
         if not isinstance(self.source, RemoteDrafts):
             return
+        def live(r: _Row) -> bool:
+            return r.slot >= 0 and r.slot not in self.ended
+
         for seq in sequences:
-            state = self._ending(np.asarray(seq, dtype=np.int32))
+            tokens = np.asarray(seq, dtype=np.int32)
+            state = self._state_of(tokens, live, ahead=False) or self._state_of(tokens, live, ahead=True)
             if state is not None:
                 self.ended.add(state.slot)
                 self.source.end(state.slot)
 
-    def _ending(self, tokens: NDArray[np.int32]) -> _Row | None:
-        """The state of a request that ended with `tokens` and is not ended yet: it holds 1..k+1 tokens
-        less (the request's last step came after the last call), or up to k + 1 more (vLLM trimmed
-        what followed its stop token)."""
-        def live(states: Sequence[_Row]) -> _Row | None:
-            return next((r for r in states if r.slot >= 0 and r.slot not in self.ended), None)
+    def request_stats(self, sequences: Sequence[Sequence[int]]) -> list[RequestStats]:
+        """(engine steps, draft tokens offered, accepted, those per source) of each finished request,
+        given its prompt + response; (0, 0, 0, {}) for one not found. A state 1..k+1 tokens short of
+        its request is counted with the request's pass after the proposer's last call (it accepted
+        some of the state's draft and sampled one); one as long or longer (`_state_of`), as it is."""
+        out: list[RequestStats | None] = [None] * len(sequences)
+        taken: set[int] = set()
+        every = [np.asarray(seq, dtype=np.int32) for seq in sequences]
+        for ahead in (False, True):  # states behind first: a trimmed request must not take another's
+            for i, tokens in enumerate(every):
+                state = None if out[i] is not None else self._state_of(tokens, lambda r: id(r) not in taken, ahead)
+                if state is not None:
+                    taken.add(id(state))
+                    out[i] = (state.passes, state.drafted, state.accepted, dict(state.by_source)) if ahead \
+                        else self._with_last_pass(state, tokens[state.length:])
+        return [o if o is not None else (0, 0, 0, {}) for o in out]
 
-        for length in range(tokens.size - 1, max(tokens.size - self.k - 2, 0), -1):
-            if (state := live(self.rows.get((length, tokens[:length].tobytes()), ()))) is not None:
-                return state
+    def _with_last_pass(self, state: _Row, tail: NDArray[np.int32]) -> RequestStats:
+        """A state's counts with the pass that verified its last draft and gave the request `tail`."""
+        limit = min(state.draft.size, tail.size)
+        mismatch = np.flatnonzero(state.draft[:limit] != tail[:limit])
+        accepted = int(mismatch[0]) if mismatch.size else limit
+        by_source = {n: replace(c) for n, c in state.by_source.items()}
+        if state.draft.size:
+            by_source.setdefault(state.source, SourceCount()).add(SourceCount(1, int(state.draft.size), accepted))
+        return state.passes + 1, state.drafted + int(state.draft.size), state.accepted + accepted, by_source
+
+    def _state_of(self, tokens: NDArray[np.int32], usable: Callable[[_Row], bool], ahead: bool) -> _Row | None:
+        """The first `usable` state a request that ended with `tokens` left: one holding 1..k+1 tokens
+        less (the request's last pass came after the proposer's last call) or, `ahead`, as many or up to
+        k + 1 more (vLLM trimmed what followed a stop token; identical requests share a key)."""
+        def first(states: Sequence[_Row]) -> _Row | None:
+            return next((r for r in states if usable(r)), None)
+
+        if not ahead:
+            for length in range(tokens.size - 1, max(tokens.size - self.k - 2, 0), -1):
+                if (state := first(self.rows.get((length, tokens[:length].tobytes()), ()))) is not None:
+                    return state
+            return None
         whole = tokens.tobytes()
         return next((state for (n, key), states in self.rows.items()
                      if tokens.size <= n <= tokens.size + self.k + 1 and key.startswith(whole)
-                     and (state := live(states)) is not None), None)
-
-    def request_stats(self, sequences: Sequence[Sequence[int]]) -> list[RequestStats]:
-        """(engine steps, draft tokens offered, accepted, those per source) of each finished request,
-        given its prompt + response; (0, 0, 0, {}) for one not found. The request's pass after the last
-        call to the proposer is counted too: its state holds 1..k+1 tokens less than the request (the
-        pass accepted some of the state's draft and sampled one), or, where vLLM trimmed what followed
-        a stop token, up to k + 1 tokens more."""
-        out: list[RequestStats] = [(0, 0, 0, {})] * len(sequences)
-        taken: set[int] = set()
-        left: dict[bytes, list[int]] = {}
-        for i, seq in enumerate(sequences):
-            tokens = np.asarray(seq, dtype=np.int32)
-            for length in range(tokens.size - 1, max(tokens.size - self.k - 2, 0), -1):
-                state = next((r for r in self.rows.get((length, tokens[:length].tobytes()), ())
-                              if id(r) not in taken), None)
-                if state is not None:
-                    taken.add(id(state))
-                    tail = tokens[length:]
-                    limit = min(state.draft.size, tail.size)
-                    mismatch = np.flatnonzero(state.draft[:limit] != tail[:limit])
-                    accepted = int(mismatch[0]) if mismatch.size else limit
-                    by_source = {n: replace(c) for n, c in state.by_source.items()}
-                    if state.draft.size:
-                        by_source.setdefault(state.source, SourceCount()).add(
-                            SourceCount(1, int(state.draft.size), accepted))
-                    out[i] = (state.passes + 1, state.drafted + int(state.draft.size), state.accepted + accepted,
-                              by_source)
-                    break
-            else:  # identical requests (greedy twins) share a key
-                left.setdefault(tokens.tobytes(), []).append(i)
-        item = np.dtype(np.int32).itemsize
-        for (n, key), states in self.rows.items():
-            for length in range(max(n - self.k - 1, 1), n + 1):
-                waiting = left.get(key[: length * item])
-                if waiting:
-                    for state in states:
-                        if waiting and id(state) not in taken:
-                            out[waiting.pop()] = (state.passes, state.drafted, state.accepted, dict(state.by_source))
-                    break
-        return out
+                     and (state := first(states)) is not None), None)
 
     def _find(self, row: NDArray[np.integer[Any]], n: int) -> tuple[_Row, int, int]:
         """The state of the request in this row, how many tokens of its last draft were accepted (-1
