@@ -59,7 +59,7 @@ EXTENSION = "rhymerl.workers.rollout.vllm_worker.RhymerlWorkerExtension"
 METHODS = ("none", "history", "fastest-of-n", "ngram", "suffix", "draft-model")
 OURS = PROPOSER_METHODS
 """The methods our proposer runs: drafted from history indexes sent per step."""
-PROFILE_CODE_VERSION = 2  # raised when what measure_cells measures changes (the cache key has it)
+PROFILE_CODE_VERSION = 3  # raised when what measure_cells measures changes (the cache key has it): 3, sampled passes
 PROFILE_CONTEXT = 64  # tokens of each probe prompt of the pass-cost profile
 PROFILE_PASSES = 16  # engine passes each probe generate runs
 
@@ -306,12 +306,13 @@ class VllmEngine:
             g.forward_passes, g.drafted, g.accepted, g.by_source = passes, drafted, accepted, by_source
 
     def cost_profile(self, batch_sizes: Sequence[int], vocab_size: int,
-                     progress: Callable[[int, int], None] | None = None) -> CostProfile:
+                     progress: Callable[[int, int], None] | None = None,
+                     budget_s: float = FIRST_BUDGET_S) -> CostProfile:
         """The engine's pass-cost profile for the draft cap, cached on this machine per model, vLLM build,
-        threads and grid. A run times the cells the cache lacks, cheapest first, within FIRST_BUDGET_S,
-        and starts the rest as upper bounds (verify_cost.estimated_bounds) that later runs time; so a
-        real model's first run does not wait minutes (`progress` follows verify_cost.Progress: (0, 0)
-        says the cache was used as it is)."""
+        threads and grid. A run times the cells the cache lacks, cheapest first, within `budget_s`
+        (a job: FIRST_BUDGET_S), and starts the rest as upper bounds (verify_cost.estimated_bounds)
+        that later runs time; so a real model's first run does not wait minutes (`progress` follows
+        verify_cost.Progress: (0, 0) says the cache was used as it is)."""
         tokens = tuple(1 + c for c in CAPS if c <= self.settings.speculation.window.max)
         config = (self.settings.model / "config.json").read_text() if (self.settings.model / "config.json").is_file() \
             else ""
@@ -326,7 +327,7 @@ class VllmEngine:
         todo = [(i, j) for i in range(len(batch_sizes)) for j in range(len(tokens)) if (i, j) not in timed]
         if todo:
             timed |= self.measure_cells(batch_sizes, tokens, vocab_size, todo, context, progress=progress,
-                                        budget_s=FIRST_BUDGET_S)
+                                        budget_s=budget_s)
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic.write_text(path, json.dumps({"cells": [[i, j, t] for (i, j), t in sorted(timed.items())]}))
         elif progress is not None:
@@ -345,23 +346,25 @@ class VllmEngine:
         """vLLM's own pass times t(batch, n) of `cells` (batch index, tokens index), cheapest first, none
         started after `budget_s` (the first always is): the proposer offers n - 1 filler tokens on every row
         (almost always rejected, so each pass still emits one token per row) and a pass's time is the
-        generate call's time over the passes it ran."""
+        generate call's time over the passes it ran. Sampled at temperature 1 with log-probabilities,
+        as a rollout runs: a sampled row's verification (acceptance, a recovered token) costs more than
+        a greedy one's."""
         rng = np.random.default_rng(0)
         todo = sorted(cells, key=lambda c: (batch_sizes[c[0]] * tokens[c[1]], c))
         out: dict[tuple[int, int], float] = {}
         if progress is not None:
             progress(0, len(todo))
-        params = SamplingParams(0.0, 1.0, 0, passes + 1)
+        params = SamplingParams(1.0, 1.0, 0, passes + 1)
         began = time.perf_counter()
         for i, j in todo:
             if out and time.perf_counter() - began > budget_s:
                 break
             reqs = [GenRequest(rng.integers(3, vocab_size, context).tolist(), r) for r in range(batch_sizes[i])]
             self.llm.collective_rpc("rhymerl_force_drafts", args=(tokens[j] - 1,))
-            self.generate(reqs, params, eos_id=-1, logprobs=False)  # warm
+            self.generate(reqs, params, eos_id=-1)  # warm
             before = self.proposer_stats().get("calls", 0)
             t0 = time.perf_counter()
-            self.generate(reqs, params, eos_id=-1, logprobs=False)
+            self.generate(reqs, params, eos_id=-1)
             elapsed = time.perf_counter() - t0
             out[(i, j)] = elapsed / max(self.proposer_stats().get("calls", 0) - before, 1)
             if progress is not None:

