@@ -156,18 +156,15 @@ def logprobs_of_kept_tokens(self: RejectionSampler, max_num_logprobs: int, metad
 
     flat = sampled_token_ids.flatten()
     kept = (flat != PLACEHOLDER) & (flat < logits.shape[-1])  # parse_output's mask
-    width = sampled_token_ids.shape[-1]
-    ends = metadata.cu_num_sampled_tokens.to(torch.int64)
-    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
-    where = (starts.unsqueeze(1) + torch.arange(width).unsqueeze(0)).flatten()[kept]
-    target_row = torch.full((logits.shape[0],), -1, dtype=torch.int64)
-    target_row[metadata.target_logits_indices] = torch.arange(len(metadata.target_logits_indices))
-    bonus_row = torch.full((logits.shape[0],), -1, dtype=torch.int64)
-    bonus_row[metadata.bonus_logits_indices] = torch.arange(len(metadata.bonus_logits_indices))
-    rows = torch.empty((len(where), logits.shape[-1]), dtype=torch.float32)
-    is_target = target_row[where] >= 0
-    rows[is_target] = target_logits[target_row[where][is_target]].to(torch.float32)
-    rows[~is_target] = bonus_logits[bonus_row[where][~is_target]].to(torch.float32)
+    batch, width = sampled_token_ids.shape
+    row = torch.arange(batch).repeat_interleave(width)[kept]
+    position = torch.arange(width).repeat(batch)[kept]
+    counts = torch.tensor(metadata.num_draft_tokens, dtype=torch.int64)
+    drafted = position < counts[row]  # a drafted position's logits, else the row's bonus logits
+    rows = torch.empty((len(row), logits.shape[-1]), dtype=torch.float32)
+    at = ((torch.cumsum(counts, 0) - counts)[row] + position)[drafted]  # target_logits: drafted positions, row by row
+    rows[drafted] = target_logits[at].to(torch.float32)
+    rows[~drafted] = bonus_logits[row[~drafted]].to(torch.float32)
     logprobs = rows if self.is_logits_logprobs_mode else self.sampler.compute_logprobs(rows)
     part = self.sampler.gather_logprobs(logprobs, max_num_logprobs, flat[kept].to(torch.int64))
     whole = []
