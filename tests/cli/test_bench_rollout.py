@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from cli_runner import rhymerl
 
+from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
 from rhymerl.api.speculation import SpeculationSpec
 from rhymerl.errors import UserError
-from rhymerl.tools.bench.rollout import _sources, method_spec
+from rhymerl.tools.bench.rollout import _sources, method_spec, profile_table
 from rhymerl.tools.bench.workload import load_run_workload
 from rhymerl.workers.reward.pool import open_scorer
 from rhymerl.workers.rollout.engine import TorchEngine
@@ -40,6 +41,16 @@ def test_bench_rollout_compares_methods_on_the_jobs_steps_and_on_a_pool(tiny_run
             assert set(r["sources"]) == {"history"}
     for name in ("table.md", "speedup.png", "verify_profile.png"):
         assert (out / name).stat().st_size > 0
+
+
+def test_profile_table_shows_the_verify_column_only_where_the_profile_has_one() -> None:
+    seconds = ((0.010, 0.012), (0.020, 0.030))
+    vllm = profile_table(CostProfile((1, 4), (1, 3), seconds)).splitlines()
+    assert vllm[2:] == ["| batch \\ tokens/seq | 1 | 3 |", "|---|---|---|", "| 1 | 10.00 | 12.00 |",
+                        "| 4 | 20.00 | 30.00 |"]
+    torch = profile_table(CostProfile((1, 4), (1, 3), seconds, verify_one=(0.011, 0.021))).splitlines()
+    assert torch[2:] == ["| batch \\ tokens/seq | 1 | 3 | verify, 1 token |", "|---|---|---|---|",
+                         "| 1 | 10.00 | 12.00 | 11.00 |", "| 4 | 20.00 | 30.00 | 21.00 |"]
 
 
 def test_bench_rollout_names_a_bad_workload(tmp_path: Path) -> None:

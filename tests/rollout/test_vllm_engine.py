@@ -9,6 +9,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -26,6 +27,7 @@ from rhymerl.workers.model.policy import save_model
 from rhymerl.workers.model.registry import load_policy
 from rhymerl.workers.model.tokenizer import CharTokenizer
 from rhymerl.workers.model.transformer import TinyLlama
+from rhymerl.workers.rollout import vllm_engine
 from rhymerl.workers.rollout.draft_link import DraftStream, LocalDraftLink, News
 from rhymerl.workers.rollout.draft_model import load_draft_model
 from rhymerl.workers.rollout.generation import GenRequest, GenResult, SamplingParams
@@ -327,3 +329,37 @@ def test_a_vllm_cost_profile_timed_in_part_starts_from_upper_bounds_and_later_ru
     assert sorted(c for batch in asked for c in batch) == [(i, j) for i in range(2) for j in range(len(first.tokens))]
     timed = engine.cost_profile((1, 4), 99).seconds
     assert [v for row in timed for v in row] == pytest.approx([v for row in truth for v in row])
+
+
+class _ClockedEngine:
+    """Stand-in for vLLM under measure_cells: each generate call costs `overhead` seconds of a fake
+    clock once, plus `per_pass(batch, tokens)` for each of its passes (one per token generated)."""
+
+    def __init__(self, overhead: float) -> None:
+        self.now, self.calls, self.overhead, self.forced = 0.0, 0, overhead, 0
+
+    def per_pass(self, batch: int, tokens: int) -> float:
+        return 0.01 * batch * tokens
+
+    def collective_rpc(self, name: str, args: tuple[int]) -> None:
+        assert name == "rhymerl_force_drafts"
+        self.forced = args[0]
+
+    def generate(self, requests: list[GenRequest], params: SamplingParams, eos_id: int) -> list[GenResult]:
+        self.now += self.overhead + params.max_response_length * self.per_pass(len(requests), self.forced + 1)
+        self.calls += params.max_response_length
+        return []
+
+
+def test_a_vllm_pass_cost_leaves_out_what_a_generate_call_costs_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _ClockedEngine(overhead=0.3)  # adding 32 requests, their prefill, the results: SmolLM2's on 2 cores
+    engine = object.__new__(VllmEngine)
+    engine.llm = fake
+    monkeypatch.setattr(engine, "generate", fake.generate)
+    monkeypatch.setattr(engine, "proposer_stats", lambda: {"calls": fake.calls})
+    monkeypatch.setattr(vllm_engine, "time", SimpleNamespace(perf_counter=lambda: fake.now))
+    cells = [(i, j) for i in range(2) for j in range(2)]
+    timed = engine.measure_cells((1, 32), (1, 9), 99, cells)
+    assert timed == pytest.approx({(i, j): fake.per_pass(b, n) for i, b in enumerate((1, 32))
+                                   for j, n in enumerate((1, 9))})
+    assert fake.forced == -1  # the proposer drafts for real again afterwards

