@@ -60,7 +60,7 @@ METHODS = ("none", "history", "fastest-of-n", "ngram", "suffix", "draft-model")
 OURS = PROPOSER_METHODS
 """The methods our proposer runs: drafted from history indexes sent per step."""
 PROFILE_CODE_VERSION = 4  # raised when what measure_cells measures changes (the cache key has it): 3, sampled
-# passes; 4, a generate call's own cost (requests in, prefill, results out) taken out of its passes'
+# passes; 4, a generate call's own cost (requests in, prefill, results out) no longer in its passes' time
 PROFILE_CONTEXT = 64  # tokens of each probe prompt of the pass-cost profile
 PROFILE_PASSES = 16  # engine passes each probe generate runs
 
@@ -349,8 +349,8 @@ class VllmEngine:
         (almost always rejected, so each pass still emits one token per row). A pass's time is the
         difference of two generate calls over the difference of their passes, `passes` against one: a
         call's own cost (adding the requests, their prefill, building the results: 0.3 s at 32 rows of
-        SmolLM2 on 2 cores, 17 ms on each of 16 passes of 48) is paid once per call, not per pass, and
-        would make drafting look cheaper than it is. Sampled at temperature 1 with log-probabilities,
+        SmolLM2 on 2 cores, 17 ms more on each of a cell's 16 plain passes of about 50 ms) is paid once
+        per call, not per pass, and would make drafting look cheaper than it is. Sampled at temperature 1 with log-probabilities,
         as a rollout runs: a sampled row's verification (acceptance, a recovered token) costs more than
         a greedy one's."""
         rng = np.random.default_rng(0)
