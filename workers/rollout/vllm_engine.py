@@ -350,9 +350,9 @@ class VllmEngine:
         difference of two generate calls over the difference of their passes, `passes` against one: a
         call's own cost (adding the requests, their prefill, building the results: 0.3 s at 32 rows of
         SmolLM2 on 2 cores, 17 ms more on each of a cell's 16 plain passes of about 50 ms) is paid once
-        per call, not per pass, and would make drafting look cheaper than it is. Sampled at temperature 1 with log-probabilities,
-        as a rollout runs: a sampled row's verification (acceptance, a recovered token) costs more than
-        a greedy one's."""
+        per call, not per pass, and would make drafting look cheaper than it is. Sampled at temperature
+        1 with log-probabilities, as a rollout runs: a sampled row's verification (acceptance, a
+        recovered token) costs more than a greedy one's."""
         rng = np.random.default_rng(0)
         todo = sorted(cells, key=lambda c: (batch_sizes[c[0]] * tokens[c[1]], c))
         out: dict[tuple[int, int], float] = {}

@@ -1,9 +1,10 @@
 """What one vLLM engine step costs on this machine by draft tokens per row, per dtype and batch.
 
-Our proposer offers k filler tokens on every row (`rhymerl_force_drafts`, nearly always rejected), so each
-step verifies 1 + k tokens per row and emits about one; the step's time over a dozen steps after three
-warm-up steps, after a warm-up round, interleaved repeats (3 by default), median. Says whether a verify step's price is the arithmetic of
-the extra tokens (it then scales with them whatever the dtype) or a fixed cost per step.
+The cells of the pass-cost profile the draft cap prices from (`VllmEngine.measure_cells`: our
+proposer offers k filler tokens on every row, nearly always rejected, so each step verifies 1 + k
+tokens per row; a generate call's own cost left out), timed for each dtype in interleaved repeats
+after a warm-up round, median. Says whether a verify step's price is the arithmetic of the extra
+tokens (it then scales with them whatever the dtype) or a fixed cost per step.
 
 python benchmarks/real-model/rollout-vllm/step-cost/step_cost.py --batch 32 --dtypes float32,bfloat16 --out DIR
 (DIR gets table.md and step_cost.png)
@@ -13,40 +14,29 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
-from rhymerl.workers.model.folder import model_dir
-from rhymerl.workers.rollout.generation import GenRequest, SamplingParams
+from rhymerl.workers.model.folder import model_dir, read_config
 from rhymerl.workers.rollout.vllm_engine import VllmEngine, VllmSettings
 
 DRAFTS = (0, 2, 4, 8)
+MODEL = "builtin:smollm2-135m-instruct"
 
 
 def step_times(dtype: str, batch: int, repeats: int) -> dict[int, float]:
-    """Median seconds per engine step by forced draft tokens per row."""
-    engine = VllmEngine(VllmSettings(model_dir("builtin:smollm2-135m-instruct"), method="history",
-                                     max_batch_size=batch, max_model_len=512, dtype=dtype))
-    requests = [GenRequest([1] + [100 + (i * 7 + j) % 3000 for j in range(60)], i, str(i)) for i in range(batch)]
-    engine.set_history([r.prompt_ids for r in requests], [None] * batch)
+    """Median seconds per engine step by draft tokens per row."""
+    folder = model_dir(MODEL)
+    engine = VllmEngine(VllmSettings(folder, method="history", max_batch_size=batch, max_model_len=512, dtype=dtype))
+    tokens = tuple(1 + k for k in DRAFTS)
     times: dict[int, list[float]] = {k: [] for k in DRAFTS}
     for rep in range(-1, repeats):  # -1: a warm-up round, not kept
-        for k in DRAFTS if rep % 2 == 0 else DRAFTS[::-1]:
-            engine.llm.collective_rpc("rhymerl_force_drafts", args=(k,))
-            run = engine.run(SamplingParams(1.0, 1.0, 0, 160), [])
-            run.add_all([(i, r, None) for i, r in enumerate(requests)])
-            for _ in range(3):
-                run.step()
-            t0, steps = time.perf_counter(), 0
-            while run.busy and steps < 12:
-                run.step()
-                steps += 1
-            seconds = (time.perf_counter() - t0) / steps
-            run.close()
+        cells = engine.measure_cells((batch,), tokens, read_config(folder).vocab_size,
+                                     [(0, j) for j in range(len(tokens))])
+        for j, k in enumerate(DRAFTS):
             if rep >= 0:
-                times[k].append(seconds)
-            print(f"  {dtype} batch {batch} {f'repeat {rep + 1}' if rep >= 0 else 'warm-up'}: {k} draft tokens per "
-                  f"row, {1e3 * seconds:.1f} ms per step", flush=True)
+                times[k].append(cells[(0, j)])
+        print(f"  {dtype} batch {batch} {f'repeat {rep + 1}' if rep >= 0 else 'warm-up'}: "
+              + ", ".join(f"{k} drafts {1e3 * cells[(0, j)]:.1f} ms" for j, k in enumerate(DRAFTS)), flush=True)
     engine.close()
     return {k: statistics.median(v) for k, v in times.items()}
 
